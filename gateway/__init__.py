@@ -1,0 +1,1 @@
+"""Gateway: public gRPC/HTTP faces, admission, routing and sessions."""

@@ -1,0 +1,1 @@
+"""Codec stage: streaming code2wav decoders and PCM-to-codes encoders."""

@@ -1,0 +1,1 @@
+"""Talker stage: autoregressive LMs that turn text (and user codes) into codec frames."""

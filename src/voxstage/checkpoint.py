@@ -1,0 +1,80 @@
+"""Strict checkpoint loading shared by every model family.
+
+A checkpoint that does not match the module tree must fail loudly, naming the keys, never load
+half-silently: a missing key would otherwise keep its random init and produce plausible-looking noise.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file
+from torch import nn
+
+
+class CheckpointError(ValueError):
+    """A checkpoint directory or file does not match what the model expects."""
+
+
+def read_json(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        raise CheckpointError(f"missing file {path}")
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise CheckpointError(f"{path} is not valid JSON: {exc}") from exc
+    if not isinstance(data, dict):
+        raise CheckpointError(f"{path} must hold a JSON object")
+    return data
+
+
+def read_safetensors(path: Path, device: str | torch.device = "cpu") -> dict[str, torch.Tensor]:
+    if not path.is_file():
+        raise CheckpointError(f"missing weights file {path}")
+    return load_file(str(path), device=str(device))
+
+
+def _preview(keys: Iterable[str], limit: int = 12) -> str:
+    keys = sorted(keys)
+    shown = ", ".join(keys[:limit])
+    return shown + (f", ... ({len(keys) - limit} more)" if len(keys) > limit else "")
+
+
+def load_state_dict_strict(
+    module: nn.Module,
+    state: Mapping[str, torch.Tensor],
+    *,
+    source: str,
+    ignore: Iterable[str] = (),
+) -> None:
+    """Copy ``state`` into ``module``; any missing, unexpected or mis-shaped key raises ``CheckpointError``.
+
+    ``ignore`` lists checkpoint keys that are known to carry nothing the module needs (buffers the
+    reference recomputes, say); they are dropped before the comparison.
+    """
+    ignored = set(ignore)
+    state = {k: v for k, v in state.items() if k not in ignored}
+    expected = module.state_dict()
+    missing = expected.keys() - state.keys()
+    unexpected = state.keys() - expected.keys()
+    problems = []
+    if missing:
+        problems.append(f"missing keys: {_preview(missing)}")
+    if unexpected:
+        problems.append(f"unexpected keys: {_preview(unexpected)}")
+    shapes = [
+        f"{k}: checkpoint {tuple(state[k].shape)} vs model {tuple(v.shape)}"
+        for k, v in expected.items()
+        if k in state and tuple(state[k].shape) != tuple(v.shape)
+    ]
+    if shapes:
+        problems.append("shape mismatches: " + "; ".join(shapes[:8]))
+    if problems:
+        raise CheckpointError(f"{source} does not match the model: " + " | ".join(problems))
+    with torch.no_grad():
+        for k, v in expected.items():
+            v.copy_(state[k].to(dtype=v.dtype))

@@ -1,0 +1,1 @@
+"""Small neural-network building blocks shared by the model families."""
