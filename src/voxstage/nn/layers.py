@@ -40,7 +40,9 @@ def rope_inv_freq(head_dim: int, theta: float, device: torch.device | str | None
     return 1.0 / (theta**exponents)
 
 
-def rope_cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
+def rope_cos_sin(
+    positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype
+) -> tuple[torch.Tensor, ...]:
     """cos/sin tables for integer ``positions`` (any shape) -> shape ``positions.shape + (head_dim,)``.
 
     The angles are formed in fp32 at absolute positions, as the reference implementations do, so a

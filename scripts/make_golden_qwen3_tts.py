@@ -1,0 +1,109 @@
+#!/usr/bin/env python3
+"""Build the Qwen3-TTS golden fixtures from the reference implementation.
+
+    python scripts/make_golden_qwen3_tts.py [--venv DIR] [--out tests/fixtures/qwen3_tts]
+
+Creates (or reuses) a throwaway venv holding the reference ``qwen-tts`` 0.1.1 (installed ``--no-deps``)
+under transformers 4.57.3, then re-runs itself there with ``--inner`` to draw tiny grid-valued weights,
+write them in the real checkpoint layout, load that checkpoint with the reference's own ``from_pretrained``
+and record its outputs. The reference is never a voxstage dependency. Reruns give byte-identical files.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import os
+import subprocess
+import sys
+import venv
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+DEFAULT_VENV = Path("/tmp/voxstage-golden-venv")
+DEFAULT_OUT = REPO / "tests" / "fixtures" / "qwen3_tts"
+# What the reference needs to import and run on the paths used here (models.md §1.7). sox, torchaudio,
+# onnxruntime and gradio are only used by the 25 Hz tokenizer and the demo: stubbed in-process instead.
+REQUIREMENTS = [
+    "torch==2.13.0",
+    "transformers==4.57.3",
+    "accelerate==1.12.0",
+    "huggingface_hub==0.36.2",
+    "tokenizers==0.22.2",
+    "safetensors==0.8.0",
+    "numpy==2.4.6",
+    "einops==0.8.2",
+    "librosa==0.11.0",  # the speaker encoder's mel filterbank
+    "soundfile==0.14.0",
+]
+REFERENCE = "qwen-tts==0.1.1"
+
+
+def _venv_python(venv_dir: Path) -> Path:
+    return venv_dir / "bin" / "python"
+
+
+def ensure_venv(venv_dir: Path) -> Path:
+    """Create the venv if needed; reinstall only when the requirement list changed."""
+    python = _venv_python(venv_dir)
+    stamp = venv_dir / ".voxstage-golden-requirements"
+    wanted = hashlib.sha256("\n".join([*REQUIREMENTS, REFERENCE]).encode()).hexdigest()
+    if python.exists() and stamp.exists() and stamp.read_text().strip() == wanted:
+        return python
+    if not python.exists():
+        print(f"creating venv {venv_dir}", flush=True)
+        venv.EnvBuilder(with_pip=True, clear=False).create(venv_dir)
+    pip = [str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
+    subprocess.run([*pip, *REQUIREMENTS], check=True)
+    # --no-deps: qwen-tts pins gradio, torchaudio, sox and onnxruntime, none of which the 12 Hz paths use.
+    subprocess.run([*pip, "--no-deps", REFERENCE], check=True)
+    stamp.write_text(wanted + "\n")
+    return python
+
+
+def stub_unused_modules() -> None:
+    """``import qwen_tts`` pulls in the 25 Hz tokenizer, which imports sox, onnxruntime and torchaudio at
+    module level; nothing used here calls them. transformers probes torchaudio with find_spec, so it must be
+    imported before the stubs exist and the stubs need a spec."""
+    import importlib.machinery
+    import types
+
+    import transformers.utils.import_utils  # noqa: F401  (probe optional packages before stubbing)
+
+    for name in ("sox", "onnxruntime", "torchaudio", "torchaudio.compliance", "torchaudio.compliance.kaldi"):
+        if name in sys.modules:
+            continue
+        module = types.ModuleType(name)
+        module.__spec__ = importlib.machinery.ModuleSpec(name, None)
+        sys.modules[name] = module
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--venv", type=Path, default=DEFAULT_VENV, help="throwaway venv for the reference")
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="fixture directory to (re)write")
+    parser.add_argument("--inner", action="store_true", help="internal: run inside the reference venv")
+    args = parser.parse_args(argv)
+    out = args.out.resolve()
+    if args.inner:
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        stub_unused_modules()
+        from golden_qwen3_tts_build import build_fixtures
+
+        build_fixtures(out, command=_command_line(args))
+        return 0
+    python = ensure_venv(args.venv.resolve())
+    env = {**os.environ, "PYTHONHASHSEED": "0", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    cmd = [str(python), str(Path(__file__).resolve()), "--inner", "--out", str(out)]
+    return subprocess.run(cmd, env=env, cwd=str(REPO)).returncode
+
+
+def _command_line(args: argparse.Namespace) -> str:
+    out = args.out.resolve()
+    shown = out.relative_to(REPO) if out.is_relative_to(REPO) else out
+    return f"python scripts/make_golden_qwen3_tts.py --out {shown}"
+
+
+if __name__ == "__main__":
+    sys.exit(main())
+

@@ -1,0 +1,270 @@
+"""Codec engine: per-stream streaming state, a chunk schedule, and one batched decode per tick.
+
+Model-agnostic: it drives any ``StreamingCodec`` (a slot pool whose ``decode(codes [B,Q,T], slots [B],
+lengths [B])`` advances only the named slots). Streams that started at different times and have chunks of
+different sizes share one decode call: rows are right-padded to the tick's frame bucket and ``lengths`` says
+how many frames of each row are real, so padding never touches a stream's state.
+
+Chunk schedule (deploy file): the first chunk goes out once ``initial_codec_chunk_frames`` frames are
+buffered (per-request override allowed), then every ``codec_chunk_frames``; the remainder is flushed at end of
+stream. When the talker runs ahead (the usual case), several steady chunks' worth is decoded in one go so the
+codec never falls behind its producer.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import numpy as np
+import torch
+
+from voxstage import metrics
+
+
+class CodecAdmissionError(RuntimeError):
+    """No stream slot is free (maps to RESOURCE_EXHAUSTED)."""
+
+
+class StreamingCodec(Protocol):
+    max_streams: int
+    samples_per_frame: int
+
+    def decode(
+        self, codes: torch.Tensor, slots: torch.Tensor, lengths: torch.Tensor | None = None
+    ) -> torch.Tensor: ...
+
+    def reset(self, slots: torch.Tensor) -> None: ...
+
+
+@dataclass(frozen=True)
+class ChunkSchedule:
+    initial_frames: int
+    steady_frames: int
+    max_frames_per_decode: int = 100
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.initial_frames <= self.steady_frames:
+            raise ValueError(
+                f"chunk schedule needs 1 <= initial ({self.initial_frames}) <= steady ({self.steady_frames})"
+            )
+        if self.max_frames_per_decode < self.steady_frames:
+            raise ValueError("max_frames_per_decode must be >= steady_frames")
+
+    def take(self, emitted: int, available: int, ended: bool, initial: int) -> int:
+        """Frames to decode now for a stream that has ``emitted`` frames out and ``available`` buffered."""
+        if available <= 0:
+            return 0
+        need = initial if emitted == 0 else self.steady_frames
+        if available < need:
+            return available if ended else 0
+        if emitted == 0:
+            return need
+        whole = (available // self.steady_frames) * self.steady_frames
+        if ended and available <= self.max_frames_per_decode:
+            whole = available
+        return min(whole, self.max_frames_per_decode)
+
+
+@dataclass
+class CodecOutput:
+    stream_id: str
+    pcm: np.ndarray  # float32 mono at the codec's native rate
+    sample_offset: int
+    final: bool
+    frames: int
+
+
+@dataclass
+class _Stream:
+    stream_id: str
+    slot: int
+    initial_frames: int
+    pending: list[np.ndarray] = field(default_factory=list)
+    pending_frames: int = 0
+    emitted_frames: int = 0
+    prefix_frames: int = 0  # decoded for state only (voice-clone reference codes); their audio is dropped
+    sample_offset: int = 0
+    ended: bool = False
+    opened_at: float = field(default_factory=time.perf_counter)
+
+    def take(self, n: int) -> np.ndarray:
+        buf = np.concatenate(self.pending, axis=0) if len(self.pending) > 1 else self.pending[0]
+        out, rest = buf[:n], buf[n:]
+        self.pending = [rest] if rest.shape[0] else []
+        self.pending_frames -= n
+        return out
+
+
+DecodeFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+class CodecEngine:
+    """Owned by one thread (see ``voxstage.engine_loop``); call methods only from it."""
+
+    def __init__(
+        self,
+        codec: StreamingCodec,
+        *,
+        max_streams: int,
+        schedule: ChunkSchedule,
+        num_groups: int,
+        device: torch.device | str = "cpu",
+        decode_fn: DecodeFn | None = None,
+        frame_buckets: tuple[int, ...] = (),
+        sample_rate: int = 24000,
+    ) -> None:
+        # Padding rows of a batch bucket need distinct slots of their own: the pool holds 2x max_streams and
+        # the upper half is scratch.
+        if codec.max_streams < 2 * max_streams:
+            raise ValueError(f"codec pool has {codec.max_streams} slots; engine needs {2 * max_streams}")
+        self.codec = codec
+        self.max_streams = max_streams
+        self.schedule = schedule
+        self.num_groups = num_groups
+        self.device = torch.device(device)
+        self.spf = codec.samples_per_frame
+        self.sample_rate = sample_rate
+        self._decode = decode_fn or (lambda c, s, n: codec.decode(c, s, n))
+        self.frame_buckets = tuple(sorted(set(frame_buckets)))
+        self._free = list(range(max_streams - 1, -1, -1))
+        self._streams: dict[str, _Stream] = {}
+        self.ticks = 0
+
+    # -- commands -------------------------------------------------------------------------------------
+    def open(
+        self, stream_id: str, *, initial_frames: int | None = None, prefix: np.ndarray | None = None
+    ) -> int:
+        if stream_id in self._streams:
+            raise ValueError(f"stream {stream_id!r} is already open")
+        if not self._free:
+            raise CodecAdmissionError(f"all {self.max_streams} codec streams are busy")
+        initial = self.schedule.initial_frames if initial_frames is None else initial_frames
+        if not 1 <= initial <= self.schedule.steady_frames:
+            raise ValueError(
+                f"initial_chunk_frames must be in [1, {self.schedule.steady_frames}], got {initial}"
+            )
+        slot = self._free.pop()
+        self.codec.reset(torch.tensor([slot], dtype=torch.int64, device=self.device))
+        stream = _Stream(stream_id, slot, initial)
+        self._streams[stream_id] = stream
+        if prefix is not None and prefix.shape[0]:
+            self._check_codes(prefix)
+            stream.pending.append(prefix.astype(np.int64, copy=False))
+            stream.pending_frames = stream.prefix_frames = prefix.shape[0]
+        self._update_gauges()
+        return slot
+
+    def push(self, stream_id: str, codes: np.ndarray) -> None:
+        stream = self._get(stream_id)
+        if stream.ended:
+            raise ValueError(f"stream {stream_id!r} already ended")
+        self._check_codes(codes)
+        if codes.shape[0]:
+            stream.pending.append(codes.astype(np.int64, copy=False))
+            stream.pending_frames += codes.shape[0]
+
+    def finish(self, stream_id: str) -> None:
+        self._get(stream_id).ended = True
+
+    def cancel(self, stream_id: str) -> bool:
+        stream = self._streams.pop(stream_id, None)
+        if stream is None:
+            return False
+        self._release(stream)
+        return True
+
+    # -- introspection ----------------------------------------------------------------------------------
+    def has_work(self) -> bool:
+        return any(self._ready_frames(s) or self._drained(s) for s in self._streams.values())
+
+    def active(self) -> int:
+        return len(self._streams)
+
+    def buffered_frames(self, stream_id: str) -> int:
+        return self._get(stream_id).pending_frames
+
+    def stream_ids(self) -> list[str]:
+        return list(self._streams)
+
+    # -- the tick -----------------------------------------------------------------------------------------
+    def step(self) -> list[CodecOutput]:
+        outputs: list[CodecOutput] = []
+        # An input that ended exactly on a chunk boundary still owes its consumer a terminal message.
+        for stream in [s for s in self._streams.values() if self._drained(s)]:
+            outputs.append(
+                CodecOutput(stream.stream_id, np.zeros(0, np.float32), stream.sample_offset, True, 0)
+            )
+            self._release(self._streams.pop(stream.stream_id))
+        work = [(s, n) for s in self._streams.values() if (n := self._ready_frames(s))]
+        if not work:
+            return outputs
+        t0 = time.perf_counter()
+        longest = max(n for _, n in work)
+        t_bucket = next((b for b in self.frame_buckets if b >= longest), longest)
+        b_real = len(work)
+        b_bucket = 1 << (b_real - 1).bit_length()
+        codes = np.zeros((b_bucket, self.num_groups, t_bucket), dtype=np.int64)
+        lengths = np.zeros(b_bucket, dtype=np.int64)
+        slots = np.empty(b_bucket, dtype=np.int64)
+        for i, (stream, n) in enumerate(work):
+            codes[i, :, :n] = stream.take(n).T
+            lengths[i] = n
+            slots[i] = stream.slot
+        slots[b_real:] = np.arange(self.max_streams, self.max_streams + b_bucket - b_real)
+        wav = self._decode(
+            torch.from_numpy(codes).to(self.device, non_blocking=True),
+            torch.from_numpy(slots).to(self.device, non_blocking=True),
+            torch.from_numpy(lengths).to(self.device, non_blocking=True),
+        )
+        wav_np = wav[:b_real].float().to("cpu", copy=True).numpy()  # graph outputs are reused buffers
+        for i, (stream, n) in enumerate(work):
+            pcm = wav_np[i, : n * self.spf]
+            drop = min(stream.prefix_frames, n)
+            if drop:
+                stream.prefix_frames -= drop
+                pcm = pcm[drop * self.spf :]
+            real = n - drop
+            final = stream.ended and stream.pending_frames == 0
+            if real or final:
+                outputs.append(CodecOutput(stream.stream_id, pcm, stream.sample_offset, final, real))
+                stream.sample_offset += pcm.size
+                stream.emitted_frames += real
+            if final:
+                self._release(self._streams.pop(stream.stream_id))
+        self.ticks += 1
+        metrics.STAGE_TICK.labels(stage="codec").observe(time.perf_counter() - t0)
+        metrics.AUDIO_GENERATED.labels(stage="codec").inc(
+            sum(o.frames for o in outputs) * self.spf / self.sample_rate
+        )
+        return outputs
+
+    # -- internals -------------------------------------------------------------------------------------
+    def _ready_frames(self, s: _Stream) -> int:
+        if s.prefix_frames:  # reference prefix: decode it as soon as the stream opens
+            return min(s.pending_frames, self.schedule.max_frames_per_decode)
+        return self.schedule.take(s.emitted_frames, s.pending_frames, s.ended, s.initial_frames)
+
+    @staticmethod
+    def _drained(s: _Stream) -> bool:
+        return s.ended and s.pending_frames == 0
+
+    def _check_codes(self, codes: np.ndarray) -> None:
+        if codes.ndim != 2 or codes.shape[1] != self.num_groups:
+            raise ValueError(f"codes must be [frames, {self.num_groups}], got {codes.shape}")
+
+    def _get(self, stream_id: str) -> _Stream:
+        try:
+            return self._streams[stream_id]
+        except KeyError:
+            raise KeyError(f"no open codec stream {stream_id!r}") from None
+
+    def _release(self, stream: _Stream) -> None:
+        self._free.append(stream.slot)
+        self._update_gauges()
+
+    def _update_gauges(self) -> None:
+        metrics.ACTIVE_STREAMS.labels(stage="codec").set(len(self._streams))
+        metrics.SLOTS_IN_USE.labels(stage="codec").set(len(self._streams))

@@ -1,0 +1,222 @@
+"""Qwen3-TTS 12 Hz tokenizer decoder (code2wav): 16 RVQ codes per 80 ms frame -> 1920 PCM samples at 24 kHz.
+
+The module tree reproduces the ``decoder.*`` names of ``speech_tokenizer/model.safetensors`` exactly, so a
+real checkpoint loads strictly. Pipeline (models.md §1.6): split RVQ lookup -> causal conv k3 -> 8-layer
+sliding-window transformer -> 2x (ConvTranspose + causal ConvNeXt) -> causal conv k7 -> 4 SnakeBeta
+upsampling blocks -> SnakeBeta + causal conv k7 -> clamp(-1, 1). Everything is causal, so the same modules
+also run the exact streaming step (see ``streaming.py``).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from voxstage.nn.layers import RMSNorm, rope_cos_sin, rope_inv_freq
+
+from .config import Qwen3DecoderConfig
+from .layers import (
+    CausalConv1d,
+    CausalConvTranspose1d,
+    ConvNeXtBlock,
+    DecoderBlock,
+    SnakeBeta,
+    StreamContext,
+    TransformerLayer,
+    WindowAttention,
+    window_mask,
+)
+
+
+class EuclideanCodebook(nn.Module):
+    """EMA codebook as trained: the entry is ``embedding_sum / max(cluster_usage, eps)``."""
+
+    def __init__(self, size: int, dim: int, eps: float = 1e-5) -> None:
+        super().__init__()
+        self.eps = eps
+        self.cluster_usage = nn.Parameter(torch.ones(size))
+        self.embedding_sum = nn.Parameter(torch.zeros(size, dim))
+
+    def decode(self, codes: torch.Tensor) -> torch.Tensor:
+        """``[B, T]`` codes -> ``[B, T, dim]``; gathering before dividing touches T rows instead of all
+        ``size`` and is bit-identical to dividing the whole table first."""
+        usage = F.embedding(codes, self.cluster_usage[:, None]).clamp(min=self.eps)
+        return F.embedding(codes, self.embedding_sum) / usage
+
+
+class _VQLayer(nn.Module):
+    def __init__(self, size: int, dim: int) -> None:
+        super().__init__()
+        self._codebook = EuclideanCodebook(size, dim)
+
+
+class _VQStack(nn.Module):
+    def __init__(self, n: int, size: int, dim: int) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(_VQLayer(size, dim) for _ in range(n))
+
+
+class ResidualVQ(nn.Module):
+    """One RVQ group: summed codebook vectors, then a 1x1 ``output_proj`` back to ``codebook_dim``.
+
+    ``input_proj`` only serves encoding, but the checkpoint carries it, so it is part of the tree.
+    """
+
+    def __init__(self, n: int, size: int, dim: int, io_dim: int) -> None:
+        super().__init__()
+        self.input_proj = nn.Conv1d(io_dim, dim, 1, bias=False)
+        self.output_proj = nn.Conv1d(dim, io_dim, 1, bias=False)
+        self.vq = _VQStack(n, size, dim)
+
+    def decode(self, codes: torch.Tensor) -> torch.Tensor:
+        """``[B, n, T]`` -> ``[B, io_dim, T]``."""
+        total = self.vq.layers[0]._codebook.decode(codes[:, 0])
+        for i in range(1, len(self.vq.layers)):
+            total = total + self.vq.layers[i]._codebook.decode(codes[:, i])
+        return self.output_proj(total.transpose(1, 2))
+
+
+class SplitResidualVQ(nn.Module):
+    """Group 0 (semantic) and groups 1.. (acoustic) have separate projections; their outputs add."""
+
+    def __init__(self, cfg: Qwen3DecoderConfig) -> None:
+        super().__init__()
+        dim = cfg.codebook_vector_dim
+        self.rvq_first = ResidualVQ(1, cfg.codebook_size, dim, cfg.codebook_dim)
+        self.rvq_rest = ResidualVQ(cfg.num_quantizers - 1, cfg.codebook_size, dim, cfg.codebook_dim)
+
+    def decode(self, codes: torch.Tensor) -> torch.Tensor:
+        return self.rvq_first.decode(codes[:, :1]) + self.rvq_rest.decode(codes[:, 1:])
+
+
+class DecoderTransformer(nn.Module):
+    """``input_proj`` latent->hidden, pre-norm layers, final RMSNorm, ``output_proj`` hidden->latent."""
+
+    def __init__(self, cfg: Qwen3DecoderConfig) -> None:
+        super().__init__()
+        self.head_dim = cfg.head_dim
+        self.rope_theta = cfg.rope_theta
+        self.layers = nn.ModuleList(TransformerLayer(cfg) for _ in range(cfg.num_hidden_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.input_proj = nn.Linear(cfg.latent_dim, cfg.hidden_size)
+        self.output_proj = nn.Linear(cfg.hidden_size, cfg.latent_dim)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        positions: torch.Tensor,
+        mask: torch.Tensor,
+        ctx: StreamContext | None = None,
+    ) -> torch.Tensor:
+        """``x`` [B, T, latent]; ``positions`` [B|1, T] absolute frame indices; ``mask`` [B|1, 1, T, Tk]."""
+        h = self.input_proj(x)
+        # inv_freq is rebuilt in fp32 on each call rather than kept as a buffer, which .to(bf16) would
+        # round and so move every angle away from the reference's fp32 table.
+        inv_freq = rope_inv_freq(self.head_dim, self.rope_theta, device=h.device)
+        cos, sin = rope_cos_sin(positions, inv_freq, h.dtype)
+        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+        for layer in self.layers:
+            h = layer(h, cos, sin, mask, ctx)
+        return self.output_proj(self.norm(h))
+
+
+class Qwen3TokenizerDecoder(nn.Module):
+    """The 12 Hz code2wav decoder; ``forward(codes [B, Q, T]) -> wav [B, T * samples_per_frame]``."""
+
+    def __init__(self, config: Qwen3DecoderConfig) -> None:
+        super().__init__()
+        self.config = config
+        cfg = config
+        self.quantizer = SplitResidualVQ(cfg)
+        self.pre_conv = CausalConv1d(cfg.codebook_dim, cfg.latent_dim, 3)
+        self.pre_transformer = DecoderTransformer(cfg)
+        latent = cfg.latent_dim
+        self.upsample = nn.ModuleList(
+            nn.ModuleList([CausalConvTranspose1d(latent, latent, r, r), ConvNeXtBlock(latent)])
+            for r in cfg.upsampling_ratios
+        )
+        stages: list[nn.Module] = [CausalConv1d(cfg.latent_dim, cfg.decoder_dim, 7)]
+        for i, rate in enumerate(cfg.upsample_rates):
+            stages.append(DecoderBlock(cfg.decoder_dim // 2**i, cfg.decoder_dim // 2 ** (i + 1), rate))
+        out_dim = cfg.decoder_dim // 2 ** len(cfg.upsample_rates)
+        stages += [SnakeBeta(out_dim), CausalConv1d(out_dim, 1, 7)]
+        self.decoder = nn.ModuleList(stages)
+        # Each stateful block files its history under its own module path, which is unique and stable.
+        for name, module in self.named_modules():
+            if isinstance(module, CausalConv1d | CausalConvTranspose1d | WindowAttention):
+                module.state_key = name
+
+    @property
+    def samples_per_frame(self) -> int:
+        return self.config.samples_per_frame
+
+    @property
+    def compute_dtype(self) -> torch.dtype:
+        """Activation dtype (the quantizer may be kept in fp32; everything after it runs in this)."""
+        return self.pre_conv.conv.weight.dtype
+
+    def check_codes(self, codes: torch.Tensor) -> None:
+        """Shape/dtype checks (no device sync); value range is also checked when ``codes`` is on the CPU,
+        because an out-of-range index on CUDA is a device-side assert that kills the process."""
+        cfg = self.config
+        if codes.dim() != 3 or codes.shape[1] != cfg.num_quantizers:
+            raise ValueError(f"codes must be [batch, {cfg.num_quantizers}, frames], got {tuple(codes.shape)}")
+        if codes.dtype not in (torch.int64, torch.int32):
+            raise ValueError(f"codes must be int64 or int32, got {codes.dtype}")
+        if codes.device.type == "cpu" and codes.numel():
+            lo, hi = int(codes.min()), int(codes.max())
+            if lo < 0 or hi >= cfg.codebook_size:
+                raise ValueError(f"codes must lie in [0, {cfg.codebook_size}), got values in [{lo}, {hi}]")
+
+    def stream_state_shapes(self) -> dict[str, tuple[int, ...]]:
+        """Per-stream shape of every streaming history tensor, keyed by module path."""
+        shapes: dict[str, tuple[int, ...]] = {}
+        for module in self.modules():
+            if isinstance(module, CausalConv1d | CausalConvTranspose1d | WindowAttention):
+                shapes.update(module.state_shapes())
+        return shapes
+
+    def forward(self, codes: torch.Tensor) -> torch.Tensor:
+        """Offline single pass from position 0 (zero left padding, window-limited causal attention)."""
+        self.check_codes(codes)
+        t = codes.shape[-1]
+        pos = torch.arange(t, device=codes.device)[None]
+        mask = window_mask(pos, pos, self.config.sliding_window)
+        return self._run(codes, pos, mask, None)
+
+    def forward_streaming(
+        self,
+        codes: torch.Tensor,
+        state: dict[str, torch.Tensor],
+        start: torch.Tensor,
+        lengths: torch.Tensor,
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """One streaming step for B streams: the next T frames of each, given their history.
+
+        ``state`` holds ``[B, *shape]`` for every key of :meth:`stream_state_shapes` (zeros for a fresh
+        stream); ``start`` [B] is each stream's absolute frame index, ``lengths`` [B] how many of the T
+        frames are real (the rest is right padding whose output is garbage and whose effect on the state
+        is discarded). Returns the waveform [B, T*spf] and the new state. No host syncs.
+        """
+        t = codes.shape[-1]
+        steps = torch.arange(t, device=codes.device)
+        q_pos = start[:, None] + steps
+        window = self.config.sliding_window
+        k_pos = start[:, None] - (window - 1) + torch.arange(window - 1 + t, device=codes.device)
+        mask = window_mask(q_pos, k_pos, window)
+        ctx = StreamContext(state, lengths, t)
+        wav = self._run(codes, q_pos, mask, ctx)
+        return wav, ctx.state_out
+
+    def _run(
+        self, codes: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, ctx: StreamContext | None
+    ) -> torch.Tensor:
+        h = self.quantizer.decode(codes.long()).to(self.compute_dtype)
+        h = self.pre_conv(h, ctx)
+        h = self.pre_transformer(h.transpose(1, 2), positions, mask, ctx).transpose(1, 2)
+        for trans_conv, convnext in self.upsample:
+            h = convnext(trans_conv(h, ctx), ctx)
+        for stage in self.decoder:
+            h = stage(h, ctx)
+        return h.clamp(-1.0, 1.0).squeeze(1)

@@ -1,0 +1,94 @@
+"""What the talker engine needs from a model family.
+
+The engine schedules; the adapter owns every device tensor (KV pool, per-slot frame state, next inputs)
+and knows the family's prompt format and frame step. All methods run on the engine thread.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+import numpy as np
+
+from voxstage.talker.sampling import SamplingParams
+
+
+class PreparedPrompt(Protocol):
+    """A request's prompt after tokenization; grows when streamed text arrives."""
+
+    @property
+    def ready(self) -> bool:
+        """Enough text has arrived to build the prefill (streaming modes need the first token(s))."""
+        ...
+
+    @property
+    def length(self) -> int:
+        """Prompt positions (valid once ``ready``)."""
+        ...
+
+    @property
+    def trailing_ids(self) -> Sequence[int]:
+        """Trailing text ids known so far, one consumed per frame (ends with end-of-text once complete)."""
+        ...
+
+    @property
+    def text_complete(self) -> bool: ...
+
+    @property
+    def prefix_key(self) -> str | None:
+        """Identity of the voice/instruction prefix (same key => identical prefix embeddings)."""
+        ...
+
+    @property
+    def prefix_length(self) -> int: ...
+
+    def extend_text(self, text: str, complete: bool) -> None: ...
+
+
+class TalkerAdapter(Protocol):
+    num_groups: int
+
+    def kv_bytes_per_token(self) -> int: ...
+
+    def allocate(self, num_slots: int, max_len: int) -> None:
+        """Allocate the KV pool and per-slot state once, before serving."""
+        ...
+
+    def prepare(self, spec: Any) -> PreparedPrompt: ...
+
+    def admit(
+        self,
+        slot: int,
+        prepared: PreparedPrompt,
+        *,
+        seed: int,
+        sampling: SamplingParams,
+        subtalker: SamplingParams,
+        min_frames: int,
+    ) -> None: ...
+
+    def append_text(self, slot: int, queued: int, ids: Sequence[int], complete: bool) -> None: ...
+
+    def prefill(self, slot: int, prepared: PreparedPrompt, start: int, n: int) -> None:
+        """Write KV for prompt positions ``[start, start + n)`` of ``slot``."""
+        ...
+
+    def start_decode(self, slot: int, prepared: PreparedPrompt) -> None:
+        """The prompt's last position becomes the slot's first decode input."""
+        ...
+
+    def decode(self, active: Sequence[bool], attn_len: int) -> tuple[np.ndarray, np.ndarray]:
+        """One frame step for slots ``[0, len(active))``; rows with ``active[i]`` false must not change.
+
+        Returns host arrays ``codes [n, G]`` and ``eos [n]`` (inactive rows hold junk).
+        """
+        ...
+
+    def move_slot(self, src: int, dst: int, kv_len: int) -> None: ...
+
+    def reuse_prefix(self, slot: int, prepared: PreparedPrompt, limit: int) -> int:
+        """Copy a cached identical prefix into ``slot``; returns how many positions were reused (0: miss)."""
+        ...
+
+    def store_prefix(self, slot: int, prepared: PreparedPrompt) -> None: ...

@@ -1,0 +1,321 @@
+"""Talker engine: fixed slots, continuous batching, chunked prefill and one frame step per tick.
+
+Model-agnostic; a family plugs in through ``TalkerAdapter`` (``adapter.py``). The engine is owned by one
+thread (``voxstage.engine_loop``) and never touches gRPC.
+
+Slots are kept **packed**: slots ``[0, n_used)`` are in use, so a tick's decode runs over a contiguous
+prefix of the KV pool (views, no gathers) and one CUDA graph per (batch bucket, context bucket) covers
+it. Rows of the bucket that must not advance this tick (still prefilling, starved of streamed text, or
+padding) run masked: their outputs are dropped and their state is left as it was. When a request leaves,
+the last used slot moves into the hole.
+
+Per tick: apply admissions (a request that cannot fit ``max_model_len`` is rejected at submit, never
+truncated), spend the ``max_num_batched_tokens`` budget on prefill chunks (oldest first), then one frame
+step for every slot in decode. A prompt's last position is not prefilled: it becomes the slot's first
+decode input, so every frame, including the first, comes from the same frame step.
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from voxstage import metrics
+from voxstage.talker.adapter import PreparedPrompt, TalkerAdapter
+from voxstage.talker.sampling import SamplingParams
+
+
+class AdmissionError(RuntimeError):
+    """The request cannot be taken now (queue full); maps to RESOURCE_EXHAUSTED."""
+
+
+class RequestTooLarge(ValueError):
+    """Prompt + max frames exceed ``max_model_len``; maps to INVALID_ARGUMENT."""
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    max_num_seqs: int
+    max_model_len: int
+    max_num_batched_tokens: int
+    max_queue: int = 1024
+    enable_prefix_caching: bool = False
+    prefix_cache_bytes: int = 256 * 1024 * 1024
+
+
+@dataclass
+class TalkerRequest:
+    request_id: str
+    spec: Any  # family-specific prompt spec, interpreted by the adapter
+    seed: int
+    sampling: SamplingParams
+    subtalker: SamplingParams
+    max_frames: int
+    min_frames: int = 2
+
+
+class Finish(enum.StrEnum):
+    EOS = "eos"
+    MAX_FRAMES = "max_frames"
+    MAX_MODEL_LEN = "max_model_len"
+    CANCELLED = "cancelled"
+    ERROR = "error"
+
+
+@dataclass
+class TalkerOutput:
+    request_id: str
+    codes: np.ndarray  # [n, G] int64 frames produced this tick (n may be 0 on finish)
+    first_frame: int
+    finish: Finish | None = None
+    error: str | None = None
+
+
+class _Phase(enum.Enum):
+    PREFILL = 1
+    DECODE = 2
+
+
+@dataclass
+class _Seq:
+    request: TalkerRequest
+    prepared: PreparedPrompt
+    slot: int = -1
+    phase: _Phase = _Phase.PREFILL
+    prefilled: int = 0  # prompt positions already in the KV cache
+    frames: int = 0
+    text_queued: int = 0  # trailing text tokens handed to the adapter
+    submitted_at: float = field(default_factory=time.perf_counter)
+
+    @property
+    def prefill_target(self) -> int:
+        return self.prepared.length - 1  # the last position is the first decode input
+
+    @property
+    def position(self) -> int:
+        """Absolute position of the next decode input."""
+        return self.prepared.length - 1 + self.frames
+
+    @property
+    def kv_len(self) -> int:
+        """Positions of this sequence already in the KV cache."""
+        return self.prefilled if self.phase is _Phase.PREFILL else self.position
+
+
+class TalkerEngine:
+    def __init__(self, adapter: TalkerAdapter, config: EngineConfig) -> None:
+        self.adapter = adapter
+        self.cfg = config
+        adapter.allocate(config.max_num_seqs, config.max_model_len)
+        self._waiting: deque[_Seq] = deque()
+        self._slots: list[_Seq] = []  # index == slot, packed
+        self._by_id: dict[str, _Seq] = {}
+        self._cancelled: list[_Seq] = []
+        self.prefix_hits = 0
+        self.prefill_tokens_saved = 0
+        self.ticks = 0
+        metrics.SLOTS_TOTAL.labels(stage="talker").set(config.max_num_seqs)
+
+    # -- commands (engine thread) ------------------------------------------------------------------
+    def submit(self, request: TalkerRequest) -> None:
+        if request.request_id in self._by_id:
+            raise ValueError(f"request {request.request_id!r} is already running")
+        if request.max_frames < 1:
+            raise ValueError(f"max_frames must be >= 1, got {request.max_frames}")
+        # Validate before admission control: a bad request is the caller's error whatever the load.
+        prepared = self.adapter.prepare(request.spec)
+        seq = _Seq(request, prepared)
+        self._check_fits(seq)
+        if len(self._waiting) >= self.cfg.max_queue:
+            raise AdmissionError(f"talker queue is full ({self.cfg.max_queue} waiting)")
+        self._by_id[request.request_id] = seq
+        self._waiting.append(seq)
+        self._update_gauges()
+
+    def push_text(self, request_id: str, text: str, complete: bool) -> None:
+        seq = self._get(request_id)
+        if seq.prepared.text_complete:
+            raise ValueError(f"request {request_id!r}: text input is already complete")
+        seq.prepared.extend_text(text, complete)
+        if seq.slot >= 0:
+            self._feed_text(seq)
+        else:
+            try:
+                self._check_fits(seq)
+            except RequestTooLarge as exc:
+                self._by_id.pop(request_id, None)
+                self._waiting.remove(seq)
+                raise exc
+
+    def cancel(self, request_id: str) -> bool:
+        seq = self._by_id.get(request_id)
+        if seq is None:
+            return False
+        self._cancelled.append(seq)
+        return True
+
+    # -- introspection ---------------------------------------------------------------------------------
+    def has_work(self) -> bool:
+        admissible = len(self._slots) < self.cfg.max_num_seqs and any(s.prepared.ready for s in self._waiting)
+        return bool(admissible or self._cancelled or any(self._runnable(s) for s in self._slots))
+
+    def slots_in_use(self) -> int:
+        return len(self._slots)
+
+    def queue_depth(self) -> int:
+        return len(self._waiting)
+
+    def request_state(self, request_id: str) -> str:
+        seq = self._by_id.get(request_id)
+        if seq is None:
+            return "absent"
+        if seq.slot < 0:
+            return "waiting"
+        return "prefill" if seq.phase is _Phase.PREFILL else "decode"
+
+    # -- the tick ----------------------------------------------------------------------------------------
+    def step(self) -> list[TalkerOutput]:
+        t0 = time.perf_counter()
+        outputs: list[TalkerOutput] = []
+        for seq in self._cancelled:
+            if self._by_id.get(seq.request.request_id) is seq:
+                outputs.append(self._finish(seq, Finish.CANCELLED))
+        self._cancelled.clear()
+        self._admit()
+        self._prefill()
+        outputs += self._decode()
+        self.ticks += 1
+        self._update_gauges()
+        metrics.STAGE_TICK.labels(stage="talker").observe(time.perf_counter() - t0)
+        return outputs
+
+    def _check_fits(self, seq: _Seq) -> None:
+        # max_frames is a bound, not an expected length: a request is rejected only if its prompt cannot
+        # fit with room for min_frames; otherwise it stops at max_model_len with that finish reason.
+        if seq.prepared.ready and seq.prepared.length + seq.request.min_frames > self.cfg.max_model_len:
+            raise RequestTooLarge(
+                f"prompt is {seq.prepared.length} positions; with min_frames {seq.request.min_frames} it "
+                f"exceeds max_model_len {self.cfg.max_model_len}"
+            )
+
+    def _admit(self) -> None:
+        while len(self._slots) < self.cfg.max_num_seqs:
+            # FIFO among requests whose prompt is buildable (streamed text may still be too short).
+            seq = next((s for s in self._waiting if s.prepared.ready), None)
+            if seq is None:
+                return
+            self._waiting.remove(seq)
+            seq.slot = len(self._slots)
+            self._slots.append(seq)
+            r = seq.request
+            self.adapter.admit(
+                seq.slot,
+                seq.prepared,
+                seed=r.seed,
+                sampling=r.sampling,
+                subtalker=r.subtalker,
+                min_frames=r.min_frames,
+            )
+            seq.text_queued = 0
+            self._feed_text(seq)
+            if self.cfg.enable_prefix_caching:
+                reused = self.adapter.reuse_prefix(seq.slot, seq.prepared, seq.prefill_target)
+                if reused:
+                    seq.prefilled = reused
+                    self.prefix_hits += 1
+                    self.prefill_tokens_saved += reused
+                    metrics.PREFILL_TOKENS.labels(source="prefix_cache").inc(reused)
+
+    def _prefill(self) -> None:
+        budget = self.cfg.max_num_batched_tokens
+        for seq in self._slots:
+            if budget <= 0:
+                break
+            if seq.phase is not _Phase.PREFILL:
+                continue
+            n = min(seq.prefill_target - seq.prefilled, budget)
+            if n > 0:
+                self.adapter.prefill(seq.slot, seq.prepared, seq.prefilled, n)
+                seq.prefilled += n
+                budget -= n
+                metrics.PREFILL_TOKENS.labels(source="computed").inc(n)
+            if seq.prefilled >= seq.prefill_target:
+                if self.cfg.enable_prefix_caching:
+                    self.adapter.store_prefix(seq.slot, seq.prepared)
+                self.adapter.start_decode(seq.slot, seq.prepared)
+                seq.phase = _Phase.DECODE
+
+    def _runnable(self, seq: _Seq) -> bool:
+        if seq.phase is _Phase.PREFILL:
+            return True
+        # Streamed text: frame t consumes trailing text token t, so it may only run once that token (or
+        # the end of text) has arrived; otherwise the slot waits rather than speaking `pad` too early.
+        return seq.prepared.text_complete or seq.frames < seq.text_queued
+
+    def _decode(self) -> list[TalkerOutput]:
+        active = [s.phase is _Phase.DECODE and self._runnable(s) for s in self._slots]
+        starved = sum(
+            1 for s, a in zip(self._slots, active, strict=True) if s.phase is _Phase.DECODE and not a
+        )
+        if starved:
+            metrics.INPUT_STARVED.inc(starved)
+        if not any(active):
+            return []
+        n = max(i for i, a in enumerate(active) if a) + 1
+        max_pos = max(s.position for s, a in zip(self._slots[:n], active[:n], strict=True) if a)
+        codes, eos = self.adapter.decode(active[:n], max_pos + 1)
+        outputs = []
+        finished: list[tuple[_Seq, Finish]] = []
+        for i, seq in enumerate(self._slots[:n]):
+            if not active[i]:
+                continue
+            if eos[i]:
+                finished.append((seq, Finish.EOS))
+                continue
+            seq.frames += 1
+            outputs.append(TalkerOutput(seq.request.request_id, codes[i : i + 1], seq.frames - 1))
+            if seq.frames >= seq.request.max_frames:
+                finished.append((seq, Finish.MAX_FRAMES))
+            elif seq.position + 1 > self.cfg.max_model_len:
+                finished.append((seq, Finish.MAX_MODEL_LEN))
+        outputs += [self._finish(seq, why) for seq, why in finished]
+        return outputs
+
+    # -- slot bookkeeping ----------------------------------------------------------------------------
+    def _feed_text(self, seq: _Seq) -> None:
+        ids = seq.prepared.trailing_ids[seq.text_queued :]
+        self.adapter.append_text(seq.slot, seq.text_queued, ids, seq.prepared.text_complete)
+        seq.text_queued += len(ids)
+
+    def _finish(self, seq: _Seq, why: Finish, error: str | None = None) -> TalkerOutput:
+        rid = seq.request.request_id
+        self._by_id.pop(rid, None)
+        if seq.slot < 0:
+            self._waiting.remove(seq)
+        else:
+            hole, last = seq.slot, len(self._slots) - 1
+            if hole != last:
+                mover = self._slots[last]
+                self.adapter.move_slot(last, hole, mover.kv_len)
+                mover.slot = hole
+                self._slots[hole] = mover
+            self._slots.pop()
+            seq.slot = -1
+        metrics.REQUESTS.labels(outcome=f"talker_{why.value}").inc()
+        return TalkerOutput(rid, np.zeros((0, self.adapter.num_groups), np.int64), seq.frames, why, error)
+
+    def _get(self, request_id: str) -> _Seq:
+        try:
+            return self._by_id[request_id]
+        except KeyError:
+            raise KeyError(f"no running talker request {request_id!r}") from None
+
+    def _update_gauges(self) -> None:
+        metrics.SLOTS_IN_USE.labels(stage="talker").set(len(self._slots))
+        metrics.ACTIVE_STREAMS.labels(stage="talker").set(len(self._slots))
+        metrics.QUEUE_DEPTH.labels(stage="talker").set(len(self._waiting))

@@ -1,0 +1,299 @@
+"""Qwen3-TTS behind the talker engine's ``TalkerAdapter`` interface.
+
+Owns the device state of all slots: the KV pool, the code predictor's frame-local cache, the per-slot
+``FrameState`` (seen c0 codes, frame counters, trailing text queue, sampling rows), each slot's next talker
+input and position. ``decode`` runs one masked frame step over slots ``[0, B)`` (B a power-of-two bucket),
+which is the unit a CUDA graph captures (see ``voxstage.talker.graphs``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from voxstage.talker.sampling import SamplingParams
+from voxstage.talker.spec import SpeechSpec
+
+from .backbone import KVCache
+from .config import Qwen3TTSConfig
+from .frame import FrameState, frame_step
+from .model import Qwen3TTSTalker
+from .prompt import PromptError, PromptSpec, TalkerPrompt, _validate, build_prompt, icl_text_tokens_needed
+from .tokenizer import IncrementalEncoder, QwenTextTokenizer
+
+
+def bucket(n: int, cap: int, floor: int = 1) -> int:
+    """Smallest power of two >= max(n, floor), capped at ``cap``."""
+    return min(cap, 1 << (max(n, floor) - 1).bit_length())
+
+
+class QwenPrepared:
+    """One request's prompt; streamed text accumulates until the prefill can be built."""
+
+    def __init__(self, adapter: Qwen3TTSAdapter, spec: SpeechSpec) -> None:
+        self._adapter = adapter
+        self._spec = spec
+        tok = adapter.tokenizer
+        self._encoder: IncrementalEncoder | None = None
+        if spec.text_complete:
+            if not spec.text.strip():
+                raise PromptError("input: the text to speak is empty")
+            self._role, self._text_ids = tok.assistant_ids(spec.text)
+        else:
+            self._role = tok.role_ids()
+            self._encoder = tok.incremental()
+            self._text_ids = self._encoder.push(spec.text)
+        self._complete = spec.text_complete
+        self._instruct = tok.instruct_ids(spec.instructions) if spec.instructions else None
+        self._ref_text = tok.ref_text_ids(spec.ref_text) if spec.ref_text else None
+        self.prompt: TalkerPrompt | None = None
+        self._trailing: list[int] = []
+        self._prefix_len = 0
+        self._prefix_key: str | None = None
+        self._try_build()
+
+    # -- PreparedPrompt --------------------------------------------------------------------------------
+    @property
+    def ready(self) -> bool:
+        return self.prompt is not None
+
+    @property
+    def length(self) -> int:
+        if self.prompt is None:
+            raise RuntimeError("prompt is not built yet")
+        return int(self.prompt.prefill_embeds.shape[0])
+
+    @property
+    def trailing_ids(self) -> Sequence[int]:
+        return self._trailing
+
+    @property
+    def text_complete(self) -> bool:
+        return self._complete
+
+    @property
+    def prefix_key(self) -> str | None:
+        return self._prefix_key
+
+    @property
+    def prefix_length(self) -> int:
+        return self._prefix_len
+
+    def extend_text(self, text: str, complete: bool) -> None:
+        if self._encoder is None or self._complete:
+            raise PromptError("text: the text of this request is already complete")
+        ids = self._encoder.push(text) + (self._encoder.flush() if complete else [])
+        self._complete = complete
+        if self.prompt is None:
+            self._text_ids += ids
+            self._try_build()
+            return
+        self._trailing += ids + ([self._adapter.config.tts_eos_token_id] if complete else [])
+
+    # -- internals -------------------------------------------------------------------------------------
+    def _prompt_spec(self) -> PromptSpec:
+        s = self._spec
+        device = self._adapter.device
+        emb = None if s.speaker_embedding is None else torch.as_tensor(s.speaker_embedding, device=device)
+        codes = None if s.ref_codes is None else torch.as_tensor(np.asarray(s.ref_codes), dtype=torch.int64)
+        non_streaming = s.non_streaming
+        if non_streaming is None:
+            # The reference's defaults: voice clone streams its text, preset/designed voices do not.
+            non_streaming = s.text_complete and self._adapter.config.tts_model_type != "base"
+        return PromptSpec(
+            role_ids=self._role,
+            text_ids=list(self._text_ids),
+            language=s.language,
+            speaker=s.voice,
+            instruct_ids=self._instruct,
+            speaker_embedding=emb,
+            ref_text_ids=self._ref_text,
+            ref_codes=codes,
+            non_streaming=non_streaming,
+            text_complete=self._complete,
+        )
+
+    def _try_build(self) -> None:
+        if not self._complete:
+            icl = self._ref_text is not None and self._spec.ref_codes is not None
+            need = icl_text_tokens_needed(len(self._ref_text or []), len(self._spec.ref_codes)) if icl else 1
+            if len(self._text_ids) < need:
+                return
+        elif not self._text_ids:
+            raise PromptError("input: the text to speak is empty")
+        spec = self._prompt_spec()
+        model = self._adapter.model
+        self.prompt = build_prompt(model, spec)
+        self._trailing = list(self.prompt.trailing_ids)
+        lang_id, speaker_vec = _validate(model, spec)
+        think = 3 if lang_id is None else 4
+        speaker = int(speaker_vec is not None)
+        self._prefix_len = len(spec.instruct_ids or []) + len(spec.role_ids) + think + speaker + 1
+        h = hashlib.sha256(repr((self._instruct, self._role, lang_id, self._spec.voice)).encode())
+        if speaker_vec is not None and self._spec.speaker_embedding is not None:
+            h.update(np.ascontiguousarray(self._spec.speaker_embedding, dtype=np.float32).tobytes())
+        self._prefix_key = h.hexdigest()
+
+
+@dataclass
+class _PrefixEntry:
+    k: torch.Tensor  # [layers, kv_heads, n, head_dim]
+    v: torch.Tensor
+
+    @property
+    def nbytes(self) -> int:
+        return 2 * self.k.numel() * self.k.element_size()
+
+
+class Qwen3TTSAdapter:
+    def __init__(
+        self,
+        model: Qwen3TTSTalker,
+        tokenizer: QwenTextTokenizer,
+        *,
+        prefix_cache_bytes: int = 256 * 1024 * 1024,
+        min_attn_bucket: int = 64,
+    ) -> None:
+        self.model = model
+        self.config: Qwen3TTSConfig = model.config
+        self.tokenizer = tokenizer
+        self.num_groups = model.num_code_groups
+        self.device = model.codec_head.weight.device
+        self.dtype = model.codec_head.weight.dtype
+        self.prefix_cache_bytes = prefix_cache_bytes
+        self.min_attn_bucket = min_attn_bucket
+        self._prefixes: OrderedDict[str, _PrefixEntry] = OrderedDict()
+        # Set by voxstage.talker.graphs when CUDA graphs are enabled: (B, L) -> replay function.
+        self.graph_runner: Callable[[int, int], None] | None = None
+
+    def kv_bytes_per_token(self) -> int:
+        return KVCache.bytes_per_token(self.config.talker.backbone, self.dtype)
+
+    def allocate(self, num_slots: int, max_len: int) -> None:
+        m, dev = self.model, self.device
+        self.num_slots, self.max_len = num_slots, max_len
+        self.kv = m.allocate_kv_cache(num_slots, max_len)
+        self.cp_cache = m.allocate_predictor_cache(num_slots)
+        self.state = FrameState.allocate(m, num_slots, max_text=max_len + 1)
+        self.next_input = torch.zeros(num_slots, m.hidden_size, device=dev, dtype=self.dtype)
+        self.positions = torch.zeros(num_slots, device=dev, dtype=torch.int64)
+        self.active = torch.zeros(num_slots, device=dev, dtype=torch.bool)
+        self.rows = torch.arange(num_slots, device=dev)
+        self.codes_out = torch.zeros(num_slots, self.num_groups, device=dev, dtype=torch.int64)
+        self.eos_out = torch.zeros(num_slots, device=dev, dtype=torch.bool)
+
+    def prepare(self, spec: SpeechSpec) -> QwenPrepared:
+        return QwenPrepared(self, spec)
+
+    def admit(
+        self,
+        slot: int,
+        prepared: QwenPrepared,
+        *,
+        seed: int,
+        sampling: SamplingParams,
+        subtalker: SamplingParams,
+        min_frames: int,
+    ) -> None:
+        self.state.reset_slot(
+            slot, seed=seed, talker=sampling, subtalker=subtalker, trailing_ids=[], text_complete=False,
+            min_new_tokens=min_frames,
+        )  # fmt: skip
+        self.positions[slot] = 0
+
+    def append_text(self, slot: int, queued: int, ids: Sequence[int], complete: bool) -> None:
+        self.state.append_text(slot, queued, ids, complete)
+
+    @torch.inference_mode()
+    def prefill(self, slot: int, prepared: QwenPrepared, start: int, n: int) -> None:
+        assert prepared.prompt is not None
+        x = prepared.prompt.prefill_embeds[start : start + n].to(self.dtype).unsqueeze(0)
+        positions = torch.arange(start, start + n, device=self.device).unsqueeze(0)
+        slot_ids = torch.tensor([slot], device=self.device)
+        self.model(x, positions, self.kv, slot_ids, start + n)
+        # Parking position: a masked decode row writes its junk K/V here, which the next chunk overwrites.
+        self.positions[slot] = start + n
+
+    def start_decode(self, slot: int, prepared: QwenPrepared) -> None:
+        assert prepared.prompt is not None
+        self.next_input[slot] = prepared.prompt.prefill_embeds[-1].to(self.dtype)
+        self.positions[slot] = prepared.length - 1
+
+    @torch.inference_mode()
+    def decode(self, active: Sequence[bool], attn_len: int) -> tuple[np.ndarray, np.ndarray]:
+        n = len(active)
+        b = bucket(n, self.num_slots)
+        length = bucket(attn_len, self.max_len, self.min_attn_bucket)
+        flags = torch.zeros(b, dtype=torch.bool)
+        flags[:n] = torch.tensor(list(active), dtype=torch.bool)
+        self.active[:b].copy_(flags, non_blocking=True)
+        if self.graph_runner is not None:
+            self.graph_runner(b, length)
+        else:
+            self.decode_core(b, length)
+        # copy=True: on a CPU device .cpu() would alias the static output buffers the next tick overwrites.
+        codes = self.codes_out[:n].to("cpu", copy=True).numpy()
+        eos = self.eos_out[:n].to("cpu", copy=True).numpy()
+        return codes, eos
+
+    def decode_core(self, b: int, attn_len: int) -> None:
+        """The captured unit: static shapes for a given (b, attn_len), no host syncs."""
+        st = self.state
+        active = self.active[:b]
+        x = self.next_input[:b].unsqueeze(1)
+        pos = self.positions[:b]
+        h = self.model(x, pos.unsqueeze(1), self.kv, None, attn_len)[:, 0]
+        frames_before = st.frames[:b].clone()
+        seen_before = st.seen_c0[:b].clone()
+        out = frame_step(self.model, h, self.rows[:b], st, self.cp_cache)
+        st.frames[:b] = torch.where(active, st.frames[:b], frames_before)
+        st.seen_c0[:b] = torch.where(active.unsqueeze(1), st.seen_c0[:b], seen_before)
+        self.next_input[:b] = torch.where(active.unsqueeze(1), out.next_embed.to(self.dtype), x[:, 0])
+        self.positions[:b] = pos + active.to(torch.int64)
+        self.codes_out[:b] = out.codes
+        self.eos_out[:b] = out.eos & active
+
+    @torch.inference_mode()
+    def move_slot(self, src: int, dst: int, kv_len: int) -> None:
+        if kv_len:
+            self.kv.k[:, dst, :, :kv_len] = self.kv.k[:, src, :, :kv_len]
+            self.kv.v[:, dst, :, :kv_len] = self.kv.v[:, src, :, :kv_len]
+        for t in (self.next_input, self.positions):
+            t[dst] = t[src]
+        st = self.state
+        for t in (st.seen_c0, st.frames, st.seed, st.min_new_tokens, st.text_ids, st.text_len, st.text_done):
+            t[dst] = t[src]
+        for table in (st.talker.tensors, st.subtalker.tensors):
+            for t in (table.temperature, table.top_k, table.top_p, table.repetition_penalty):
+                t[dst] = t[src]
+
+    # -- prefix cache --------------------------------------------------------------------------------------
+    @torch.inference_mode()
+    def reuse_prefix(self, slot: int, prepared: QwenPrepared, limit: int) -> int:
+        key = prepared.prefix_key
+        entry = self._prefixes.get(key) if key else None
+        if entry is None:
+            return 0
+        n = min(entry.k.shape[2], limit)
+        self._prefixes.move_to_end(key)  # type: ignore[arg-type]
+        self.kv.k[:, slot, :, :n] = entry.k[:, :, :n]
+        self.kv.v[:, slot, :, :n] = entry.v[:, :, :n]
+        self.positions[slot] = n
+        return n
+
+    @torch.inference_mode()
+    def store_prefix(self, slot: int, prepared: QwenPrepared) -> None:
+        key, n = prepared.prefix_key, prepared.prefix_length
+        if not key or n <= 0 or key in self._prefixes:
+            return
+        entry = _PrefixEntry(self.kv.k[:, slot, :, :n].clone(), self.kv.v[:, slot, :, :n].clone())
+        if entry.nbytes > self.prefix_cache_bytes:
+            return
+        self._prefixes[key] = entry
+        while sum(e.nbytes for e in self._prefixes.values()) > self.prefix_cache_bytes:
+            self._prefixes.popitem(last=False)

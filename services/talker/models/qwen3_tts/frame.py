@@ -1,0 +1,210 @@
+"""The per-frame step of Qwen3-TTS for a batch of slots (models.md §1.5), entirely on device.
+
+Given the talker's post-norm hidden state ``h [B, H]`` for each row's current frame ``t``:
+
+1. c0 from ``codec_head(h)``: repetition penalty over the slot's past c0 (a ``[S, V]`` presence table),
+   EOS banned while ``t < min_new_tokens``, ids ``[V-1024, V)`` except EOS banned, then the row's sampler;
+2. the code predictor on a fresh frame-local cache: a 2-token prefill ``proj([h, E_c(c0)])`` gives c1,
+   then G-2 one-token steps ``proj(emb[g-2](c_{g-1}))`` give c2..c_{G-1};
+3. the next talker input ``E_c(c0) + sum_g emb[g-1](c_g) + text_t``, where ``text_t`` is the slot's trailing
+   text token ``t`` projected by ``text_projection`` (or ``tts_pad`` once the queue is exhausted and
+   complete).
+
+No ``.item()``, no data-dependent Python branches: batch shape and the group loop are static, so one tick
+(talker decode + this step) can be captured as a CUDA graph per batch bucket. Random draws are keyed by
+(seed, frame index ``t``, group) so a seeded request draws the same numbers alone or batched.
+
+Input starvation (streamed text): the text for frame ``t`` must be queued (or the text complete) before
+the slot runs frame ``t``; a slot without it is *input-starved* and the engine must leave it out of the
+tick (it waits, it never consumes ``pad`` early). See ``prompt.TextFeed`` for the host-side rule;
+``FrameOutput.starved`` reports any row that was stepped anyway.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from ...sampling import SamplingParams, SamplingTable, sample
+from .backbone import KVCache
+from .model import Qwen3TTSTalker
+
+
+@dataclass
+class FrameState:
+    """Per-slot decode state ``[S, ...]`` on the model's device, owned by the engine.
+
+    ``frames`` counts frames already produced (= index ``t`` of the next frame); ``text_ids[:, :text_len]``
+    is each slot's trailing text queue (ending with ``tts_eos`` once ``text_done``).
+    """
+
+    seen_c0: torch.Tensor  # [S, V] bool
+    frames: torch.Tensor  # [S] int64
+    seed: torch.Tensor  # [S] int64
+    min_new_tokens: torch.Tensor  # [S] int64
+    text_ids: torch.Tensor  # [S, max_text] int64
+    text_len: torch.Tensor  # [S] int64
+    text_done: torch.Tensor  # [S] bool
+    talker: SamplingTable
+    subtalker: SamplingTable
+
+    @classmethod
+    def allocate(
+        cls, model: Qwen3TTSTalker, num_slots: int, max_text: int, device: torch.device | str | None = None
+    ) -> FrameState:
+        device = device or model.codec_head.weight.device
+        vocab = model.config.talker.vocab_size
+
+        def zeros(*shape: int, dtype: torch.dtype = torch.int64) -> torch.Tensor:
+            return torch.zeros(shape, dtype=dtype, device=device)
+
+        return cls(
+            seen_c0=zeros(num_slots, vocab, dtype=torch.bool),
+            frames=zeros(num_slots),
+            seed=zeros(num_slots),
+            min_new_tokens=zeros(num_slots),
+            text_ids=zeros(num_slots, max_text),
+            text_len=zeros(num_slots),
+            text_done=zeros(num_slots, dtype=torch.bool),
+            talker=SamplingTable(num_slots, device),
+            subtalker=SamplingTable(num_slots, device),
+        )
+
+    @property
+    def max_text(self) -> int:
+        return self.text_ids.shape[1]
+
+    def reset_slot(
+        self,
+        slot: int,
+        *,
+        seed: int,
+        talker: SamplingParams,
+        subtalker: SamplingParams,
+        trailing_ids: Sequence[int],
+        text_complete: bool,
+        min_new_tokens: int = 2,
+    ) -> None:
+        """Prepare ``slot`` for a new request (host-side writes at admission, outside captured graphs)."""
+        if not -(2**63) <= seed < 2**63:
+            raise ValueError(f"seed must fit in int64, got {seed}")
+        self.seen_c0[slot] = False
+        self.frames[slot] = 0
+        self.seed[slot] = seed
+        self.min_new_tokens[slot] = min_new_tokens
+        self.text_len[slot] = 0
+        self.text_done[slot] = False
+        self.talker.set_row(slot, talker)
+        self.subtalker.set_row(slot, subtalker)
+        self.append_text(slot, 0, trailing_ids, text_complete)
+
+    def append_text(self, slot: int, queued: int, ids: Sequence[int], complete: bool) -> None:
+        """Append ``ids`` after the ``queued`` tokens the host knows are already in ``slot``'s queue.
+
+        The host tracks ``queued`` itself (``prompt.TextFeed``) so no device read is needed. ``complete``
+        marks the end of text; the caller appends ``tts_eos`` as the last id (``TextFeed`` does).
+        """
+        end = queued + len(ids)
+        if end > self.max_text:
+            raise ValueError(f"slot {slot}: text queue overflow ({end} > max_text {self.max_text})")
+        if ids:
+            src = torch.tensor(list(ids), dtype=torch.int64)
+            self.text_ids[slot, queued:end].copy_(src, non_blocking=True)
+        self.text_len[slot] = end
+        self.text_done[slot] = complete
+
+
+@dataclass
+class FrameOutput:
+    codes: torch.Tensor  # [B, G] int64; a row whose c0 is EOS carries no audio
+    next_embed: torch.Tensor  # [B, H] talker input for the row's next frame
+    eos: torch.Tensor  # [B] bool
+    starved: torch.Tensor  # [B] bool: the row had no queued text for its next input (engine bug if set)
+
+
+def frame_step(
+    model: Qwen3TTSTalker,
+    hidden: torch.Tensor,
+    slot_ids: torch.Tensor,
+    state: FrameState,
+    predictor_cache: KVCache,
+    tts_pad_id: int | None = None,
+) -> FrameOutput:
+    """One frame for rows ``slot_ids [B]`` from their talker hidden states ``hidden [B, H]``.
+
+    Updates ``state`` in place for those slots (seen c0 codes, frame counters). ``predictor_cache`` needs
+    at least B rows and G positions (``model.allocate_predictor_cache``); its contents are scratch.
+    """
+    cfg = model.config.talker
+    groups = cfg.num_code_groups
+    b = hidden.shape[0]
+    pad_id = model.config.tts_pad_token_id if tts_pad_id is None else tts_pad_id
+    cp = model.code_predictor
+    device = hidden.device
+
+    t = state.frames[slot_ids]
+    seed = state.seed[slot_ids]
+    vocab_ids = torch.arange(cfg.vocab_size, device=device)
+    eos_too_early = (vocab_ids == cfg.codec_eos_id).unsqueeze(0) & (
+        t < state.min_new_tokens[slot_ids]
+    ).unsqueeze(1)
+    c0 = sample(
+        model.logits(hidden),
+        state.talker.tensors.index(slot_ids),
+        seed,
+        t,
+        stream=0,
+        seen=state.seen_c0[slot_ids],
+        banned=model.c0_banned.unsqueeze(0) | eos_too_early,
+    )
+    state.seen_c0.index_put_((slot_ids, c0), torch.ones_like(c0, dtype=torch.bool))
+
+    sub = state.subtalker.tensors.index(slot_ids)
+    parts = [model.embed_codec(c0)]  # the group embeddings of this frame, [B, H] each
+    x = cp.small_to_mtp_projection(torch.stack([hidden, parts[0]], dim=1))
+    positions = torch.arange(2, device=device).expand(b, 2)
+    h = cp.model(x, positions, predictor_cache, None, groups)
+    codes = [c0, sample(cp.lm_head[0](h[:, -1]), sub, seed, t, stream=1)]
+    for g in range(2, groups):
+        parts.append(cp.model.codec_embedding[g - 2](codes[g - 1]))
+        x = cp.small_to_mtp_projection(parts[-1]).unsqueeze(1)
+        positions = torch.full((b, 1), g, dtype=torch.int64, device=device)
+        h = cp.model(x, positions, predictor_cache, None, groups)
+        codes.append(sample(cp.lm_head[g - 1](h[:, 0]), sub, seed, t, stream=g))
+    parts.append(cp.model.codec_embedding[groups - 2](codes[groups - 1]))
+
+    text_len = state.text_len[slot_ids]
+    has_text = t < text_len
+    queued = state.text_ids[slot_ids, t.clamp(max=state.max_text - 1)]
+    text_id = torch.where(has_text, queued, torch.full_like(queued, pad_id))
+    next_embed = torch.stack(parts, dim=1).sum(1) + model.embed_text(text_id)
+
+    state.frames.index_put_((slot_ids,), t + 1)
+    return FrameOutput(
+        codes=torch.stack(codes, dim=1),
+        next_embed=next_embed,
+        eos=c0 == cfg.codec_eos_id,
+        starved=~has_text & ~state.text_done[slot_ids],
+    )
+
+
+def decode_tick(
+    model: Qwen3TTSTalker,
+    embeds: torch.Tensor,
+    positions: torch.Tensor,
+    slot_ids: torch.Tensor,
+    cache: KVCache,
+    state: FrameState,
+    predictor_cache: KVCache,
+    attn_len: int | None = None,
+) -> tuple[torch.Tensor, FrameOutput]:
+    """One steady-state tick for rows ``slot_ids``: the talker consumes each row's pending input
+    ``embeds [B, H]`` at ``positions [B]`` (prompt length + frames so far - 1), then ``frame_step``.
+
+    This is the unit an engine captures as one CUDA graph per batch bucket (static ``B`` and
+    ``attn_len``). Returns ``(hidden [B, H], FrameOutput)``.
+    """
+    hidden = model(embeds.unsqueeze(1), positions.unsqueeze(1), cache, slot_ids, attn_len)[:, 0]
+    return hidden, frame_step(model, hidden, slot_ids, state, predictor_cache)

@@ -1,0 +1,272 @@
+"""Prompt construction for the three Qwen3-TTS variants, as ``Qwen3TTSForConditionalGeneration.generate``
+builds it (models.md §1.4), plus the host-side bookkeeping of streamed text.
+
+Notation: ``E_c`` is the codec embedding, ``P(T(x))`` the projected text embedding, ``pad/bos/eos`` the
+projected ``tts_pad/tts_bos/tts_eos`` vectors. The prefill is
+
+    [P(T(instruct))]? ++ P(T(role)) ++ ([pad]*(n-2) ++ [bos]) + E_c(codec_prefix[:-1]) ++ tail
+
+with ``codec_prefix = [think|nothink, think_bos, (lang), think_eos, (speaker), codec_pad, codec_bos]`` and
+``tail`` depending on the mode:
+
+* streaming text: ``P(T(text[0])) + E_c(codec_bos)``; trailing text = ``text[1:] ++ [tts_eos]``;
+* non-streaming: ``(P(T(text ++ [tts_eos])) + E_c(codec_pad)) ++ (pad + E_c(codec_bos))``; no trailing text;
+* ICL voice clone: ``ids = ref_text ++ text ++ [tts_eos]`` against
+  ``codec = [codec_bos] ++ frames(ref_codes)``;
+  streaming sums them over the overlap (excess text becomes trailing text, a short text is padded with
+  ``pad``), non-streaming puts all text first (``+ E_c(codec_pad)``) then ``codec + pad``.
+
+Trailing text is always a list of text *ids* (each frame projects its own); its vectors are also returned.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from .model import Qwen3TTSTalker
+
+
+class PromptError(ValueError):
+    """A request cannot be turned into a prompt for this checkpoint; the message names the field."""
+
+
+@dataclass(frozen=True)
+class PromptSpec:
+    """Token-level description of one request (ids from ``tokenizer.QwenTextTokenizer``)."""
+
+    role_ids: Sequence[int]  # "<|im_start|>assistant\n" (3 ids)
+    text_ids: Sequence[int]  # the text to speak (template stripped); may grow later when streamed
+    language: str = "auto"
+    speaker: str | None = None  # CustomVoice preset speaker
+    instruct_ids: Sequence[int] | None = None  # whole "<|im_start|>user\n...<|im_end|>\n" block
+    speaker_embedding: torch.Tensor | None = None  # Base: x-vector [H] from the codec stage's encoder
+    ref_text_ids: Sequence[int] | None = None  # Base ICL: reference transcript ids
+    ref_codes: torch.Tensor | None = None  # Base ICL: reference codec frames [T_ref, G]
+    non_streaming: bool = False
+    text_complete: bool = True  # False: more text deltas will follow (streaming modes only)
+
+
+@dataclass
+class TalkerPrompt:
+    prefill_embeds: torch.Tensor  # [T, H]
+    trailing_ids: list[int]  # consumed one per generated frame; ends with tts_eos iff text_complete
+    trailing_embeds: torch.Tensor  # [N, H] = embed_text(trailing_ids)
+    pad_embed: torch.Tensor  # [H], used once trailing text is exhausted (and complete)
+    text_complete: bool
+    ref_codes: torch.Tensor | None = None  # prepend to the generated frames before decoding (ICL)
+    tts_eos_id: int = 151673
+
+    def text_feed(self) -> TextFeed:
+        return TextFeed(queued=len(self.trailing_ids), complete=self.text_complete, eos_id=self.tts_eos_id)
+
+
+@dataclass
+class TextFeed:
+    """Host-side view of one slot's trailing-text queue (no device reads needed).
+
+    Starvation rule: generating frame ``t`` consumes trailing token ``t`` to form the next input, so a slot
+    may run frame ``t`` only if ``t < queued`` or the text is complete (then ``tts_pad`` follows the queued
+    ``tts_eos``). Otherwise the slot is input-starved: the engine skips it for the tick and reports it
+    (moshi's MISSING_WORDS) instead of letting it read ``pad`` before the text has ended.
+    """
+
+    queued: int
+    complete: bool
+    eos_id: int
+    pending: list[int] = field(default_factory=list)
+
+    def starved(self, frames_done: int) -> bool:
+        return not self.complete and frames_done >= self.queued
+
+    def push(self, ids: Sequence[int], complete: bool = False) -> list[int]:
+        """Register new text ids (and maybe the end of text); returns the ids to append on device."""
+        if self.complete:
+            raise PromptError("text: the text of this request is already complete")
+        out = list(ids) + ([self.eos_id] if complete else [])
+        self.queued += len(out)
+        self.complete = complete
+        return out
+
+
+def _ids(model: Qwen3TTSTalker, ids: Sequence[int]) -> torch.Tensor:
+    return torch.tensor(list(ids), dtype=torch.int64, device=model.codec_head.weight.device)
+
+
+def _validate(model: Qwen3TTSTalker, spec: PromptSpec) -> tuple[int | None, torch.Tensor | None]:
+    """Check the request against the variant; returns (language codec id or None, speaker vector or None)."""
+    cfg = model.config
+    t = cfg.talker
+    kind = cfg.tts_model_type
+    if len(spec.role_ids) != 3:
+        raise PromptError(
+            f"role_ids: expected the 3 ids of '<|im_start|>assistant\\n', got {len(spec.role_ids)}"
+        )
+    if not spec.text_ids:
+        raise PromptError("text: the text to speak must contain at least one token")
+    if not spec.text_complete and spec.non_streaming:
+        raise PromptError("non_streaming: non-streaming mode needs the whole text up front")
+    for name, ids in (
+        ("text_ids", spec.text_ids),
+        ("role_ids", spec.role_ids),
+        ("instruct_ids", spec.instruct_ids),
+        ("ref_text_ids", spec.ref_text_ids),
+    ):
+        if ids is not None and any(not 0 <= i < t.text_vocab_size for i in ids):
+            raise PromptError(f"{name}: token ids must lie in [0, {t.text_vocab_size})")
+
+    language = spec.language.lower()
+    lang_id: int | None = None
+    if language != "auto":
+        if language not in t.codec_language_id or "dialect" in language:
+            names = sorted(k for k in t.codec_language_id if "dialect" not in k)
+            raise PromptError(
+                f"language: {spec.language!r} is not supported; use auto or one of {', '.join(names)}"
+            )
+        lang_id = t.codec_language_id[language]
+
+    speaker_vec: torch.Tensor | None = None
+    if spec.speaker:
+        if kind != "custom_voice":
+            raise PromptError(f"speaker: preset speakers need a custom_voice checkpoint, this one is {kind}")
+        name = spec.speaker.lower()
+        if name not in t.spk_id:
+            raise PromptError(f"speaker: {spec.speaker!r} is not one of {', '.join(sorted(t.spk_id))}")
+        speaker_vec = model.embed_codec(_ids(model, [t.spk_id[name]]))[0]
+        dialect = t.spk_is_dialect.get(name)
+        if dialect is not None and language in ("chinese", "auto"):
+            lang_id = t.codec_language_id[dialect]
+    elif kind == "custom_voice":
+        raise PromptError("speaker: a custom_voice checkpoint needs a preset speaker")
+
+    if spec.instruct_ids is not None and kind == "base":
+        raise PromptError("instruct: base (voice clone) checkpoints take no instruction")
+    if kind == "voice_design" and not spec.instruct_ids:
+        raise PromptError("instruct: a voice_design checkpoint needs an instruction describing the voice")
+
+    icl = spec.ref_codes is not None or spec.ref_text_ids is not None
+    if kind == "base":
+        if spec.speaker_embedding is None:
+            raise PromptError("speaker_embedding: a base checkpoint needs the reference x-vector")
+        emb = spec.speaker_embedding
+        if emb.shape != (t.backbone.hidden_size,):
+            raise PromptError(
+                f"speaker_embedding: expected shape [{t.backbone.hidden_size}], got {list(emb.shape)}"
+            )
+        speaker_vec = emb.to(device=model.codec_head.weight.device, dtype=model.codec_head.weight.dtype)
+        if icl and (spec.ref_codes is None or not spec.ref_text_ids):
+            raise PromptError(
+                "ref_text/ref_codes: voice-clone ICL needs both the transcript and the reference codes"
+            )
+        if spec.ref_codes is not None:
+            rc = spec.ref_codes
+            groups = t.num_code_groups
+            if rc.dim() != 2 or rc.shape[1] != groups or rc.shape[0] < 1 or rc.dtype.is_floating_point:
+                raise PromptError(
+                    f"ref_codes: expected integer codes [T_ref >= 1, {groups}], got {list(rc.shape)}"
+                )
+            cb = t.code_predictor.vocab_size
+            if bool(((rc < 0) | (rc >= cb)).any()):
+                raise PromptError(f"ref_codes: codes must lie in [0, {cb})")
+    elif spec.speaker_embedding is not None or icl:
+        raise PromptError(
+            f"speaker_embedding/ref_codes: voice cloning needs a base checkpoint, this one is {kind}"
+        )
+    return lang_id, speaker_vec
+
+
+@torch.no_grad()
+def build_prompt(model: Qwen3TTSTalker, spec: PromptSpec) -> TalkerPrompt:
+    """Turn ``spec`` into prefill embeddings and the trailing text stream for ``model``."""
+    cfg = model.config
+    t = cfg.talker
+    lang_id, speaker_vec = _validate(model, spec)
+    bos, eos, pad = model.embed_text(
+        _ids(model, [cfg.tts_bos_token_id, cfg.tts_eos_token_id, cfg.tts_pad_token_id])
+    )
+
+    if lang_id is None:
+        think = [t.codec_nothink_id, t.codec_think_bos_id, t.codec_think_eos_id]
+    else:
+        think = [t.codec_think_id, t.codec_think_bos_id, lang_id, t.codec_think_eos_id]
+    codec = [model.embed_codec(_ids(model, think))]
+    if speaker_vec is not None:
+        codec.append(speaker_vec.unsqueeze(0))
+    codec.append(model.embed_codec(_ids(model, [t.codec_pad_id, t.codec_bos_id])))
+    codec_prefix = torch.cat(codec, dim=0)
+    n = codec_prefix.shape[0]
+    text_side = torch.cat([pad.expand(n - 2, -1), bos.unsqueeze(0)], dim=0)
+    pieces = []
+    if spec.instruct_ids:
+        pieces.append(model.embed_text(_ids(model, spec.instruct_ids)))
+    pieces += [model.embed_text(_ids(model, spec.role_ids)), text_side + codec_prefix[:-1]]
+    codec_bos = codec_prefix[-1:]
+    text_ids = list(spec.text_ids)
+
+    if spec.ref_codes is not None and spec.ref_text_ids is not None:
+        tail, trailing = _icl_tail(model, spec, list(spec.ref_text_ids), spec.ref_codes, text_ids, pad, eos)
+        pieces.append(tail)
+    elif spec.non_streaming:
+        body = torch.cat([model.embed_text(_ids(model, text_ids)), eos.unsqueeze(0)], dim=0)
+        body = body + model.embed_codec(_ids(model, [t.codec_pad_id] * (len(text_ids) + 1)))
+        pieces += [body, pad.unsqueeze(0) + codec_bos]
+        trailing = []
+    else:
+        pieces.append(model.embed_text(_ids(model, text_ids[:1])) + codec_bos)
+        trailing = text_ids[1:] + ([cfg.tts_eos_token_id] if spec.text_complete else [])
+
+    trailing_embeds = (
+        model.embed_text(_ids(model, trailing)) if trailing else pad.new_zeros((0, pad.shape[-1]))
+    )
+    return TalkerPrompt(
+        prefill_embeds=torch.cat(pieces, dim=0),
+        trailing_ids=trailing,
+        trailing_embeds=trailing_embeds,
+        pad_embed=pad,
+        text_complete=spec.text_complete,
+        ref_codes=spec.ref_codes,
+        tts_eos_id=cfg.tts_eos_token_id,
+    )
+
+
+def icl_text_tokens_needed(ref_text_len: int, ref_frames: int) -> int:
+    """Streaming ICL overlaps ``ref_text ++ text`` with ``1 + ref_frames`` codec positions; until the text
+    ends, the prefill needs at least this many target-text tokens (fewer only once the text is complete)."""
+    return max(1, 1 + ref_frames - ref_text_len)
+
+
+def _icl_tail(
+    model: Qwen3TTSTalker,
+    spec: PromptSpec,
+    ref_text_ids: list[int],
+    ref_codes: torch.Tensor,
+    text_ids: list[int],
+    pad: torch.Tensor,
+    eos: torch.Tensor,
+) -> tuple[torch.Tensor, list[int]]:
+    cfg = model.config
+    t = cfg.talker
+    ref_codes = ref_codes.to(device=model.codec_head.weight.device, dtype=torch.int64)
+    all_ids = ref_text_ids + text_ids
+    codec = torch.cat([model.embed_codec(_ids(model, [t.codec_bos_id])), model.embed_frame(ref_codes)], dim=0)
+    codec_len = codec.shape[0]
+    if not spec.text_complete and len(all_ids) < codec_len:
+        need = icl_text_tokens_needed(len(ref_text_ids), ref_codes.shape[0])
+        raise PromptError(
+            f"text: streaming voice-clone ICL needs {need} text tokens (or the end of text) before prefill, "
+            f"got {len(text_ids)}"
+        )
+    # Project the whole id run at once and slice afterwards, as the reference does.
+    text = model.embed_text(_ids(model, all_ids))
+    if spec.text_complete:
+        text = torch.cat([text, eos.unsqueeze(0)], dim=0)
+    ids = all_ids + ([cfg.tts_eos_token_id] if spec.text_complete else [])
+    if spec.non_streaming:
+        text = text + model.embed_codec(_ids(model, [t.codec_pad_id] * text.shape[0]))
+        return torch.cat([text, codec + pad], dim=0), []
+    if len(ids) > codec_len:
+        return text[:codec_len] + codec, ids[codec_len:]
+    text = torch.cat([text, pad.expand(codec_len - len(ids), -1)], dim=0)
+    return text + codec, []

@@ -1,0 +1,184 @@
+"""Batched, per-row token sampling with seeded, batch-invariant randomness (model-agnostic).
+
+Each row carries its own temperature / top-k / top-p / repetition penalty; ``temperature <= 0`` means
+greedy. Randomness is *counter based*: the noise for vocabulary entry ``v`` is a hash of
+``(seed, step, stream, v)`` computed with integer tensor ops, turned into Gumbel noise, and the sample is
+``argmax(scaled_logits + gumbel)`` (Gumbel-max, an exact draw from the softmax). A request therefore gets
+the same random numbers whether it runs alone or batched, at any slot index, and there is no generator
+state to carry, so the whole thing is CUDA-graph safe and never syncs with the host.
+
+Processing order follows transformers' generate: repetition penalty, then the caller's bans
+(``-inf``), then temperature, top-k, top-p; greedy rows take the argmax after penalty and bans only.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import torch
+
+_M32 = 0xFFFFFFFF
+# Odd multipliers below 2**31, so a 32-bit value times one stays below 2**63 in int64 arithmetic.
+_MUL_A = 0x7FEB352D
+_MUL_B = 0x5BD1E995
+_GOLDEN = 0x1E3779B9
+_STREAM_MUL = 0x2C1B3C6D
+
+
+def _mix32(x: torch.Tensor) -> torch.Tensor:
+    """An avalanche integer hash of 32-bit values held in int64 tensors (lowbias32 shape)."""
+    x = x ^ (x >> 16)
+    x = (x * _MUL_A) & _M32
+    x = x ^ (x >> 15)
+    x = (x * _MUL_B) & _M32
+    return x ^ (x >> 16)
+
+
+def row_keys(seed: torch.Tensor, step: torch.Tensor, stream: int | torch.Tensor) -> torch.Tensor:
+    """One 32-bit key per row from its 64-bit ``seed``, its ``step`` counter and a ``stream`` id."""
+    seed = seed.to(torch.int64)
+    h = _mix32((seed & _M32) ^ _GOLDEN)
+    h = _mix32(h ^ ((seed >> 32) & _M32))
+    h = _mix32(h ^ (step.to(torch.int64) & _M32))
+    if isinstance(stream, int):
+        # Folded on the host: building a device tensor from a Python int would copy host->device, which a
+        # CUDA graph capture does not allow.
+        return _mix32(h ^ ((stream * _STREAM_MUL + _GOLDEN) & _M32))
+    return _mix32(h ^ ((stream.to(torch.int64) * _STREAM_MUL + _GOLDEN) & _M32))
+
+
+@functools.lru_cache(maxsize=32)
+def _column_keys(vocab_size: int, device: torch.device) -> torch.Tensor:
+    # Constant per (vocab, device): computed once, so a captured graph just reads it. Run one eager step
+    # before capturing (the usual warm-up) so this is filled outside the capture.
+    col = torch.arange(vocab_size, device=device, dtype=torch.int64)
+    return _mix32(((col * _MUL_A) & _M32) ^ _GOLDEN)
+
+
+def uniform_noise(
+    seed: torch.Tensor, step: torch.Tensor, stream: int | torch.Tensor, vocab_size: int
+) -> torch.Tensor:
+    """``[B, V]`` uniforms in (0, 1) that depend only on each row's (seed, step, stream) and the column."""
+    key = row_keys(seed, step, stream)
+    bits = _mix32(key.unsqueeze(-1) ^ _column_keys(vocab_size, seed.device).unsqueeze(0))
+    # 24 high bits -> exactly representable fp32 mantissa; the +0.5 keeps 0 and 1 out.
+    return ((bits >> 8).to(torch.float32) + 0.5) * (1.0 / (1 << 24))
+
+
+def gumbel_noise(
+    seed: torch.Tensor, step: torch.Tensor, stream: int | torch.Tensor, vocab_size: int
+) -> torch.Tensor:
+    u = uniform_noise(seed, step, stream, vocab_size)
+    return -torch.log(-torch.log(u))
+
+
+@dataclass
+class SamplingTensors:
+    """Per-row sampling parameters as device tensors, each ``[B]`` (rows aligned with the logits)."""
+
+    temperature: torch.Tensor  # float32; <= 0 -> greedy
+    top_k: torch.Tensor  # int64; <= 0 -> off
+    top_p: torch.Tensor  # float32; >= 1 -> off
+    repetition_penalty: torch.Tensor  # float32; 1 -> off
+
+    def index(self, rows: torch.Tensor) -> SamplingTensors:
+        return SamplingTensors(
+            self.temperature[rows], self.top_k[rows], self.top_p[rows], self.repetition_penalty[rows]
+        )
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """Host-side parameters of one request's sampler (validated; written into a ``SamplingTable`` row)."""
+
+    do_sample: bool = True
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    repetition_penalty: float = 1.0
+
+    def __post_init__(self) -> None:
+        if not self.temperature >= 0.0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be >= 0 (0 = off), got {self.top_k}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if not self.repetition_penalty > 0.0:
+            raise ValueError(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
+
+    @property
+    def effective_temperature(self) -> float:
+        return self.temperature if self.do_sample else 0.0
+
+
+class SamplingTable:
+    """Per-slot sampling parameters ``[S]`` on device; rows are written at admission, read every step."""
+
+    def __init__(self, num_slots: int, device: torch.device | str = "cpu") -> None:
+        self.tensors = SamplingTensors(
+            temperature=torch.zeros(num_slots, dtype=torch.float32, device=device),
+            top_k=torch.zeros(num_slots, dtype=torch.int64, device=device),
+            top_p=torch.ones(num_slots, dtype=torch.float32, device=device),
+            repetition_penalty=torch.ones(num_slots, dtype=torch.float32, device=device),
+        )
+
+    def set_row(self, slot: int, params: SamplingParams) -> None:
+        t = self.tensors
+        t.temperature[slot] = params.effective_temperature
+        t.top_k[slot] = params.top_k
+        t.top_p[slot] = params.top_p
+        t.repetition_penalty[slot] = params.repetition_penalty
+
+
+def apply_repetition_penalty(logits: torch.Tensor, seen: torch.Tensor, penalty: torch.Tensor) -> torch.Tensor:
+    """transformers' rule on the *set* of seen tokens: negative scores times p, positive ones divided by p."""
+    p = penalty.to(logits.dtype).unsqueeze(-1)
+    penalized = torch.where(logits < 0, logits * p, logits / p)
+    return torch.where(seen, penalized, logits)
+
+
+def filter_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    """Per-row top-k then top-p masks (``-inf``), with transformers' tie and keep-at-least-one rules."""
+    vocab = logits.shape[-1]
+    sorted_logits, order = torch.sort(logits, dim=-1, descending=False, stable=True)
+    k = torch.where(top_k <= 0, vocab, top_k.clamp(max=vocab))
+    kth = sorted_logits.gather(-1, (vocab - k).unsqueeze(-1))
+    # Threshold on the k-th largest value: ties with it survive, as with torch.topk(...)[..., -1].
+    remove_sorted = sorted_logits < kth
+    sorted_logits = sorted_logits.masked_fill(remove_sorted, float("-inf"))
+    cum = sorted_logits.softmax(dim=-1).cumsum(dim=-1)
+    nucleus_cut = cum <= (1.0 - top_p.to(cum.dtype)).unsqueeze(-1)
+    nucleus_cut[..., -1] = False  # the most likely token always stays
+    remove_sorted = remove_sorted | (nucleus_cut & (top_p < 1.0).unsqueeze(-1))
+    remove = torch.zeros_like(remove_sorted).scatter(-1, order, remove_sorted)
+    return logits.masked_fill(remove, float("-inf"))
+
+
+def sample(
+    logits: torch.Tensor,
+    params: SamplingTensors,
+    seed: torch.Tensor,
+    step: torch.Tensor,
+    stream: int | torch.Tensor = 0,
+    seen: torch.Tensor | None = None,
+    banned: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Draw one token per row of ``logits [B, V]``; returns int64 ``[B]``.
+
+    ``seed``/``step`` are ``[B]`` int64 (the request's seed and, e.g., its frame index); ``stream``
+    separates independent draws at the same step (e.g. the codebook group). ``seen [B, V]`` (bool) drives
+    the repetition penalty; ``banned`` (``[V]`` or ``[B, V]`` bool) tokens are never drawn.
+    """
+    scores = logits.float()
+    if seen is not None:
+        scores = apply_repetition_penalty(scores, seen, params.repetition_penalty)
+    if banned is not None:
+        scores = scores.masked_fill(banned, float("-inf"))
+    greedy_tok = scores.argmax(dim=-1)
+    greedy = params.temperature <= 0
+    temp = torch.where(greedy, torch.ones_like(params.temperature), params.temperature).to(scores.dtype)
+    scaled = filter_top_k_top_p(scores / temp.unsqueeze(-1), params.top_k, params.top_p)
+    drawn = (scaled + gumbel_noise(seed, step, stream, scores.shape[-1])).argmax(dim=-1)
+    return torch.where(greedy, greedy_tok, drawn)

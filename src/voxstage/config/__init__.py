@@ -1,0 +1,42 @@
+"""Typed deploy configuration: the seed YAMLs' schema, validation, platform overlays and ``--set`` overrides.
+
+Entry points: ``load_deploy_config(path, platform=..., overrides=...)`` for a file and
+``parse_deploy_config`` for a mapping, both returning a ``DeployConfig`` or raising one ``ConfigError`` that
+lists every problem. Key-by-key meanings are documented in docs/configuration.md.
+"""
+
+from voxstage.config.connector import CONNECTOR_KINDS, ChunkPlan, ConnectorConfig, ConnectorExtra
+from voxstage.config.deploy import PLATFORMS, DeployConfig, DuplexSessionConfig, GatewayConfig
+from voxstage.config.errors import ConfigError, Issue
+from voxstage.config.loader import detect_platform, load_deploy_config, parse_deploy_config
+from voxstage.config.model_checks import check_codec_against_model, raise_for_errors
+from voxstage.config.stage import (
+    CODEC_STAGE_ID,
+    TALKER_STAGE_ID,
+    SamplingParams,
+    StageConfig,
+    StageRole,
+)
+
+__all__ = [
+    "CODEC_STAGE_ID",
+    "CONNECTOR_KINDS",
+    "PLATFORMS",
+    "TALKER_STAGE_ID",
+    "ChunkPlan",
+    "ConfigError",
+    "ConnectorConfig",
+    "ConnectorExtra",
+    "DeployConfig",
+    "DuplexSessionConfig",
+    "GatewayConfig",
+    "Issue",
+    "SamplingParams",
+    "StageConfig",
+    "StageRole",
+    "check_codec_against_model",
+    "detect_platform",
+    "load_deploy_config",
+    "parse_deploy_config",
+    "raise_for_errors",
+]

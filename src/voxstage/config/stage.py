@@ -1,0 +1,129 @@
+"""Per-stage settings: ``stages[]`` and the sampling defaults nested in them.
+
+Meanings, units and the reason for every default are in docs/configuration.md; the comments here only
+explain choices the table cannot.
+"""
+
+from __future__ import annotations
+
+import re
+from enum import StrEnum
+from typing import Any
+
+from pydantic import Field, field_validator, model_validator
+
+from voxstage.config.base import StrictModel
+
+# Role by stage id. voxstage runs exactly one graph, talker -> codec; the ids are those the seed files use
+# (stage 0 owns the token core, stage 1 the audio edge), so the ids double as the role declaration.
+TALKER_STAGE_ID = 0
+CODEC_STAGE_ID = 1
+
+# Per-tick token budgets when max_num_batched_tokens is omitted. Talker: vLLM's chunked-prefill default,
+# small enough that a long prompt never stalls the frame step of running slots for more than a tick or two.
+# Codec: counted in codec tokens (codebooks x frames); 65536 covers a 16-codebook chunk of 4096 frames, far
+# above any steady chunk, so only a misconfiguration can hit it.
+DEFAULT_TALKER_BATCHED_TOKENS = 2048
+DEFAULT_CODEC_BATCHED_TOKENS = 65536
+
+_DEVICES = re.compile(r"^\s*\d+\s*(,\s*\d+\s*)*$")
+
+
+class StageRole(StrEnum):
+    TALKER = "talker"
+    CODEC = "codec"
+
+
+ROLE_BY_STAGE_ID: dict[int, StageRole] = {TALKER_STAGE_ID: StageRole.TALKER, CODEC_STAGE_ID: StageRole.CODEC}
+
+
+class SamplingParams(StrictModel):
+    """Per-request sampling defaults; a request may override any of them."""
+
+    temperature: float = Field(default=1.0, ge=0.0)
+    top_k: int = -1
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    max_tokens: int | None = Field(default=None, ge=1)
+    min_tokens: int = Field(default=0, ge=0)
+    seed: int | None = None
+    repetition_penalty: float = Field(default=1.0, gt=0.0)
+    do_sample: bool | None = None
+
+    @field_validator("top_k")
+    @classmethod
+    def _top_k(cls, value: int) -> int:
+        # 0 means "off" in some stacks and "nothing allowed" in others; one spelling for "off" ends the doubt.
+        if value == 0 or value < -1:
+            raise ValueError(f"must be -1 (off) or a positive integer, got {value}")
+        return value
+
+    @model_validator(mode="after")
+    def _consistent(self) -> SamplingParams:
+        if self.max_tokens is not None and self.min_tokens > self.max_tokens:
+            raise ValueError(f"min_tokens ({self.min_tokens}) must not exceed max_tokens ({self.max_tokens})")
+        if self.do_sample is True and self.temperature == 0.0:
+            raise ValueError("do_sample: true needs temperature > 0 (temperature 0 is greedy decoding)")
+        return self
+
+    @property
+    def greedy(self) -> bool:
+        """True when decoding takes the arg-max token (explicitly, or because nothing is left to sample)."""
+        if self.do_sample is not None:
+            return not self.do_sample
+        return self.temperature == 0.0 or self.top_k == 1
+
+
+class StageConfig(StrictModel):
+    """One stage process: its device slice, its engine limits and its connector edges."""
+
+    stage_id: int = Field(ge=0)
+    max_num_seqs: int = Field(default=4, ge=1)
+    gpu_memory_utilization: float = Field(default=0.3, gt=0.0, le=1.0)
+    enforce_eager: bool = False
+    trust_remote_code: bool = False
+    skip_tokenizer_init: bool = False
+    enable_prefix_caching: bool = False
+    async_scheduling: bool = False
+    max_model_len: int | None = Field(default=None, ge=1)
+    max_num_batched_tokens: int | None = Field(default=None, ge=1)
+    devices: str = "0"
+    input_connectors: dict[str, str] = Field(default_factory=dict)
+    output_connectors: dict[str, str] = Field(default_factory=dict)
+    default_sampling_params: SamplingParams = Field(default_factory=SamplingParams)
+    subtalker_sampling_params: SamplingParams | None = None
+
+    @field_validator("devices", mode="before")
+    @classmethod
+    def _devices_from_int(cls, value: Any) -> Any:
+        # `devices: 0` (unquoted) and `--set stages.1.devices=1` are YAML ints; accept them as one index.
+        if isinstance(value, int) and not isinstance(value, bool):
+            return str(value)
+        return value
+
+    @field_validator("devices")
+    @classmethod
+    def _devices_list(cls, value: str) -> str:
+        if not _DEVICES.match(value):
+            raise ValueError(
+                f"must be a comma-separated list of non-negative GPU indices like '0' or '0,1', got {value!r}"
+            )
+        ids = [int(part) for part in value.split(",")]
+        if len(set(ids)) != len(ids):
+            raise ValueError(f"lists a GPU index twice: {value!r}")
+        return ",".join(str(i) for i in ids)
+
+    @property
+    def device_ids(self) -> tuple[int, ...]:
+        return tuple(int(part) for part in self.devices.split(","))
+
+    @property
+    def role(self) -> StageRole | None:
+        """Talker or codec; None for a stage id outside the graph (load-time validation rejects those)."""
+        return ROLE_BY_STAGE_ID.get(self.stage_id)
+
+    @property
+    def batched_token_budget(self) -> int:
+        """``max_num_batched_tokens`` or the role's default (talker: prompt tokens; codec: codec tokens)."""
+        if self.max_num_batched_tokens is not None:
+            return self.max_num_batched_tokens
+        return DEFAULT_CODEC_BATCHED_TOKENS if self.role is StageRole.CODEC else DEFAULT_TALKER_BATCHED_TOKENS

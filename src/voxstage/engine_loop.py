@@ -1,0 +1,111 @@
+"""The one thread that owns a stage's model loop.
+
+Async gRPC handlers never run model code (ARCHITECTURE.md §1). They post commands here; the engine thread
+applies them between ticks, runs ``engine.step()`` while there is work, and hands each tick's outputs to a
+sink (which, in a servicer, hops back onto the event loop with ``call_soon_threadsafe``). Commands run on the
+engine thread, so engines need no locks of their own.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+import queue
+import threading
+from collections.abc import Callable
+from typing import Any, Generic, Protocol, TypeVar
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+O = TypeVar("O")
+
+
+class Steppable(Protocol[O]):
+    def has_work(self) -> bool: ...
+
+    def step(self) -> list[O]: ...
+
+
+class EngineThread(Generic[O]):
+    def __init__(
+        self,
+        engine: Steppable[O],
+        sink: Callable[[list[O]], None],
+        *,
+        name: str,
+        on_error: Callable[[BaseException], None] | None = None,
+    ) -> None:
+        self.engine = engine
+        self._sink = sink
+        self._on_error = on_error
+        self._commands: queue.SimpleQueue[tuple[Callable[[], Any], concurrent.futures.Future[Any]] | None] = (
+            queue.SimpleQueue()
+        )
+        self._stopping = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def call(self, fn: Callable[[], T]) -> concurrent.futures.Future[T]:
+        """Run ``fn`` on the engine thread before its next tick; the future carries its result or error."""
+        fut: concurrent.futures.Future[T] = concurrent.futures.Future()
+        if self._stopping.is_set():
+            fut.set_exception(RuntimeError("engine is stopped"))
+            return fut
+        self._commands.put((fn, fut))
+        return fut
+
+    def stop(self, timeout: float = 10.0) -> None:
+        self._stopping.set()
+        self._commands.put(None)
+        if self._thread.is_alive() and threading.current_thread() is not self._thread:
+            self._thread.join(timeout)
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+    def _drain(self, block: bool) -> None:
+        try:
+            item = self._commands.get(timeout=0.05) if block else self._commands.get_nowait()
+        except queue.Empty:
+            return
+        while True:
+            if item is None:
+                return
+            fn, fut = item
+            if fut.set_running_or_notify_cancel():
+                try:
+                    fut.set_result(fn())
+                except BaseException as exc:  # noqa: BLE001 - the caller's future carries it
+                    fut.set_exception(exc)
+            try:
+                item = self._commands.get_nowait()
+            except queue.Empty:
+                return
+
+    def _run(self) -> None:
+        while not self._stopping.is_set():
+            try:
+                busy = self.engine.has_work()
+                # Idle: sleep on the command queue (no busy polling); busy: just pick up what arrived.
+                self._drain(block=not busy)
+                if self.engine.has_work():
+                    outputs = self.engine.step()
+                    if outputs:
+                        self._sink(outputs)
+            except BaseException as exc:  # noqa: BLE001 - a dead engine thread must be reported, not silent
+                log.exception("engine thread %s failed", self._thread.name)
+                if self._on_error is not None:
+                    self._on_error(exc)
+                self._stopping.set()
+        # Fail whatever is still queued so no caller waits forever.
+        while True:
+            try:
+                item = self._commands.get_nowait()
+            except queue.Empty:
+                break
+            if item is not None and not item[1].done():
+                item[1].set_exception(RuntimeError("engine stopped"))

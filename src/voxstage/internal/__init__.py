@@ -1,0 +1,1 @@
+"""Internal (stage-to-stage) APIs; not a public promise."""

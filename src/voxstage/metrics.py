@@ -1,0 +1,101 @@
+"""Prometheus metrics. The names in ARCHITECTURE.md §7 are a contract: dashboards and alerts depend on them.
+
+Base units, no per-request labels. Each process owns one registry (``REGISTRY``) and serves it on its own
+``/metrics``; time-to-first-audio is observed only at the gateway, from request arrival to the first PCM byte
+sent, because per-stage first-output times under-report what a user hears.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+REGISTRY = CollectorRegistry(auto_describe=True)
+
+# Dense between 5 ms and 100 ms, where a streaming TTS server must live, then a tail to 2 s.
+TTFA_BUCKETS = (
+    0.005, 0.0075, 0.01, 0.0125, 0.015, 0.0175, 0.02, 0.025, 0.03, 0.035, 0.04, 0.05, 0.06, 0.07, 0.08,
+    0.1, 0.125, 0.15, 0.2, 0.25, 0.3, 0.4, 0.5, 0.75, 1.0, 1.5, 2.0,
+)  # fmt: skip
+DURATION_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 15.0, 30.0, 60.0, 120.0, 300.0)
+RTF_BUCKETS = (0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 5.0)
+UNDERRUN_BUCKETS = (0.001, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0)
+# A talker/codec tick must stay far below the 80 ms frame period; resolve 0.25 ms .. 80 ms and beyond.
+TICK_BUCKETS = (
+    0.00025, 0.0005, 0.001, 0.002, 0.003, 0.004, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.04, 0.06, 0.08,
+    0.12, 0.25, 0.5,
+)  # fmt: skip
+HOP_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 1.0)
+
+TIME_TO_FIRST_AUDIO = Histogram(
+    "voxstage_time_to_first_audio_seconds",
+    "Gateway: request arrival to the first PCM byte sent to the client.",
+    ["api"],
+    buckets=TTFA_BUCKETS,
+    registry=REGISTRY,
+)
+REQUEST_DURATION = Histogram(
+    "voxstage_request_duration_seconds",
+    "Gateway: request arrival to the last byte sent.",
+    ["api"],
+    buckets=DURATION_BUCKETS,
+    registry=REGISTRY,
+)
+REAL_TIME_FACTOR = Histogram(
+    "voxstage_real_time_factor",
+    "Gateway: per-request generation wall time divided by the audio duration produced (lower is faster).",
+    buckets=RTF_BUCKETS,
+    registry=REGISTRY,
+)
+AUDIO_UNDERRUN = Histogram(
+    "voxstage_audio_underrun_seconds",
+    "Gateway: per-request total playback deficit of a no-prebuffer player started at the first chunk.",
+    buckets=UNDERRUN_BUCKETS,
+    registry=REGISTRY,
+)
+STAGE_TICK = Histogram(
+    "voxstage_stage_tick_seconds",
+    "Wall time of one engine tick (one frame step for all active talker slots; one codec decode batch).",
+    ["stage"],
+    buckets=TICK_BUCKETS,
+    registry=REGISTRY,
+)
+ACTIVE_STREAMS = Gauge(
+    "voxstage_active_streams", "Streams currently held by the stage.", ["stage"], registry=REGISTRY
+)
+QUEUE_DEPTH = Gauge(
+    "voxstage_queue_depth", "Requests admitted but waiting for a slot.", ["stage"], registry=REGISTRY
+)
+REQUESTS = Counter(
+    "voxstage_requests", "Requests finished, by outcome.", ["outcome"], registry=REGISTRY
+)  # exported as voxstage_requests_total
+STAGE_HOP = Histogram(
+    "voxstage_stage_hop_seconds",
+    "Time from a stage sending a message to the next stage receiving it (same-host clocks).",
+    ["from", "to"],
+    buckets=HOP_BUCKETS,
+    registry=REGISTRY,
+)
+SLOTS_IN_USE = Gauge("voxstage_slots_in_use", "Engine slots in use.", ["stage"], registry=REGISTRY)
+SLOTS_TOTAL = Gauge("voxstage_slots", "Engine slots configured.", ["stage"], registry=REGISTRY)
+AUDIO_GENERATED = Counter(
+    "voxstage_audio_generated_seconds", "Seconds of audio produced.", ["stage"], registry=REGISTRY
+)
+TRANSPORT_BYTES = Counter(
+    "voxstage_transport_bytes",
+    "Inter-stage payload bytes, by path (inline or shm).",
+    ["path"],
+    registry=REGISTRY,
+)
+SHM_FALLBACKS = Counter(
+    "voxstage_shm_fallbacks",
+    "Payloads that wanted shm but went inline (peer cannot see the region).",
+    registry=REGISTRY,
+)
+PREFILL_TOKENS = Counter(
+    "voxstage_prefill_tokens", "Prompt positions, by how they were obtained.", ["source"], registry=REGISTRY
+)  # source="computed" | "prefix_cache"
+INPUT_STARVED = Counter(
+    "voxstage_input_starved_frames",
+    "Frame steps a talker slot skipped because streamed text had not arrived yet.",
+    registry=REGISTRY,
+)

@@ -1,0 +1,129 @@
+"""gRPC server bootstrap shared by every stage process.
+
+One place decides how a voxstage process serves: grpc.aio on one event loop, explicit message-size and
+keepalive options, standard health and reflection, readiness only after warm-up, and a graceful drain on
+SIGTERM (health flips to NOT_SERVING, new streams are refused, in-flight streams get ``grace`` seconds).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+from prometheus_client import start_http_server
+
+from voxstage.metrics import REGISTRY
+
+log = logging.getLogger(__name__)
+
+MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+SERVER_OPTIONS: list[tuple[str, Any]] = [
+    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+    # Duplex sessions idle for long stretches; let clients keep the connection warm with pings.
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.http2.min_recv_ping_interval_without_data_ms", 10_000),
+    ("grpc.http2.max_ping_strikes", 0),
+]
+CHANNEL_OPTIONS: list[tuple[str, Any]] = [
+    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.keepalive_time_ms", 20_000),
+    ("grpc.keepalive_timeout_ms", 10_000),
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.enable_retries", 0),
+]
+
+
+@dataclass
+class ServiceBinding:
+    """One servicer to mount: ``add(servicer, server)`` is the generated ``add_XServicer_to_server``."""
+
+    full_name: str
+    servicer: Any
+    add: Callable[[Any, grpc.aio.Server], None]
+
+
+@dataclass
+class StageServer:
+    """A running stage process's gRPC face; ``draining`` tells servicers to refuse new streams."""
+
+    server: grpc.aio.Server
+    health: health.aio.HealthServicer
+    port: int
+    services: Sequence[str]
+    draining: bool = False
+    _stopped: asyncio.Event = field(default_factory=asyncio.Event)
+
+    async def set_ready(self) -> None:
+        for name in ("", *self.services):
+            await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
+
+    async def drain(self, grace: float) -> None:
+        """Refuse new work, let in-flight streams finish for up to ``grace`` seconds, then stop."""
+        if self.draining:
+            return
+        self.draining = True
+        await self.health.enter_graceful_shutdown()
+        await self.server.stop(grace)
+        self._stopped.set()
+
+    async def wait_stopped(self) -> None:
+        await self._stopped.wait()
+        await self.server.wait_for_termination()
+
+
+async def start_stage_server(
+    bindings: Sequence[ServiceBinding],
+    *,
+    host: str = "0.0.0.0",
+    port: int = 0,
+    metrics_port: int | None = None,
+) -> StageServer:
+    """Create, mount and start the server; health reports NOT_SERVING until ``set_ready``."""
+    server = grpc.aio.server(options=SERVER_OPTIONS)
+    for b in bindings:
+        b.add(b.servicer, server)
+    health_servicer = health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    names = [b.full_name for b in bindings]
+    for name in ("", *names):
+        await health_servicer.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
+    reflection.enable_server_reflection((*names, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
+    bound = server.add_insecure_port(f"{host}:{port}")
+    if bound == 0:
+        raise OSError(f"cannot bind gRPC port {host}:{port}")
+    await server.start()
+    if metrics_port is not None:
+        start_http_server(metrics_port, addr=host, registry=REGISTRY)
+    log.info("gRPC on %s:%d (%s)", host, bound, ", ".join(names))
+    return StageServer(server=server, health=health_servicer, port=bound, services=names)
+
+
+async def run_until_signalled(
+    stage: StageServer, *, grace: float, on_stop: Callable[[], Awaitable[None]] | None = None
+) -> None:
+    """Serve until SIGTERM/SIGINT, then drain gracefully and run ``on_stop`` (engine shutdown)."""
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        with contextlib.suppress(NotImplementedError):
+            loop.add_signal_handler(sig, stop.set)
+    waiter = asyncio.ensure_future(stage.server.wait_for_termination())
+    signalled = asyncio.ensure_future(stop.wait())
+    await asyncio.wait({waiter, signalled}, return_when=asyncio.FIRST_COMPLETED)
+    if signalled.done():
+        log.info("signal received: draining for up to %.1f s", grace)
+        await stage.drain(grace)
+    waiter.cancel()
+    signalled.cancel()
+    if on_stop is not None:
+        await on_stop()

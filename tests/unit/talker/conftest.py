@@ -1,0 +1,40 @@
+"""A tiny random-init Qwen3-TTS talker (the ``qwen3-tts-tiny`` preset) shared by the engine tests."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from voxstage.talker.models.qwen3_tts.config import parse_config
+from voxstage.talker.models.qwen3_tts.loader import random_init
+from voxstage.talker.models.qwen3_tts.model import Qwen3TTSTalker
+from voxstage.talker.models.qwen3_tts.presets import preset_config, preset_generation_config
+from voxstage.talker.models.qwen3_tts.tokenizer import QwenTextTokenizer, write_tiny_tokenizer
+
+
+# Tiny models are dominated by per-op overhead: one intra-op thread avoids oversubscribing small CI machines.
+torch.set_num_threads(1)
+
+
+@pytest.fixture(scope="session")
+def tiny_tokenizer(tmp_path_factory: pytest.TempPathFactory) -> QwenTextTokenizer:
+    d: Path = tmp_path_factory.mktemp("tiny_tok")
+    write_tiny_tokenizer(d)
+    return QwenTextTokenizer.from_dir(d)
+
+
+def _tiny(variant: str) -> Qwen3TTSTalker:
+    cfg = parse_config(preset_config("qwen3-tts-tiny", variant), preset_generation_config(), source="preset")
+    return random_init(cfg, seed=0, dtype=torch.float32)
+
+
+@pytest.fixture(scope="session")
+def tiny_custom_voice() -> Qwen3TTSTalker:
+    return _tiny("custom_voice")
+
+
+@pytest.fixture(scope="session")
+def tiny_base() -> Qwen3TTSTalker:
+    return _tiny("base")

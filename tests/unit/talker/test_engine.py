@@ -1,0 +1,179 @@
+"""Talker engine in-process: batch invariance, batching, cancellation, prefix cache, streamed text."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from voxstage.talker.engine import (
+    AdmissionError,
+    EngineConfig,
+    Finish,
+    RequestTooLarge,
+    TalkerEngine,
+    TalkerOutput,
+    TalkerRequest,
+)
+from voxstage.talker.models.qwen3_tts.adapter import Qwen3TTSAdapter
+from voxstage.talker.models.qwen3_tts.model import Qwen3TTSTalker
+from voxstage.talker.models.qwen3_tts.tokenizer import QwenTextTokenizer
+from voxstage.talker.sampling import SamplingParams
+from voxstage.talker.spec import SpeechSpec
+
+SAMPLED = SamplingParams(do_sample=True, temperature=0.9, top_k=50, repetition_penalty=1.05)
+GREEDY = SamplingParams(do_sample=False)
+TEXTS = ["hello there", "the quick brown fox", "a", "we will see the world at noon", "tell me more"]
+
+
+def make_engine(model: Qwen3TTSTalker, tok: QwenTextTokenizer, slots: int, **kw: object) -> TalkerEngine:
+    cfg = dict(max_num_seqs=slots, max_model_len=192, max_num_batched_tokens=16)
+    cfg.update(kw)
+    return TalkerEngine(Qwen3TTSAdapter(model, tok), EngineConfig(**cfg))  # type: ignore[arg-type]
+
+
+def request(i: int, sampling: SamplingParams = SAMPLED, frames: int = 8, **spec: object) -> TalkerRequest:
+    text = str(spec.pop("text", f"{TEXTS[i % len(TEXTS)]} {i}"))
+    voice = str(spec.pop("voice", "ryan"))
+    s = SpeechSpec(text=text, voice=voice, language="english", **spec)  # type: ignore[arg-type]
+    return TalkerRequest(f"r{i}", s, seed=1000 + i, sampling=sampling, subtalker=sampling, max_frames=frames)
+
+
+def drive(engine: TalkerEngine, reqs: list[TalkerRequest], stagger: int = 1) -> dict[str, list[TalkerOutput]]:
+    """Submit one request every ``stagger`` ticks and run until idle; returns outputs per request."""
+    out: dict[str, list[TalkerOutput]] = {}
+    pending = list(reqs)
+    tick = 0
+    while pending or engine.has_work():
+        if pending and tick % stagger == 0:
+            engine.submit(pending.pop(0))
+        for o in engine.step():
+            out.setdefault(o.request_id, []).append(o)
+        tick += 1
+        assert tick < 10_000
+    return out
+
+
+def frames_of(outs: list[TalkerOutput]) -> np.ndarray:
+    return np.concatenate([o.codes for o in outs])
+
+
+@pytest.mark.parametrize("sampling", [SAMPLED, GREEDY], ids=["sampled", "greedy"])
+def test_sixteen_staggered_requests_equal_their_alone_runs(
+    tiny_custom_voice: Qwen3TTSTalker, tiny_tokenizer: QwenTextTokenizer, sampling: SamplingParams
+) -> None:
+    torch.manual_seed(0)
+    reqs = [request(i, sampling) for i in range(16)]
+    # 6 slots for 16 requests: requests queue, join as others leave, and slots get compacted.
+    batched = drive(make_engine(tiny_custom_voice, tiny_tokenizer, 6), reqs, stagger=2)
+    for r in reqs:
+        alone = drive(make_engine(tiny_custom_voice, tiny_tokenizer, 1), [r])
+        a, b = frames_of(alone[r.request_id]), frames_of(batched[r.request_id])
+        assert a.shape == b.shape and a.shape[0] >= 2
+        assert np.array_equal(a, b), f"{r.request_id} differs batched vs alone"
+        assert batched[r.request_id][-1].finish in (Finish.EOS, Finish.MAX_FRAMES)
+
+
+def test_different_seeds_differ_and_outputs_are_ordered(
+    tiny_custom_voice: Qwen3TTSTalker, tiny_tokenizer: QwenTextTokenizer
+) -> None:
+    r1 = request(0)
+    r2 = TalkerRequest("other", r1.spec, seed=7, sampling=SAMPLED, subtalker=SAMPLED, max_frames=12)
+    out = drive(make_engine(tiny_custom_voice, tiny_tokenizer, 2), [r1, r2])
+    assert not np.array_equal(frames_of(out["r0"]), frames_of(out["other"]))
+    firsts = [o.first_frame for o in out["r0"] if o.codes.shape[0]]
+    assert firsts == list(range(len(firsts)))
+
+
+def test_cancel_frees_slot_next_tick(
+    tiny_custom_voice: Qwen3TTSTalker, tiny_tokenizer: QwenTextTokenizer
+) -> None:
+    eng = make_engine(tiny_custom_voice, tiny_tokenizer, 2)
+    eng.submit(request(0, frames=40))
+    eng.submit(request(1, frames=40))
+    for _ in range(5):
+        eng.step()
+    assert eng.slots_in_use() == 2 and eng.request_state("r1") == "decode"
+    eng.cancel("r1")
+    outs = eng.step()
+    assert [o.finish for o in outs if o.request_id == "r1"] == [Finish.CANCELLED]
+    assert eng.slots_in_use() == 1 and eng.request_state("r1") == "absent"
+    assert not eng.cancel("r1")  # unknown now
+
+
+def test_cancelled_slot_compaction_keeps_survivor_exact(
+    tiny_custom_voice: Qwen3TTSTalker, tiny_tokenizer: QwenTextTokenizer
+) -> None:
+    eng = make_engine(tiny_custom_voice, tiny_tokenizer, 3)
+    reqs = [request(i, frames=20) for i in range(3)]
+    out: dict[str, list[TalkerOutput]] = {}
+    for r in reqs:
+        eng.submit(r)
+    for tick in range(200):
+        if tick == 6:
+            eng.cancel("r0")  # slot 0 frees; the last slot moves into it mid-generation
+        for o in eng.step():
+            out.setdefault(o.request_id, []).append(o)
+        if not eng.has_work():
+            break
+    assert out["r0"][-1].finish is Finish.CANCELLED
+    for r in reqs[1:]:
+        alone = drive(make_engine(tiny_custom_voice, tiny_tokenizer, 1), [r])
+        assert np.array_equal(frames_of(alone[r.request_id]), frames_of(out[r.request_id]))
+
+
+def test_prefix_cache_hit_equals_miss(
+    tiny_custom_voice: Qwen3TTSTalker, tiny_tokenizer: QwenTextTokenizer
+) -> None:
+    instruct = "speak slowly and warmly, like a storyteller by the fire"
+    reqs = [request(i, instructions=instruct, voice="vivian") for i in range(3)]
+    cached = make_engine(tiny_custom_voice, tiny_tokenizer, 1, enable_prefix_caching=True)
+    hit = drive(cached, reqs)
+    assert cached.prefix_hits == 2 and cached.prefill_tokens_saved > 2 * 10
+    miss = drive(make_engine(tiny_custom_voice, tiny_tokenizer, 1), reqs)
+    for r in reqs:
+        assert np.array_equal(frames_of(hit[r.request_id]), frames_of(miss[r.request_id]))
+
+
+def test_streamed_text_waits_instead_of_padding(
+    tiny_custom_voice: Qwen3TTSTalker, tiny_tokenizer: QwenTextTokenizer
+) -> None:
+    whole = request(0, text="hello there the world", non_streaming=False)
+    ref = drive(make_engine(tiny_custom_voice, tiny_tokenizer, 1), [whole])["r0"]
+
+    streamed = request(0, text="hel", text_complete=False, non_streaming=False)
+    eng = make_engine(tiny_custom_voice, tiny_tokenizer, 1)
+    eng.submit(streamed)
+    outs: list[TalkerOutput] = []
+    for _ in range(3):  # the first word is incomplete: nothing can be prefilled yet
+        outs += eng.step()
+    assert eng.request_state("r0") == "waiting" and not outs
+    eng.push_text("r0", "lo there", complete=False)
+    for _ in range(6):  # " there" is held back (may grow), so the slot starves after one frame
+        outs += eng.step()
+    produced = sum(o.codes.shape[0] for o in outs)
+    assert 1 <= produced <= 2
+    eng.push_text("r0", " the world", complete=True)
+    outs += drive(eng, [])["r0"]
+    assert np.array_equal(frames_of(outs), frames_of(ref))
+
+
+def test_rejections(tiny_custom_voice: Qwen3TTSTalker, tiny_tokenizer: QwenTextTokenizer) -> None:
+    eng = make_engine(tiny_custom_voice, tiny_tokenizer, 1, max_model_len=24, max_queue=1)
+    with pytest.raises(RequestTooLarge, match="max_model_len"):
+        eng.submit(request(0, text="this sentence is far too long for a twenty four position window"))
+    eng.submit(request(1, text="hi"))
+    with pytest.raises(AdmissionError, match="queue is full"):
+        eng.submit(request(2, text="hi"))
+    with pytest.raises(ValueError, match="speaker"):
+        eng.submit(request(3, text="hi", voice="nobody"))
+
+
+def test_max_model_len_stops_with_reason(
+    tiny_custom_voice: Qwen3TTSTalker, tiny_tokenizer: QwenTextTokenizer
+) -> None:
+    eng = make_engine(tiny_custom_voice, tiny_tokenizer, 1, max_model_len=40)
+    out = drive(eng, [request(0, GREEDY, frames=500, text="hi")])["r0"]
+    assert out[-1].finish in (Finish.MAX_MODEL_LEN, Finish.EOS)
+    if out[-1].finish is Finish.MAX_MODEL_LEN:
+        assert frames_of(out).shape[0] + 1 <= 40

@@ -1,0 +1,186 @@
+"""Golden parity with the reference qwen-tts 0.1.1 (fixtures from scripts/make_golden_qwen3_tts.py).
+
+Each variant's tiny checkpoint is materialized in the released on-disk layout and loaded through the real
+loader; prompts are rebuilt from the recorded token ids; prefill embeddings and logits must match within
+the recorded tolerances and greedy generation must give identical 16-code frames.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from tests import golden
+from voxstage.talker.models.qwen3_tts.generate import TalkerRequest, generate, prefill
+from voxstage.talker.models.qwen3_tts.loader import load_qwen3_tts_talker
+from voxstage.talker.models.qwen3_tts.model import Qwen3TTSTalker
+from voxstage.talker.models.qwen3_tts.prompt import (
+    PromptSpec,
+    TalkerPrompt,
+    build_prompt,
+    icl_text_tokens_needed,
+)
+from voxstage.talker.sampling import SamplingParams
+
+pytestmark = pytest.mark.skipif(
+    not (golden.fixture_dir() / golden.CASES_JSON).is_file(),
+    reason="Qwen3-TTS golden fixtures not generated yet",
+)
+
+
+@pytest.fixture(scope="module")
+def cases() -> dict[str, dict[str, Any]]:
+    return golden.load_cases()
+
+
+@pytest.fixture(scope="module")
+def meta() -> dict[str, Any]:
+    return golden.load_meta()
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Qwen3TTSTalker]:
+    loaded: dict[str, Qwen3TTSTalker] = {}
+
+    def get(variant: str) -> Qwen3TTSTalker:
+        if variant not in loaded:
+            path: Path = golden.materialize_checkpoint(variant, tmp_path_factory.mktemp(variant))
+            loaded[variant] = load_qwen3_tts_talker(path)[0]
+        return loaded[variant]
+
+    return get
+
+
+def generate_cases(cases: dict[str, dict[str, Any]]) -> list[str]:
+    return [name for name, case in cases.items() if case["kind"] == "generate"]
+
+
+def spec_for(case: dict[str, Any], **overrides: Any) -> PromptSpec:
+    args = case["args"]
+    ids = case["input_ids"].tolist()
+    speakers = args.get("speakers")
+    fields: dict[str, Any] = {
+        "role_ids": ids[:3],
+        "text_ids": ids[3:-5],
+        "language": args["languages"][0],
+        "speaker": speakers[0] if speakers else None,
+        "instruct_ids": case["instruct_ids"].tolist() if "instruct_ids" in case else None,
+        "non_streaming": args["non_streaming_mode"],
+    }
+    if args.get("voice_clone"):
+        fields["speaker_embedding"] = golden.as_torch(case["x_vector"])
+    if args.get("voice_clone") == "icl":
+        fields["ref_text_ids"] = case["ref_ids"].tolist()[3:-2]
+        fields["ref_codes"] = golden.as_torch(case["ref_code"])
+    return PromptSpec(**{**fields, **overrides})
+
+
+def greedy_request(case: dict[str, Any], prompt: TalkerPrompt) -> TalkerRequest:
+    args = case["args"]
+    frames = case["num_frames"] + (1 if case["stopped_on_eos"] else 0)
+    talker = SamplingParams(do_sample=args["do_sample"], repetition_penalty=float(args["repetition_penalty"]))
+    subtalker = SamplingParams(do_sample=args["subtalker_dosample"])
+    assert not talker.do_sample and not subtalker.do_sample, "parity cases are greedy"
+    return TalkerRequest(
+        prompt,
+        talker=talker,
+        subtalker=subtalker,
+        max_new_frames=frames,
+        min_new_frames=args["min_new_tokens"],
+    )
+
+
+def close(ours: torch.Tensor, theirs: np.ndarray, tol: float) -> None:
+    torch.testing.assert_close(ours.float(), golden.as_torch(theirs).float(), atol=tol, rtol=0)
+
+
+def test_fixtures_cover_every_variant(cases: dict[str, dict[str, Any]]) -> None:
+    names = generate_cases(cases)
+    assert {cases[n]["variant"] for n in names} == set(golden.VARIANTS)
+    assert any(cases[n]["args"].get("voice_clone") == "icl" for n in names)
+
+
+@torch.no_grad()
+def test_prefill_embeddings_and_logits(
+    cases: dict[str, dict[str, Any]], meta: dict[str, Any], models: Callable[[str], Qwen3TTSTalker]
+) -> None:
+    tol = meta["tolerances"]
+    for name in generate_cases(cases):
+        case = cases[name]
+        model = models(case["variant"])
+        prompt = build_prompt(model, spec_for(case))
+        close(prompt.prefill_embeds, case["prefill_embeds"], tol["prefill_embeds"])
+        close(prompt.pad_embed, case["tts_pad_embed"], tol["prefill_embeds"])
+        trailing = prompt.trailing_embeds if prompt.trailing_ids else prompt.pad_embed[None]
+        close(trailing, case["trailing_text_hidden"], tol["prefill_embeds"])
+        cache = model.allocate_kv_cache(1, prompt.prefill_embeds.shape[0])
+        h = prefill(model, prompt.prefill_embeds, cache, slot=0, chunk=7)
+        close(model.logits(h), case["prefill_logits_last"], tol["talker_logits"])
+
+
+@torch.no_grad()
+def test_talker_logits_case(
+    cases: dict[str, dict[str, Any]], meta: dict[str, Any], models: Callable[[str], Qwen3TTSTalker]
+) -> None:
+    case = cases["talker_logits"]
+    model = models(case["variant"])
+    embeds = golden.as_torch(case["prefill_embeds"])
+    cache = model.allocate_kv_cache(1, embeds.shape[0])
+    close(
+        model.logits(prefill(model, embeds, cache, slot=0)),
+        case["logits_last"],
+        meta["tolerances"]["talker_logits"],
+    )
+
+
+def test_greedy_generation_is_identical(
+    cases: dict[str, dict[str, Any]], meta: dict[str, Any], models: Callable[[str], Qwen3TTSTalker]
+) -> None:
+    for name in generate_cases(cases):
+        case = cases[name]
+        model = models(case["variant"])
+        result = generate(model, [greedy_request(case, build_prompt(model, spec_for(case)))])[0]
+        expected = golden.as_torch(case["codes"])
+        assert result.codes.shape == expected.shape, name
+        assert torch.equal(result.codes, expected), name
+        assert result.stopped_on_eos == case["stopped_on_eos"], name
+        sampled = case["sampled_group0"].tolist()
+        assert result.c0 == sampled[: len(result.c0)], name
+        close(result.hidden, case["talker_hidden"], meta["tolerances"]["talker_logits"])
+
+
+def test_generation_covers_enough_frames(cases: dict[str, dict[str, Any]]) -> None:
+    longest = {}
+    for name in generate_cases(cases):
+        variant = cases[name]["variant"]
+        longest[variant] = max(longest.get(variant, 0), cases[name]["num_frames"])
+    assert all(frames >= 20 for frames in longest.values()), longest
+
+
+def test_streamed_text_deltas_reproduce_reference(
+    cases: dict[str, dict[str, Any]], models: Callable[[str], Qwen3TTSTalker]
+) -> None:
+    streaming = [n for n in generate_cases(cases) if not cases[n]["args"]["non_streaming_mode"]]
+    assert streaming
+    for name in streaming:
+        case = cases[name]
+        model = models(case["variant"])
+        full = spec_for(case)
+        text = list(full.text_ids)
+        # Enough text for the prefill (ICL overlaps text with the reference frames), then a token per tick.
+        first = 1
+        if full.ref_codes is not None and full.ref_text_ids is not None:
+            first = min(len(text), icl_text_tokens_needed(len(full.ref_text_ids), full.ref_codes.shape[0]))
+        prompt = build_prompt(model, spec_for(case, text_ids=text[:first], text_complete=first == len(text)))
+        rest = text[first:]
+
+        def source(_i: int, frames: int, rest: list[int] = rest) -> tuple[list[int], bool] | None:
+            return (rest[frames : frames + 1], frames + 1 >= len(rest)) if frames < len(rest) else None
+
+        result = generate(model, [greedy_request(case, prompt)], text_source=source)[0]
+        assert torch.equal(result.codes, golden.as_torch(case["codes"])), name

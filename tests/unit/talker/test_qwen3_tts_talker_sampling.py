@@ -1,0 +1,175 @@
+"""Sampling: distribution, seeded batch invariance, top-k/top-p masks, penalty and greedy rules."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from voxstage.talker.sampling import (
+    SamplingParams,
+    SamplingTensors,
+    apply_repetition_penalty,
+    filter_top_k_top_p,
+    sample,
+    uniform_noise,
+)
+
+
+def rows(
+    n: int, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, penalty: float = 1.0
+) -> SamplingTensors:
+    return SamplingTensors(
+        temperature=torch.full((n,), temperature),
+        top_k=torch.full((n,), top_k, dtype=torch.int64),
+        top_p=torch.full((n,), top_p),
+        repetition_penalty=torch.full((n,), penalty),
+    )
+
+
+def test_draws_follow_the_softmax_distribution() -> None:
+    probs = torch.tensor([0.05, 0.10, 0.15, 0.20, 0.22, 0.28])
+    n = 6000
+    logits = probs.log().expand(n, -1)
+    steps = torch.arange(n)
+    tokens = sample(logits, rows(n), torch.full((n,), 1234), steps, stream=3)
+    counts = torch.bincount(tokens, minlength=6).double()
+    expected = probs.double() * n
+    chi2 = float(((counts - expected) ** 2 / expected).sum())
+    assert chi2 < 20.5, f"chi-square {chi2:.2f} exceeds the 0.1% critical value for 5 dof"
+
+
+def test_temperature_sharpens_the_distribution() -> None:
+    probs = torch.tensor([0.1, 0.2, 0.7])
+    n = 4000
+    logits = probs.log().expand(n, -1)
+    tokens = sample(logits, rows(n, temperature=0.5), torch.full((n,), 9), torch.arange(n))
+    freq = torch.bincount(tokens, minlength=3).double() / n
+    sharpened = probs.double() ** 2 / (probs.double() ** 2).sum()
+    assert torch.allclose(freq, sharpened, atol=0.03)
+
+
+def test_uniform_noise_is_uniform_and_keyed() -> None:
+    u = uniform_noise(torch.tensor([7, 7, 8]), torch.tensor([0, 1, 0]), 0, 50000)
+    assert float(u.min()) > 0.0 and float(u.max()) < 1.0
+    for row in u:
+        assert abs(float(row.mean()) - 0.5) < 0.01
+        assert abs(float(row.var()) - 1 / 12) < 0.005
+    # Different step, seed or stream -> unrelated noise.
+    assert float(torch.corrcoef(u)[0, 1].abs()) < 0.02
+    assert float(torch.corrcoef(u)[0, 2].abs()) < 0.02
+    other_stream = uniform_noise(torch.tensor([7]), torch.tensor([0]), 1, 50000)
+    assert not torch.equal(other_stream[0], u[0])
+
+
+@pytest.mark.parametrize("temperature,top_k,top_p", [(0.9, 50, 1.0), (1.3, 0, 0.8), (0.7, 5, 0.9)])
+def test_seeded_draw_is_batch_invariant(temperature: float, top_k: int, top_p: float) -> None:
+    gen = torch.Generator().manual_seed(0)
+    vocab = 300
+    mine = torch.randn(vocab, generator=gen) * 3
+    alone = sample(
+        mine[None], rows(1, temperature, top_k, top_p), torch.tensor([42]), torch.tensor([17]), stream=2
+    )
+    for position in (0, 3, 7):
+        batch = torch.randn(8, vocab, generator=gen) * 3
+        batch[position] = mine
+        seeds = torch.randint(0, 2**40, (8,), generator=gen)
+        steps = torch.randint(0, 100, (8,), generator=gen)
+        seeds[position], steps[position] = 42, 17
+        params = rows(8, temperature, top_k, top_p)
+        params.temperature[(position + 1) % 8] = 0.0  # a greedy neighbour changes nothing either
+        drawn = sample(batch, params, seeds, steps, stream=2)
+        assert int(drawn[position]) == int(alone[0])
+
+
+def test_same_seed_and_step_repeat_different_steps_vary() -> None:
+    logits = torch.zeros(1, 1000)
+    params = rows(1)
+    a = [int(sample(logits, params, torch.tensor([5]), torch.tensor([s]))[0]) for s in range(20)]
+    b = [int(sample(logits, params, torch.tensor([5]), torch.tensor([s]))[0]) for s in range(20)]
+    c = [int(sample(logits, params, torch.tensor([6]), torch.tensor([s]))[0]) for s in range(20)]
+    assert a == b
+    assert len(set(a)) > 10
+    assert a != c
+
+
+def _hf_filter(scores: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
+    """transformers' TopK then TopP warpers, row by row (the behaviour we must match)."""
+    out = scores.clone()
+    if top_k > 0:
+        k = min(top_k, out.shape[-1])
+        out = out.masked_fill(out < torch.topk(out, k)[0][..., -1, None], float("-inf"))
+    if top_p < 1.0:
+        sorted_logits, idx = torch.sort(out, descending=False)
+        cum = sorted_logits.softmax(-1).cumsum(-1)
+        remove = cum <= (1 - top_p)
+        remove[..., -1:] = False
+        out = out.masked_fill(remove.scatter(-1, idx, remove), float("-inf"))
+    return out
+
+
+@pytest.mark.parametrize(
+    "top_k,top_p", [(0, 1.0), (1, 1.0), (7, 1.0), (0, 0.5), (10, 0.9), (3, 0.05), (500, 0.99)]
+)
+def test_top_k_top_p_masks_match_transformers(top_k: int, top_p: float) -> None:
+    gen = torch.Generator().manual_seed(3)
+    logits = torch.randn(4, 64, generator=gen) * 2
+    if top_p == 1.0:
+        # Ties at the k-th value all survive top-k; under top-p, which tied token sorts last is unspecified.
+        logits[1, 5] = logits[1, 9] = logits[1].max() + 1
+    ours = filter_top_k_top_p(logits, torch.full((4,), top_k), torch.full((4,), top_p))
+    for r in range(4):
+        theirs = _hf_filter(logits[r : r + 1], top_k, top_p)[0]
+        assert torch.equal(torch.isinf(ours[r]), torch.isinf(theirs)), f"row {r}"
+        assert torch.equal(ours[r][~torch.isinf(ours[r])], theirs[~torch.isinf(theirs)])
+
+
+def test_per_row_parameters_apply_to_their_rows_only() -> None:
+    logits = torch.arange(10, dtype=torch.float32).expand(2, -1)
+    masked = filter_top_k_top_p(logits, torch.tensor([2, 0]), torch.tensor([1.0, 1.0]))
+    assert int(torch.isfinite(masked[0]).sum()) == 2
+    assert bool(torch.isfinite(masked[1]).all())
+    params = rows(2, temperature=1.0)
+    params.top_k = torch.tensor([1, 0])
+    for step in range(10):
+        drawn = sample(logits, params, torch.tensor([1, 1]), torch.tensor([step, step]))
+        assert int(drawn[0]) == 9
+
+
+def test_repetition_penalty_follows_transformers_rule() -> None:
+    logits = torch.tensor([[2.0, -2.0, 1.0, -1.0]])
+    seen = torch.tensor([[True, True, False, False]])
+    out = apply_repetition_penalty(logits, seen, torch.tensor([2.0]))
+    assert out.tolist() == [[1.0, -4.0, 1.0, -1.0]]
+
+
+def test_greedy_uses_penalty_and_bans_but_no_noise() -> None:
+    logits = torch.tensor([[3.0, 2.9, 0.0, 5.0]])
+    params = rows(1, temperature=0.0, penalty=1.1)
+    seen = torch.tensor([[True, False, False, False]])
+    banned = torch.tensor([False, False, False, True])
+    for step in range(5):
+        tok = sample(logits, params, torch.tensor([step]), torch.tensor([step]), seen=seen, banned=banned)
+        assert int(tok[0]) == 1  # 3.0 / 1.1 < 2.9, and 3 is banned
+
+
+def test_banned_tokens_are_never_drawn() -> None:
+    logits = torch.zeros(500, 8)
+    banned = torch.zeros(8, dtype=torch.bool)
+    banned[2:6] = True
+    tokens = sample(logits, rows(500), torch.full((500,), 3), torch.arange(500), banned=banned)
+    assert not bool(banned[tokens].any())
+
+
+def test_sampling_params_validation_names_the_field() -> None:
+    with pytest.raises(ValueError, match="top_p"):
+        SamplingParams(top_p=0.0)
+    with pytest.raises(ValueError, match="temperature"):
+        SamplingParams(temperature=-1.0)
+    with pytest.raises(ValueError, match="top_k"):
+        SamplingParams(top_k=-2)
+    with pytest.raises(ValueError, match="repetition_penalty"):
+        SamplingParams(repetition_penalty=0.0)
+    assert SamplingParams(do_sample=False, temperature=0.9).effective_temperature == 0.0
+    assert math.isclose(SamplingParams(temperature=0.9).effective_temperature, 0.9)
