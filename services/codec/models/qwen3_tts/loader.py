@@ -43,8 +43,10 @@ def _tokenizer_dir(checkpoint_dir: Path) -> Path:
 def _place(
     model: Qwen3TokenizerDecoder, device: str | torch.device, dtype: torch.dtype
 ) -> Qwen3TokenizerDecoder:
-    model.to(device=device, dtype=dtype)
-    model.quantizer.float()
+    # Cast child by child: casting the whole model and then the quantizer back to fp32 would round the
+    # codebooks through ``dtype`` on the way.
+    for name, child in model.named_children():
+        child.to(device=device, dtype=torch.float32 if name == "quantizer" else dtype)
     return model.eval().requires_grad_(False)
 
 

@@ -53,8 +53,9 @@ _TINY_DECODER: dict[str, Any] = Qwen3DecoderConfig(
 
 
 def _encoder_config(tiny: bool) -> dict[str, Any]:
-    # Imported lazily: the encoder module is heavier and the decoder must not depend on it at import time.
-    from .encoder import real_encoder_config, tiny_encoder_config
+    # The encoder side owns these dicts. Imported lazily and from its config module, not encoder.py, so
+    # building a decoder preset never pulls in the encoder's audio dependencies (resampling, mel).
+    from .encoder_config import real_encoder_config, tiny_encoder_config
 
     return tiny_encoder_config() if tiny else real_encoder_config()
 

@@ -8,8 +8,8 @@ single-pass decode up to float rounding.
 Per stream the pool holds: the last (k-1)*d inputs of every causal conv, the last ceil(k/s)-1 inputs of every
 transposed conv, the last ``sliding_window - 1`` post-RoPE keys/values of every attention layer, and the
 absolute frame position (RoPE angles use absolute positions, so a streamed frame sees the same angles as
-offline). All pool tensors have a leading ``[max_streams]`` slot dimension and are allocated once;
-``decode`` gathers the batch's slots, runs one step and scatters the new state back with ``index_copy_``.
+offline). The pool is allocated once with a leading ``[max_streams]`` slot dimension; ``decode`` gathers
+the batch's slots, runs one step and scatters the new state back with ``index_copy_``.
 Shapes depend only on (B, T), nothing branches on tensor values and nothing syncs with the host, so one
 (B, T) bucket can be captured as a CUDA graph by the engine.
 """
