@@ -294,7 +294,7 @@ def run_speaker_encoder(model: Any, wav: np.ndarray) -> dict[str, np.ndarray]:
     }
 
 
-def run_tokenizer_encode(tokenizer: Any, wav: np.ndarray) -> dict[str, np.ndarray]:
+def run_tokenizer_encode(tokenizer: Any, wav: np.ndarray) -> tuple[dict[str, np.ndarray], float]:
     """``tokenizer`` is the reference ``Qwen3TTSTokenizer`` wrapper (feature extractor + model)."""
     latents: list[torch.Tensor] = []
 
@@ -302,16 +302,42 @@ def run_tokenizer_encode(tokenizer: Any, wav: np.ndarray) -> dict[str, np.ndarra
         latents.append(out.detach().clone())
 
     handle = tokenizer.model.encoder.downsample.register_forward_hook(keep_latent)
+    quantizer = tokenizer.model.encoder.quantizer
+    kept = tokenizer.model.encoder_valid_num_quantizers
+    layers = [
+        *quantizer.semantic_residual_vector_quantizer.layers,
+        *quantizer.acoustic_residual_vector_quantizer.layers,
+    ]
+    gaps: list[float] = []
+    for layer in layers[:kept]:
+        _watch_nearest(layer.codebook, gaps)
     try:
         enc = tokenizer.encode(wav, sr=SAMPLE_RATE)
     finally:
         handle.remove()
+        for layer in layers[:kept]:
+            del layer.codebook.quantize
     codes_tq = enc.audio_codes[0].to(torch.int64)  # [T_ref, 16], the reference's layout
-    return {
+    arrays = {
         "wav": wav,
         "codes": codes_tq.T.contiguous().numpy(),
         "latent": latents[0][0].numpy(),
     }
+    return arrays, min(gaps)
+
+
+def _watch_nearest(codebook: torch.nn.Module, gaps: list[float]) -> None:
+    """Shadow ``codebook.quantize`` on the instance to note how far each nearest centroid beat the next one
+    (a diagnostic; the reference's own quantize still picks the codes)."""
+    original = codebook.quantize
+
+    def quantize(hidden: torch.Tensor) -> torch.Tensor:
+        dists = torch.cdist(hidden[None].float(), codebook.embed[None].float(), p=2)[0]
+        two = torch.topk(dists, 2, dim=-1, largest=False).values
+        gaps.append(float((two[:, 1] - two[:, 0]).min()))
+        return original(hidden)
+
+    codebook.quantize = quantize
 
 
 def run_decode(codec: Any, codes: np.ndarray) -> dict[str, np.ndarray]:

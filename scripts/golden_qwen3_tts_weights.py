@@ -233,7 +233,9 @@ def _is_norm_weight(key: str) -> bool:
     return parts[-1] == "weight" and "norm" in parts[-2]
 
 
-def draw_tensor(key: str, shape: tuple[int, ...], transposed_convs: Iterable[str] = ()) -> tuple[np.ndarray, int]:
+def draw_tensor(
+    key: str, shape: tuple[int, ...], transposed_convs: Iterable[str] = ()
+) -> tuple[np.ndarray, int]:
     """Grid values for ``key`` by role. Norm weights stay near 1, layer-scales/ConvNeXt gammas and SnakeBeta
     log-params are made clearly non-default so tests exercise them, codebooks get random centroids (the
     default usage=1/sum=0 decodes to silence)."""

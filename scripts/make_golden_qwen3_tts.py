@@ -79,7 +79,9 @@ def stub_unused_modules() -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--venv", type=Path, default=DEFAULT_VENV, help="throwaway venv for the reference")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="fixture directory to (re)write")
     parser.add_argument("--inner", action="store_true", help="internal: run inside the reference venv")
@@ -106,4 +108,3 @@ def _command_line(args: argparse.Namespace) -> str:
 
 if __name__ == "__main__":
     sys.exit(main())
-

@@ -115,6 +115,7 @@ class CodecEngine:
         decode_fn: DecodeFn | None = None,
         frame_buckets: tuple[int, ...] = (),
         sample_rate: int = 24000,
+        codebook_size: int = 2048,
     ) -> None:
         # Padding rows of a batch bucket need distinct slots of their own: the pool holds 2x max_streams and
         # the upper half is scratch.
@@ -127,6 +128,7 @@ class CodecEngine:
         self.device = torch.device(device)
         self.spf = codec.samples_per_frame
         self.sample_rate = sample_rate
+        self.codebook_size = codebook_size
         self._decode = decode_fn or (lambda c, s, n: codec.decode(c, s, n))
         self.frame_buckets = tuple(sorted(set(frame_buckets)))
         self._free = list(range(max_streams - 1, -1, -1))
@@ -254,6 +256,9 @@ class CodecEngine:
     def _check_codes(self, codes: np.ndarray) -> None:
         if codes.ndim != 2 or codes.shape[1] != self.num_groups:
             raise ValueError(f"codes must be [frames, {self.num_groups}], got {codes.shape}")
+        # Checked on the host: an out-of-range index on a GPU is a device-side assert that kills the process.
+        if codes.size and (int(codes.min()) < 0 or int(codes.max()) >= self.codebook_size):
+            raise ValueError(f"codes must lie in [0, {self.codebook_size})")
 
     def _get(self, stream_id: str) -> _Stream:
         try:

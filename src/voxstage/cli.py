@@ -12,8 +12,13 @@ import sys
 from collections.abc import Callable, Sequence
 
 from voxstage import __version__
+from voxstage.client.cli import add_say
+from voxstage.codec.main import register as add_codec
 from voxstage.config import ConfigError
 from voxstage.config.cli_args import add_deploy_options, load_from_args
+from voxstage.gateway.cli import add_gateway
+from voxstage.serve import register as add_serve
+from voxstage.talker.main import register as add_talker
 
 # Invalid input (bad config, bad usage); argparse uses the same code for usage errors.
 EXIT_INVALID = 2
@@ -55,7 +60,9 @@ def _add_validate_config(subparsers: Subparsers) -> None:
     parser.set_defaults(handler=_validate_config)
 
 
-SUBCOMMANDS: tuple[Registrar, ...] = (_add_validate_config,)
+SUBCOMMANDS: tuple[Registrar, ...] = (
+    _add_validate_config, add_talker, add_codec, add_serve, add_gateway, add_say,
+)  # fmt: skip
 
 
 def build_parser(registrars: Sequence[Registrar] = SUBCOMMANDS) -> argparse.ArgumentParser:

@@ -1,1 +1,136 @@
-"""Model families, one folder each, behind one small interface."""
+"""Model families of the codec stage, one folder each, behind one small runtime object.
+
+``load_codec`` is the only place the codec stage looks at which family a checkpoint is. It returns a
+``CodecRuntime``: the streaming decoder's slot pool (what ``CodecEngine`` drives), the reference-audio
+encoder and, for voice-clone (Base) checkpoints, the speaker encoder, plus the geometry the stream protocol
+announces. Everything here runs on the codec's engine thread.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from voxstage.config import DeployConfig, check_codec_against_model, raise_for_errors
+from voxstage.presets import ModelSource
+
+log = logging.getLogger(__name__)
+
+
+class VoiceCloneUnsupported(ValueError):
+    """Reference audio for a checkpoint that has no speaker encoder (not a Base model)."""
+
+
+@dataclass
+class CodecRuntime:
+    family: str
+    model: str
+    # A StreamingCodec (``voxstage.codec.engine``): slot pool of 2 x max_streams decoder states.
+    decoder: Any
+    encoder: torch.nn.Module
+    speaker_encoder: torch.nn.Module | None
+    num_groups: int
+    codebook_size: int
+    sample_rate: int
+    samples_per_frame: int
+    decoder_window_frames: int
+    state_bytes_per_stream: int
+    stateful: bool = True
+
+    @property
+    def frame_rate_hz(self) -> float:
+        return self.sample_rate / self.samples_per_frame
+
+    @property
+    def voice_clone(self) -> bool:
+        return self.speaker_encoder is not None
+
+    def encode_reference(self, pcm: np.ndarray, sample_rate: int) -> np.ndarray:
+        """Reference clip (float PCM, any rate) -> int64 codes ``[frames, num_groups]``."""
+        codes = self.encoder.encode_reference(pcm, sample_rate)  # type: ignore[operator]
+        return np.ascontiguousarray(codes.numpy().T, dtype=np.int64)
+
+    def speaker_embedding(self, pcm: np.ndarray, sample_rate: int) -> np.ndarray:
+        """Reference clip -> the talker's speaker embedding (x-vector), float32 ``[dim]``."""
+        if self.speaker_encoder is None:
+            raise VoiceCloneUnsupported(
+                f"reference: {self.model} has no speaker encoder; voice cloning needs a Base checkpoint"
+            )
+        vec = self.speaker_encoder.embed_reference(pcm, sample_rate)  # type: ignore[operator]
+        return np.ascontiguousarray(vec.numpy(), dtype=np.float32)
+
+
+def load_codec(
+    source: ModelSource,
+    *,
+    device: str | torch.device = "cpu",
+    dtype: torch.dtype = torch.float32,
+    max_streams: int,
+    config: DeployConfig | None = None,
+) -> CodecRuntime:
+    """Load the codec of ``source`` with a decoder pool for ``max_streams`` streams (2x slots: the upper
+    half is the engine's scratch rows). With ``config``, the stream's chunk settings are checked against the
+    loaded decoder (errors raise ``ConfigError``; warnings are logged)."""
+    if source.family != "qwen3_tts":
+        raise ValueError(f"codec: model family {source.family!r} is not implemented")
+    runtime = _load_qwen3_tts(source, device=device, dtype=dtype, max_streams=max_streams)
+    if config is not None:
+        issues = check_codec_against_model(
+            config,
+            decoder_window_frames=runtime.decoder_window_frames,
+            stateful=runtime.stateful,
+            num_codebooks=runtime.num_groups,
+        )
+        for warning in raise_for_errors(issues):
+            log.warning("%s", warning)
+    return runtime
+
+
+def _load_qwen3_tts(
+    source: ModelSource, *, device: str | torch.device, dtype: torch.dtype, max_streams: int
+) -> CodecRuntime:
+    from voxstage.checkpoint import read_json
+    from voxstage.codec.models.qwen3_tts import encoder as enc
+    from voxstage.codec.models.qwen3_tts import loader
+    from voxstage.codec.models.qwen3_tts import speaker_encoder as spk
+    from voxstage.codec.models.qwen3_tts.streaming import StreamingDecoder
+
+    top = read_json(source.path / "config.json")
+    base = top.get("tts_model_type") == "base"
+    speaker: torch.nn.Module | None = None
+    if source.random_init:
+        # Size-true presets: weights are drawn on the device with the seeds the preset builder uses, so
+        # every process of a deployment gets the same random model.
+        decoder = loader.random_init(
+            loader.load_decoder_config(source.path), source.seed, device=device, dtype=dtype
+        )
+        tok_cfg = enc.read_encoder_config(source.path / "speech_tokenizer")
+        encoder = enc.random_init_encoder(tok_cfg, seed=source.seed + 2, device=device, dtype=dtype)
+        if base:
+            speaker = spk.random_init_speaker_encoder(
+                top["speaker_encoder_config"], seed=source.seed + 1, device=device, dtype=dtype
+            )
+    else:
+        decoder = loader.load_qwen3_tts_decoder(source.path, device=device, dtype=dtype)
+        encoder = enc.load_qwen3_tts_encoder(source.path, device=device, dtype=dtype)
+        if base:
+            speaker = spk.load_qwen3_tts_speaker_encoder(source.path, device=device, dtype=dtype)
+    cfg = decoder.config
+    pool = StreamingDecoder(decoder, 2 * max_streams)
+    return CodecRuntime(
+        family="qwen3_tts",
+        model=source.name,
+        decoder=pool,
+        encoder=encoder,
+        speaker_encoder=speaker,
+        num_groups=cfg.num_quantizers,
+        codebook_size=cfg.codebook_size,
+        sample_rate=cfg.output_sample_rate,
+        samples_per_frame=cfg.samples_per_frame,
+        decoder_window_frames=cfg.sliding_window,
+        state_bytes_per_stream=pool.state_bytes_per_stream(),
+    )

@@ -21,9 +21,13 @@ from voxstage.codec.models.qwen3_tts.config import (
 from voxstage.codec.models.qwen3_tts.decoder import Qwen3TokenizerDecoder
 from voxstage.codec.models.qwen3_tts.loader import load_qwen3_tts_decoder, random_init
 from voxstage.codec.models.qwen3_tts.presets import decoder_preset, speech_tokenizer_config
-from voxstage.codec.models.qwen3_tts.streaming import state_bytes_per_stream
+from voxstage.codec.models.qwen3_tts.streaming import StreamingDecoder, state_bytes_per_stream
 
 GOLDEN_TOL = 1e-4
+# The fixture weights have large gains through the four upsampling blocks, which magnify fp32 rounding
+# (different conv lengths in a chunked run) to ~1e-4; a structural streaming error is >1e-2 (the tiny-preset
+# tests in test_qwen3_tts_decoder_streaming.py hold streaming to 1e-5 on better-conditioned weights).
+GOLDEN_STREAM_TOL = 5e-4
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -101,6 +105,14 @@ def test_golden_decode_matches_reference(golden_decoder: Qwen3TokenizerDecoder) 
                 assert value.shape == ref.shape, f"{name}.{field}: {tuple(value.shape)} vs {tuple(ref.shape)}"
                 err = (value - ref).abs().max().item()
                 assert err <= GOLDEN_TOL, f"{name}.{field}: max abs error {err:.3e}"
+            for chunk in (1, 7):
+                dec = StreamingDecoder(model, max_streams=1)
+                frames = codes.shape[-1]
+                parts = [
+                    dec.decode(codes[..., i : i + chunk], torch.tensor([0])) for i in range(0, frames, chunk)
+                ]
+                err = (torch.cat(parts, -1)[0] - torch.from_numpy(case["wav"])).abs().max().item()
+                assert err <= GOLDEN_STREAM_TOL, f"{name}: streamed (chunk {chunk}) max abs error {err:.3e}"
     finally:
         for hook in hooks:
             hook.remove()

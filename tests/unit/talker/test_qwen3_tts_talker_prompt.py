@@ -42,6 +42,9 @@ def test_custom_voice_streaming_layout(tiny_model: ModelFactory) -> None:
     )
     torch.testing.assert_close(p.prefill_embeds, expected)
     assert p.trailing_ids == TEXT[1:] + [TTS_EOS]
+    assert p.prefix_len == 9  # role + the text-independent codec rows
+    other = build_prompt(m, PromptSpec(ROLE, [7, 8, 9], language="English", speaker="Ryan"))
+    torch.testing.assert_close(other.prefill_embeds[:9], p.prefill_embeds[:9])
     torch.testing.assert_close(p.trailing_embeds, m.embed_text(ids(*p.trailing_ids)))
     torch.testing.assert_close(p.pad_embed, pad)
 
@@ -142,7 +145,6 @@ def test_icl_text_tokens_needed() -> None:
         ("custom_voice", {"text_ids": [10**6]}, "text_ids"),
         ("custom_voice", {"speaker_embedding": torch.zeros(64)}, "speaker_embedding"),
         ("voice_design", {"speaker": "ryan"}, "speaker"),
-        ("voice_design", {"instruct_ids": None}, "instruct"),
         ("base", {"speaker_embedding": None}, "speaker_embedding"),
         ("base", {"speaker_embedding": torch.zeros(3)}, "speaker_embedding"),
         ("base", {"ref_codes": torch.zeros(3, 16, dtype=torch.int64)}, "ref_text"),

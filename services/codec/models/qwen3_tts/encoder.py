@@ -43,7 +43,14 @@ class CausalConv1d(nn.Module):
     last window is complete, so ``ceil(T / stride)`` frames come out and no output sees the future."""
 
     def __init__(
-        self, cin: int, cout: int, kernel: int, *, stride: int = 1, dilation: int = 1, bias: bool = True,
+        self,
+        cin: int,
+        cout: int,
+        kernel: int,
+        *,
+        stride: int = 1,
+        dilation: int = 1,
+        bias: bool = True,
         pad_mode: str = "constant",
     ) -> None:
         super().__init__()
@@ -66,12 +73,14 @@ class ResnetBlock(nn.Module):
         super().__init__()
         hidden = dim // config.compress
         pad = config.pad_mode
-        self.block = nn.ModuleList([
-            nn.ELU(),
-            CausalConv1d(dim, hidden, config.residual_kernel_size, dilation=dilation, pad_mode=pad),
-            nn.ELU(),
-            CausalConv1d(hidden, dim, 1, pad_mode=pad),
-        ])
+        self.block = nn.ModuleList(
+            [
+                nn.ELU(),
+                CausalConv1d(dim, hidden, config.residual_kernel_size, dilation=dilation, pad_mode=pad),
+                nn.ELU(),
+                CausalConv1d(hidden, dim, 1, pad_mode=pad),
+            ]
+        )
         self.shortcut = CausalConv1d(dim, dim, 1, pad_mode=pad) if config.use_conv_shortcut else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -188,7 +197,11 @@ class Qwen3TTSEncoder(nn.Module):
         self.encoder = SeanetEncoder(config)
         self.encoder_transformer = EncoderTransformer(config)
         self.downsample = CausalConv1d(
-            config.hidden_size, config.hidden_size, config.downsample_kernel, stride=2, bias=False,
+            config.hidden_size,
+            config.hidden_size,
+            config.downsample_kernel,
+            stride=2,
+            bias=False,
             pad_mode="replicate",
         )
         self.quantizer = SplitResidualVectorQuantizer(config)
@@ -246,7 +259,10 @@ def _codebooks_to_fp32(model: Qwen3TTSEncoder) -> None:
 
 
 def random_init_encoder(
-    config: EncoderConfig | Mapping[str, Any], *, seed: int = 0, device: str | torch.device = "cpu",
+    config: EncoderConfig | Mapping[str, Any],
+    *,
+    seed: int = 0,
+    device: str | torch.device = "cpu",
     dtype: torch.dtype = torch.float32,
 ) -> Qwen3TTSEncoder:
     """Random weights with a fixed seed (tests, demos, size-true benchmarks).

@@ -106,7 +106,11 @@ class EncoderConfig:
 
     @classmethod
     def from_dict(
-        cls, raw: Mapping[str, Any], *, valid_num_quantizers: int = 16, downsample_rate: int = 1920,
+        cls,
+        raw: Mapping[str, Any],
+        *,
+        valid_num_quantizers: int = 16,
+        downsample_rate: int = 1920,
         source: str = "encoder_config",
     ) -> EncoderConfig:
         if not isinstance(raw, Mapping):
@@ -133,8 +137,10 @@ class EncoderConfig:
             return v[key]
 
         ratios = v["upsampling_ratios"]
-        if not isinstance(ratios, list | tuple) or not ratios or not all(
-            isinstance(r, int) and not isinstance(r, bool) and r >= 1 for r in ratios
+        if (
+            not isinstance(ratios, list | tuple)
+            or not ratios
+            or not all(isinstance(r, int) and not isinstance(r, bool) and r >= 1 for r in ratios)
         ):
             raise CheckpointError(
                 f"{source}.upsampling_ratios must be a non-empty list of positive ints, got {ratios!r}"
@@ -238,16 +244,35 @@ def _mimi_encoder_dict(**overrides: Any) -> dict[str, Any]:
 def real_encoder_config() -> dict[str, Any]:
     """``encoder_config`` of the released Qwen3-TTS-Tokenizer-12Hz (models.md §1.3)."""
     return _mimi_encoder_dict(
-        hidden_size=512, num_hidden_layers=8, num_attention_heads=8, num_key_value_heads=8, head_dim=64,
-        intermediate_size=2048, num_filters=64, codebook_size=2048, codebook_dim=256,
-        vector_quantization_hidden_dimension=256, num_quantizers=32, upsample_groups=512, sliding_window=250,
+        hidden_size=512,
+        num_hidden_layers=8,
+        num_attention_heads=8,
+        num_key_value_heads=8,
+        head_dim=64,
+        intermediate_size=2048,
+        num_filters=64,
+        codebook_size=2048,
+        codebook_dim=256,
+        vector_quantization_hidden_dimension=256,
+        num_quantizers=32,
+        upsample_groups=512,
+        sliding_window=250,
     )
 
 
 def tiny_encoder_config() -> dict[str, Any]:
     """A small encoder with the real structure (same strides, so 1920 samples per frame and 32 quantizers)."""
     return _mimi_encoder_dict(
-        hidden_size=32, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=2, head_dim=16,
-        intermediate_size=64, num_filters=8, codebook_size=2048, codebook_dim=16,
-        vector_quantization_hidden_dimension=16, num_quantizers=32, upsample_groups=32,
+        hidden_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        head_dim=16,
+        intermediate_size=64,
+        num_filters=8,
+        codebook_size=2048,
+        codebook_dim=16,
+        vector_quantization_hidden_dimension=16,
+        num_quantizers=32,
+        upsample_groups=32,
     )

@@ -235,7 +235,13 @@ class WindowAttention(nn.Module):
         if self.kv_heads != self.heads:
             k = k.repeat_interleave(self.heads // self.kv_heads, dim=1)
             v = v.repeat_interleave(self.heads // self.kv_heads, dim=1)
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.head_dim**-0.5)
+        # Explicit scores -> fp32 softmax -> weighted sum, in the reference's (eager) order: with at most
+        # T x (window - 1 + T) scores per head this costs nothing next to the convs, and it keeps fp32
+        # results bit-identical to the reference instead of differing by a fused kernel's rounding.
+        scores = torch.matmul(q, k.transpose(2, 3)) * self.head_dim**-0.5
+        scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
+        probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
+        out = torch.matmul(probs, v)
         return self.o_proj(out.transpose(1, 2).reshape(b, t, self.heads * self.head_dim))
 
 

@@ -95,9 +95,7 @@ def mel_spectrogram(wave: torch.Tensor, params: MelParams = SPEAKER_MEL) -> torc
     if wave.dim() != 2:
         raise ValueError(f"wave must be [batch, samples], got shape {tuple(wave.shape)}")
     if wave.shape[-1] < params.min_samples:
-        raise ValueError(
-            f"wave has {wave.shape[-1]} samples; the mel needs at least {params.min_samples}"
-        )
+        raise ValueError(f"wave has {wave.shape[-1]} samples; the mel needs at least {params.min_samples}")
     device = wave.device
     x = torch.nn.functional.pad(wave.float()[:, None], (params.pad, params.pad), mode="reflect")[:, 0]
     spec = torch.stft(

@@ -98,4 +98,4 @@ def prepare_reference_audio(
             f"({1000 * wave.shape[0] / target_rate:.1f} ms); at least {min_samples} "
             f"({math.ceil(1000 * min_samples / target_rate)} ms) are needed"
         )
-    return torch.from_numpy(np.ascontiguousarray(wave))
+    return torch.tensor(wave)  # a copy: the caller's array must not alias what the models read

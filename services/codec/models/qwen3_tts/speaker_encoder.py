@@ -66,17 +66,23 @@ class SpeakerEncoderConfig:
 
         def _ints(key: str) -> tuple[int, ...]:
             val = v[key]
-            if not isinstance(val, Sequence) or isinstance(val, str) or not all(
-                isinstance(x, int) and not isinstance(x, bool) and x >= 1 for x in val
+            if (
+                not isinstance(val, Sequence)
+                or isinstance(val, str)
+                or not all(isinstance(x, int) and not isinstance(x, bool) and x >= 1 for x in val)
             ):
                 raise CheckpointError(f"{source}.{key} must be a list of positive integers, got {val!r}")
             return tuple(val)
 
         cfg = cls(
-            mel_dim=_int("mel_dim"), enc_dim=_int("enc_dim"), enc_channels=_ints("enc_channels"),
-            enc_kernel_sizes=_ints("enc_kernel_sizes"), enc_dilations=_ints("enc_dilations"),
+            mel_dim=_int("mel_dim"),
+            enc_dim=_int("enc_dim"),
+            enc_channels=_ints("enc_channels"),
+            enc_kernel_sizes=_ints("enc_kernel_sizes"),
+            enc_dilations=_ints("enc_dilations"),
             enc_attention_channels=_int("enc_attention_channels"),
-            enc_res2net_scale=_int("enc_res2net_scale"), enc_se_channels=_int("enc_se_channels"),
+            enc_res2net_scale=_int("enc_res2net_scale"),
+            enc_se_channels=_int("enc_se_channels"),
             sample_rate=_int("sample_rate"),
         )
         cfg._check(source)
@@ -246,7 +252,10 @@ class Qwen3TTSSpeakerEncoder(nn.Module):
         """One reference clip (any rate, ``[samples]`` or ``[samples, channels]`` float PCM) -> the x-vector
         ``[enc_dim]`` as a float32 CPU tensor."""
         wave = prepare_reference_audio(
-            audio, sample_rate, max_seconds=max_seconds, min_samples=self.config.min_samples,
+            audio,
+            sample_rate,
+            max_seconds=max_seconds,
+            min_samples=self.config.min_samples,
             target_rate=self.config.sample_rate,
         )
         mel = mel_spectrogram(wave[None].to(self.fc.weight.device))
@@ -258,7 +267,10 @@ def _as_config(config: SpeakerEncoderConfig | Mapping[str, Any]) -> SpeakerEncod
 
 
 def random_init_speaker_encoder(
-    config: SpeakerEncoderConfig | Mapping[str, Any], *, seed: int = 0, device: str | torch.device = "cpu",
+    config: SpeakerEncoderConfig | Mapping[str, Any],
+    *,
+    seed: int = 0,
+    device: str | torch.device = "cpu",
     dtype: torch.dtype = torch.float32,
 ) -> Qwen3TTSSpeakerEncoder:
     """Seeded random weights (He-normal convs, small uniform biases) for tests and benchmarks."""
@@ -312,7 +324,10 @@ def load_qwen3_tts_speaker_encoder(
 
 def _config_dict(enc_dim: int, channels: list[int], attention: int, se: int) -> dict[str, Any]:
     return {
-        **_DEFAULTS, "enc_dim": enc_dim, "enc_channels": channels, "enc_attention_channels": attention,
+        **_DEFAULTS,
+        "enc_dim": enc_dim,
+        "enc_channels": channels,
+        "enc_attention_channels": attention,
         "enc_se_channels": se,
     }
 

@@ -8,14 +8,16 @@ which is the unit a CUDA graph captures (see ``voxstage.talker.graphs``).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
+from voxstage.cudagraphs import GraphCache
 from voxstage.talker.sampling import SamplingParams
 from voxstage.talker.spec import SpeechSpec
 
@@ -168,8 +170,7 @@ class Qwen3TTSAdapter:
         self.prefix_cache_bytes = prefix_cache_bytes
         self.min_attn_bucket = min_attn_bucket
         self._prefixes: OrderedDict[str, _PrefixEntry] = OrderedDict()
-        # Set by voxstage.talker.graphs when CUDA graphs are enabled: (B, L) -> replay function.
-        self.graph_runner: Callable[[int, int], None] | None = None
+        self.graphs: GraphCache | None = None
 
     def kv_bytes_per_token(self) -> int:
         return KVCache.bytes_per_token(self.config.talker.backbone, self.dtype)
@@ -186,6 +187,21 @@ class Qwen3TTSAdapter:
         self.rows = torch.arange(num_slots, device=dev)
         self.codes_out = torch.zeros(num_slots, self.num_groups, device=dev, dtype=torch.int64)
         self.eos_out = torch.zeros(num_slots, device=dev, dtype=torch.bool)
+
+    def enable_cuda_graphs(self) -> None:
+        """Capture ``decode_core`` per (batch, context) bucket on first use (``enforce_eager: false``)."""
+        self.graphs = GraphCache(self.decode_core, enabled=True, quiesce=self._all_inactive)
+
+    @contextlib.contextmanager
+    def _all_inactive(self, key: tuple[int, ...]) -> Iterator[None]:
+        # Warm-up runs execute for real: with every row inactive they leave all slot state as it was (the
+        # junk K/V they write sits at each row's next position, which its next real step overwrites).
+        saved = self.active.clone()
+        self.active.zero_()
+        try:
+            yield
+        finally:
+            self.active.copy_(saved)
 
     def prepare(self, spec: SpeechSpec) -> QwenPrepared:
         return QwenPrepared(self, spec)
@@ -232,8 +248,8 @@ class Qwen3TTSAdapter:
         flags = torch.zeros(b, dtype=torch.bool)
         flags[:n] = torch.tensor(list(active), dtype=torch.bool)
         self.active[:b].copy_(flags, non_blocking=True)
-        if self.graph_runner is not None:
-            self.graph_runner(b, length)
+        if self.graphs is not None:
+            self.graphs.run(b, length)
         else:
             self.decode_core(b, length)
         # copy=True: on a CPU device .cpu() would alias the static output buffers the next tick overwrites.

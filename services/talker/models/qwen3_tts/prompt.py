@@ -22,7 +22,7 @@ Trailing text is always a list of text *ids* (each frame projects its own); its 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
@@ -58,6 +58,9 @@ class TalkerPrompt:
     text_complete: bool
     ref_codes: torch.Tensor | None = None  # prepend to the generated frames before decoding (ICL)
     tts_eos_id: int = 151673
+    # Leading prefill rows that depend only on instruct/role/language/speaker, never on the text (the
+    # span a prefix cache can share between requests).
+    prefix_len: int = 0
 
     def text_feed(self) -> TextFeed:
         return TextFeed(queued=len(self.trailing_ids), complete=self.text_complete, eos_id=self.tts_eos_id)
@@ -76,7 +79,6 @@ class TextFeed:
     queued: int
     complete: bool
     eos_id: int
-    pending: list[int] = field(default_factory=list)
 
     def starved(self, frames_done: int) -> bool:
         return not self.complete and frames_done >= self.queued
@@ -95,8 +97,9 @@ def _ids(model: Qwen3TTSTalker, ids: Sequence[int]) -> torch.Tensor:
     return torch.tensor(list(ids), dtype=torch.int64, device=model.codec_head.weight.device)
 
 
-def _validate(model: Qwen3TTSTalker, spec: PromptSpec) -> tuple[int | None, torch.Tensor | None]:
-    """Check the request against the variant; returns (language codec id or None, speaker vector or None)."""
+def validate_spec(model: Qwen3TTSTalker, spec: PromptSpec) -> tuple[int | None, torch.Tensor | None]:
+    """Check the request against the variant; returns (language codec id or None, speaker vector or None).
+    Raises ``PromptError`` naming the offending field."""
     cfg = model.config
     t = cfg.talker
     kind = cfg.tts_model_type
@@ -143,8 +146,6 @@ def _validate(model: Qwen3TTSTalker, spec: PromptSpec) -> tuple[int | None, torc
 
     if spec.instruct_ids is not None and kind == "base":
         raise PromptError("instruct: base (voice clone) checkpoints take no instruction")
-    if kind == "voice_design" and not spec.instruct_ids:
-        raise PromptError("instruct: a voice_design checkpoint needs an instruction describing the voice")
 
     icl = spec.ref_codes is not None or spec.ref_text_ids is not None
     if kind == "base":
@@ -182,7 +183,7 @@ def build_prompt(model: Qwen3TTSTalker, spec: PromptSpec) -> TalkerPrompt:
     """Turn ``spec`` into prefill embeddings and the trailing text stream for ``model``."""
     cfg = model.config
     t = cfg.talker
-    lang_id, speaker_vec = _validate(model, spec)
+    lang_id, speaker_vec = validate_spec(model, spec)
     bos, eos, pad = model.embed_text(
         _ids(model, [cfg.tts_bos_token_id, cfg.tts_eos_token_id, cfg.tts_pad_token_id])
     )
@@ -203,6 +204,7 @@ def build_prompt(model: Qwen3TTSTalker, spec: PromptSpec) -> TalkerPrompt:
         pieces.append(model.embed_text(_ids(model, spec.instruct_ids)))
     pieces += [model.embed_text(_ids(model, spec.role_ids)), text_side + codec_prefix[:-1]]
     codec_bos = codec_prefix[-1:]
+    prefix_len = sum(p.shape[0] for p in pieces)
     text_ids = list(spec.text_ids)
 
     if spec.ref_codes is not None and spec.ref_text_ids is not None:
@@ -228,6 +230,7 @@ def build_prompt(model: Qwen3TTSTalker, spec: PromptSpec) -> TalkerPrompt:
         text_complete=spec.text_complete,
         ref_codes=spec.ref_codes,
         tts_eos_id=cfg.tts_eos_token_id,
+        prefix_len=prefix_len,
     )
 
 
@@ -270,3 +273,7 @@ def _icl_tail(
         return text[:codec_len] + codec, ids[codec_len:]
     text = torch.cat([text, pad.expand(codec_len - len(ids), -1)], dim=0)
     return text + codec, []
+
+
+# Kept for callers written against the earlier private name.
+_validate = validate_spec

@@ -1,0 +1,91 @@
+"""Per-request latency and smoothness accounting at the gateway, published to the contract metrics.
+
+* time to first audio: request arrival (for streamed text: the first text delta, since a client that
+  opens a stream and types later is not waiting on us) to the first audio byte written to the client;
+* request duration: arrival to the last byte;
+* real-time factor: generation wall time (first work to last audio) over the audio duration produced;
+* for a whole clip (unary ``Synthesize``, non-streamed HTTP) the first byte leaves with the last, so TTFA
+  is observed when the clip is handed to the transport, and the underrun is zero by construction;
+* underrun: a player with no prebuffer starts at the first chunk and plays in real time; every time the
+  next chunk arrives after the player ran dry, it stalls for the gap. Each flushed segment restarts the
+  player, because the silence between segments is the client's text cadence, not a server stall.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from voxstage import metrics
+
+
+@dataclass
+class PlaybackSimulator:
+    play_until: float | None = None
+    underrun_s: float = 0.0
+
+    def on_chunk(self, now: float, seconds: float, *, restart: bool = False) -> None:
+        if self.play_until is None or restart:
+            self.play_until = now + seconds
+            return
+        if now > self.play_until:
+            self.underrun_s += now - self.play_until
+            self.play_until = now
+        self.play_until += seconds
+
+
+@dataclass
+class RequestAccounting:
+    api: str
+    whole_clip: bool = False
+    arrival: float = field(default_factory=time.monotonic)
+    work_started: float | None = None
+    first_audio: float | None = None
+    last_audio: float | None = None
+    audio_s: float = 0.0
+    player: PlaybackSimulator = field(default_factory=PlaybackSimulator)
+    _done: bool = False
+
+    def start_work(self, now: float | None = None) -> None:
+        if self.work_started is None:
+            self.work_started = time.monotonic() if now is None else now
+
+    @property
+    def ttfa_s(self) -> float | None:
+        if self.first_audio is None:
+            return None
+        return self.first_audio - (self.work_started if self.work_started is not None else self.arrival)
+
+    def on_audio_sent(self, seconds: float, *, segment_start: bool = False, now: float | None = None) -> None:
+        """A chunk holding ``seconds`` of audio was written to the client."""
+        t = time.monotonic() if now is None else now
+        self.last_audio = t
+        self.audio_s += seconds
+        if self.whole_clip:
+            return
+        if self.first_audio is None:
+            self._first_byte(t)
+        self.player.on_chunk(t, seconds, restart=segment_start)
+
+    def clip_sent(self, now: float | None = None) -> None:
+        """The whole clip was handed to the transport (whole-clip responses only)."""
+        if self.first_audio is None and self.audio_s > 0:
+            self._first_byte(time.monotonic() if now is None else now)
+
+    def _first_byte(self, t: float) -> None:
+        self.first_audio = t
+        metrics.TIME_TO_FIRST_AUDIO.labels(api=self.api).observe(self.ttfa_s or 0.0)
+
+    def finish(self, outcome: str, now: float | None = None) -> None:
+        if self._done:
+            return
+        self._done = True
+        t = time.monotonic() if now is None else now
+        metrics.REQUESTS.labels(outcome=outcome).inc()
+        metrics.REQUEST_DURATION.labels(api=self.api).observe(t - self.arrival)
+        if self.last_audio is None or self.audio_s <= 0:
+            return
+        start = self.work_started if self.work_started is not None else self.arrival
+        metrics.REAL_TIME_FACTOR.observe((self.last_audio - start) / self.audio_s)
+        metrics.AUDIO_UNDERRUN.observe(self.player.underrun_s)
+        metrics.AUDIO_GENERATED.labels(stage="gateway").inc(self.audio_s)

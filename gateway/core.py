@@ -1,0 +1,124 @@
+"""The gateway's shared state: replica pools, admission, the synthesizer and what the deployment serves.
+
+Both faces (gRPC and HTTP) hold one ``GatewayCore``. It owns the background probes of every stage replica,
+derives readiness (at least one ready codec and one ready talker) and rebuilds the model catalog when the
+talker reports a different model.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable, Sequence
+from pathlib import Path
+
+from voxstage.config import DeployConfig
+from voxstage.gateway.admission import Admission
+from voxstage.gateway.catalog import ModelInfo, build_model_info
+from voxstage.gateway.routing import ReplicaPool, codec_status, talker_status
+from voxstage.gateway.synthesis import Synthesizer
+from voxstage.transport.shm_reader import ShmReader
+
+log = logging.getLogger(__name__)
+
+PROBE_INTERVAL_S = 2.0
+
+
+class GatewayCore:
+    def __init__(
+        self,
+        config: DeployConfig,
+        codec_addresses: Sequence[str],
+        talker_addresses: Sequence[str],
+        *,
+        model_dirs: Sequence[Path] = (),
+        probe_interval_s: float = PROBE_INTERVAL_S,
+    ) -> None:
+        self.config = config
+        self.codecs = ReplicaPool("codec", codec_addresses, codec_status)
+        self.talkers = ReplicaPool("talker", talker_addresses, talker_status)
+        gw = config.gateway
+        self.admission = Admission(
+            config.admission_limit, max_queue=gw.max_queue, queue_timeout_s=gw.queue_timeout_s
+        )
+        # The codec applies its input connector to the gateway stream too (docs/protocol.md §9), so the
+        # gateway reads shared-memory PCM whenever the deploy file turns the fast path on.
+        self.shm_reader = ShmReader() if config.shared_memory else None
+        self.synth = Synthesizer(
+            config, self.codecs, self.talkers, self.admission, shm_reader=self.shm_reader
+        )
+        self.model_dirs = list(model_dirs)
+        self.probe_interval_s = probe_interval_s
+        self._model: ModelInfo | None = None
+        self._model_key: tuple[str, str, int] | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self._on_readiness: list[Callable[[bool], Awaitable[None]]] = []
+        self._ready = False
+
+    # -- lifecycle --------------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        await asyncio.gather(self.codecs.probe_all(force=True), self.talkers.probe_all(force=True))
+        await self._refresh()
+        self._tasks = [
+            asyncio.create_task(self.codecs.run(self.probe_interval_s)),
+            asyncio.create_task(self.talkers.run(self.probe_interval_s)),
+            asyncio.create_task(self._watch()),
+        ]
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        await self.codecs.close()
+        await self.talkers.close()
+        if self.shm_reader is not None:
+            self.shm_reader.close()
+
+    def on_readiness(self, callback: Callable[[bool], Awaitable[None]]) -> None:
+        self._on_readiness.append(callback)
+
+    async def _watch(self) -> None:
+        while True:
+            await asyncio.sleep(min(self.probe_interval_s, 0.5))
+            await self._refresh()
+
+    async def _refresh(self) -> None:
+        talker = self.talkers.ready_status()
+        codec = self.codecs.ready_status()
+        if talker is not None:
+            key = (talker.model, talker.family, codec.sample_rate_hz if codec is not None else 0)
+            if key != self._model_key and (codec is not None or self._model is None):
+                self._model = build_model_info(talker, codec, model_dirs=self.model_dirs)
+                self._model_key = key
+                log.info(
+                    "serving model %s (%s, %d Hz, %s voices)",
+                    self._model.name,
+                    self._model.family,
+                    self._model.sample_rate_hz,
+                    "?" if self._model.voices is None else len(self._model.voices),
+                )
+        ready = talker is not None and codec is not None and not self.admission.draining
+        if ready != self._ready:
+            self._ready = ready
+            for callback in self._on_readiness:
+                await callback(ready)
+
+    # -- queries ----------------------------------------------------------------------------------------
+
+    @property
+    def ready(self) -> bool:
+        return self._ready
+
+    @property
+    def model(self) -> ModelInfo | None:
+        """What the talker serves; None until a talker has answered ``Status``."""
+        return self._model
+
+    async def drain(self) -> None:
+        """Refuse new requests (UNAVAILABLE) while admitted ones finish."""
+        self.admission.draining = True
+        await self._refresh()

@@ -1,0 +1,300 @@
+"""The public gRPC face: ``voxstage.v1.Speech``.
+
+``Synthesize`` returns the whole clip (any encoding, Ogg/Opus included); ``StreamingSynthesize`` takes a
+config first, then text deltas and flushes, and streams audio in the streamable encodings; ``ListVoices``
+reads the catalog; ``Converse`` is defined by the public proto but not served yet.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import grpc
+import numpy as np
+from google.protobuf import duration_pb2
+
+from voxstage.audio import AudioError, AudioFormat, StreamingEncoder, encode_clip
+from voxstage.gateway.accounting import RequestAccounting
+from voxstage.gateway.catalog import ModelInfo
+from voxstage.gateway.core import GatewayCore
+from voxstage.gateway.errors import GatewayError, abort, invalid, not_found
+from voxstage.gateway.request import (
+    GRPC_FIELDS,
+    RawRequest,
+    SynthesisJob,
+    build_job,
+    check_text,
+    reference_from_grpc,
+)
+from voxstage.gateway.synthesis import FLUSH, AudioOut, Finished, InputItem, SegmentEnd, Started, whole_text
+from voxstage.v1 import speech_pb2, speech_pb2_grpc
+
+ENCODINGS: dict[int, AudioFormat] = {
+    speech_pb2.AUDIO_ENCODING_PCM_S16LE: AudioFormat.PCM,
+    speech_pb2.AUDIO_ENCODING_PCM_F32LE: AudioFormat.PCM_F32,
+    speech_pb2.AUDIO_ENCODING_WAV: AudioFormat.WAV,
+    speech_pb2.AUDIO_ENCODING_MULAW: AudioFormat.MULAW,
+    speech_pb2.AUDIO_ENCODING_ALAW: AudioFormat.ALAW,
+    speech_pb2.AUDIO_ENCODING_OGG_OPUS: AudioFormat.OPUS,
+}
+Context = grpc.aio.ServicerContext[Any, Any]
+log = logging.getLogger(__name__)
+
+
+def as_gateway_error(exc: Exception) -> GatewayError:
+    """Any failure as a status: a bug still answers INTERNAL with its cause, never UNKNOWN."""
+    if isinstance(exc, GatewayError):
+        return exc
+    log.exception("request failed", exc_info=exc)
+    return GatewayError(grpc.StatusCode.INTERNAL, f"internal error: {type(exc).__name__}: {exc}")
+
+
+def _duration(seconds: float) -> duration_pb2.Duration:
+    d = duration_pb2.Duration()
+    d.FromNanoseconds(int(max(seconds, 0.0) * 1e9))
+    return d
+
+
+def _deadline(context: Context) -> float | None:
+    remaining = context.time_remaining()
+    return None if remaining is None else time.monotonic() + remaining
+
+
+def _summary(done: Finished) -> speech_pb2.SynthesisSummary:
+    return speech_pb2.SynthesisSummary(
+        request_id=done.request_id,
+        finish_reason=speech_pb2.FINISH_REASON_MAX_FRAMES
+        if done.max_frames_reached
+        else speech_pb2.FINISH_REASON_END_OF_SPEECH,
+        segment_count=done.segments,
+        sample_count=done.samples,
+        frame_count=done.frames,
+        audio_duration=_duration(done.audio_s),
+        time_to_first_audio=_duration(done.ttfa_s),
+        total_duration=_duration(done.total_s),
+    )
+
+
+class SpeechServicer(speech_pb2_grpc.SpeechServicer):
+    def __init__(self, core: GatewayCore) -> None:
+        self.core = core
+
+    def _job(self, config: speech_pb2.SynthesisConfig, *, streaming: bool) -> SynthesisJob:
+        enc = config.encoding
+        if enc == speech_pb2.AUDIO_ENCODING_UNSPECIFIED:
+            raise invalid("config.encoding", "AUDIO_ENCODING_UNSPECIFIED is not allowed; choose an encoding")
+        fmt = ENCODINGS.get(enc)
+        if fmt is None:
+            raise invalid("config.encoding", f"unknown encoding value {enc}")
+        if streaming and not fmt.streamable:
+            raise invalid(
+                "config.encoding",
+                f"{speech_pb2.AudioEncoding.Name(enc)} cannot be streamed; use PCM_S16LE, PCM_F32LE, WAV, "
+                "MULAW or ALAW, or call Synthesize for a whole Ogg/Opus clip",
+            )
+        raw = RawRequest(
+            fmt=fmt,
+            model=config.model,
+            voice=config.voice,
+            language=config.language,
+            instructions=config.instructions,
+            sample_rate=config.sample_rate_hz,
+            seed=config.seed if config.HasField("seed") else None,
+            sampling=config.sampling,
+            subtalker=config.subtalker_sampling,
+            reference=reference_from_grpc(config.reference_audio)
+            if config.HasField("reference_audio")
+            else None,
+            initial_chunk_frames=config.chunk_schedule.initial_chunk_frames,
+            steady_chunk_frames=config.chunk_schedule.steady_chunk_frames,
+            non_streaming=config.non_streaming_mode,
+        )
+        return build_job(
+            raw, self.core.model, GRPC_FIELDS, max_text_chars=self.core.config.gateway.max_text_chars
+        )
+
+    async def Synthesize(
+        self, request: speech_pb2.SynthesizeRequest, context: Context
+    ) -> speech_pb2.SynthesizeResponse:
+        acct = RequestAccounting("grpc_synthesize", whole_clip=True)
+        try:
+            if not request.HasField("config"):
+                raise invalid("config", "required (encoding at least)")
+            job = self._job(request.config, streaming=False)
+            check_text(request.text, "text", self.core.config.gateway.max_text_chars)
+            parts: list[np.ndarray] = []
+            summary: Finished | None = None
+            run = self.core.synth.run(job, whole_text(request.text), acct, deadline=_deadline(context))
+            async with contextlib.aclosing(run) as events:
+                async for event in events:
+                    if isinstance(event, AudioOut):
+                        parts.append(event.pcm)
+                    elif isinstance(event, Finished):
+                        summary = event
+            pcm = np.concatenate(parts) if parts else np.zeros(0, np.float32)
+            try:
+                audio = encode_clip(pcm, job.fmt, job.sample_rate)
+            except AudioError as exc:
+                raise invalid("config.encoding", str(exc)) from None
+        except Exception as exc:
+            err = as_gateway_error(exc)
+            acct.finish(err.outcome)
+            await abort(context, err)
+            raise AssertionError("unreachable") from None  # abort() raises
+        acct.clip_sent()
+        assert summary is not None
+        return speech_pb2.SynthesizeResponse(
+            audio=audio,
+            encoding=request.config.encoding,
+            sample_rate_hz=job.sample_rate,
+            channels=1,
+            summary=_summary(summary),
+        )
+
+    async def StreamingSynthesize(
+        self, request_iterator: AsyncIterator[speech_pb2.StreamingSynthesizeRequest], context: Context
+    ) -> AsyncIterator[speech_pb2.StreamingSynthesizeResponse]:
+        acct = RequestAccounting("grpc_streaming")
+        try:
+            first = await anext(aiter(request_iterator), None)
+            if first is None:
+                raise invalid("config", "the stream ended before any message; send config first")
+            kind = first.WhichOneof("request")
+            if kind != "config":
+                raise invalid(
+                    "config", f"the first message must carry config, got {kind or 'an empty message'}"
+                )
+            job = self._job(first.config, streaming=True)
+        except Exception as exc:
+            err = as_gateway_error(exc)
+            acct.finish(err.outcome)
+            await abort(context, err)
+            return
+        encoder = StreamingEncoder(job.fmt, job.sample_rate)
+        run = self.core.synth.run(job, _inputs(request_iterator), acct, deadline=_deadline(context))
+        try:
+            async with contextlib.aclosing(run) as events:
+                async for event in events:
+                    yield _response(event, job, first.config.encoding, encoder)
+        except Exception as exc:
+            await abort(context, as_gateway_error(exc))
+
+    async def ListVoices(
+        self, request: speech_pb2.ListVoicesRequest, context: Context
+    ) -> speech_pb2.ListVoicesResponse:
+        model = self.core.model
+        try:
+            if model is None:
+                raise GatewayError(
+                    grpc.StatusCode.UNAVAILABLE,
+                    "no talker has reported its model yet",
+                    field="talker",
+                    retry_after_s=1.0,
+                )
+            if request.model and request.model not in (model.name, *model.aliases):
+                raise not_found(
+                    "model",
+                    f"model {request.model!r} is not served here; served: {model.name}",
+                    reason="model_not_found",
+                )
+        except GatewayError as exc:
+            await abort(context, exc)
+            raise AssertionError("unreachable") from None
+        return speech_pb2.ListVoicesResponse(voices=voices_of(model, request.language))
+
+    async def Converse(
+        self, request_iterator: AsyncIterator[speech_pb2.ConverseRequest], context: Context
+    ) -> AsyncIterator[speech_pb2.ConverseResponse]:
+        await abort(
+            context,
+            GatewayError(
+                grpc.StatusCode.UNIMPLEMENTED,
+                "Converse (full-duplex speech-to-speech) is not served by this release; use "
+                "StreamingSynthesize for streaming text-to-speech",
+                reason="not_implemented",
+            ),
+        )
+        yield speech_pb2.ConverseResponse()  # unreachable; makes this a streaming handler
+
+
+def voices_of(model: ModelInfo, language: str) -> list[speech_pb2.Voice]:
+    """The catalog's voices, filtered by language; one unnamed entry when the voice list is unknown."""
+    if model.voices is None:
+        return [
+            speech_pb2.Voice(
+                name="",
+                model=model.name,
+                native_sample_rate_hz=model.sample_rate_hz,
+                description="voice list unavailable: the gateway cannot read this model's checkpoint config",
+            )
+        ]
+    if language and model.resolve_language(language) is None:
+        return []
+    return [
+        speech_pb2.Voice(
+            name=v.name,
+            model=model.name,
+            languages=list(v.languages),
+            description=v.description,
+            native_sample_rate_hz=model.sample_rate_hz,
+        )
+        for v in model.voices
+    ]
+
+
+async def _inputs(
+    request_iterator: AsyncIterator[speech_pb2.StreamingSynthesizeRequest],
+) -> AsyncIterator[InputItem]:
+    async for msg in request_iterator:
+        kind = msg.WhichOneof("request")
+        if kind == "text":
+            yield msg.text
+        elif kind == "flush":
+            yield FLUSH
+        elif kind == "config":
+            raise GatewayError(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                "config may only be sent once, first",
+                field="config",
+                reason="config_repeated",
+            )
+        else:
+            raise invalid("request", "empty message: set config, text or flush")
+
+
+def _response(
+    event: Started | AudioOut | SegmentEnd | Finished,
+    job: SynthesisJob,
+    encoding: int,
+    encoder: StreamingEncoder,
+) -> speech_pb2.StreamingSynthesizeResponse:
+    if isinstance(event, AudioOut):
+        chunk = speech_pb2.AudioChunk(
+            data=encoder.encode(event.pcm),
+            sample_offset=event.sample_offset,
+            segment_index=event.segment_index,
+        )
+        return speech_pb2.StreamingSynthesizeResponse(audio=chunk)
+    if isinstance(event, Started):
+        started = speech_pb2.StreamStarted(
+            request_id=event.request_id,
+            encoding=encoding,
+            sample_rate_hz=event.sample_rate,
+            channels=1,
+            model=event.model,
+            voice=event.voice,
+        )
+        return speech_pb2.StreamingSynthesizeResponse(started=started)
+    if isinstance(event, SegmentEnd):
+        done = speech_pb2.SegmentDone(
+            segment_index=event.index,
+            sample_count=event.samples,
+            time_to_first_audio=_duration(event.ttfa_s),
+            duration=_duration(event.duration_s),
+        )
+        return speech_pb2.StreamingSynthesizeResponse(segment_done=done)
+    return speech_pb2.StreamingSynthesizeResponse(summary=_summary(event))

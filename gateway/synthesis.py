@@ -1,0 +1,379 @@
+"""The gateway's request path, shared by every public face: admit, route, stream, account.
+
+``Synthesizer.run`` takes a checked ``SynthesisJob`` and a source of input (whole text, or streamed deltas
+with flushes) and yields ``Started``, then float32 ``AudioOut`` chunks at the requested rate, a
+``SegmentEnd`` after each segment's last audio, and ``Finished``. The face encodes and writes each chunk;
+the code after each ``yield`` runs once the face asks for more, i.e. after the chunk went out, which is
+when credit is returned to the codec and the chunk counts as heard (TTFA, underrun). Faces must close the
+generator (``contextlib.aclosing``): closing it mid-stream cancels the codec stream and frees the slots.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterable, AsyncIterator
+from dataclasses import dataclass
+
+import grpc
+import numpy as np
+
+from voxstage.audio import StreamingResampler
+from voxstage.config import DeployConfig
+from voxstage.gateway.accounting import RequestAccounting
+from voxstage.gateway.admission import Admission
+from voxstage.gateway.errors import GatewayError, invalid
+from voxstage.gateway.request import SynthesisJob, check_text
+from voxstage.gateway.routing import Replica, ReplicaPool
+from voxstage.gateway.upstream import CodecStream, Pcm, Timeouts
+from voxstage.internal.v1 import stage_pb2
+from voxstage.transport.payload import hello_to_proto
+from voxstage.transport.shm_reader import ShmReader
+
+# Frames granted up front when a take is decoded in one piece (async_chunk: false / non_streaming_mode)
+# and the request names no frame budget: the whole take must fit the window (§3 never splits a chunk).
+WHOLE_TAKE_FRAMES = 4096
+
+
+class Flush:
+    """Input marker: synthesize what is buffered as one segment."""
+
+
+FLUSH = Flush()
+InputItem = str | Flush
+
+
+@dataclass(frozen=True)
+class Started:
+    request_id: str
+    sample_rate: int
+    model: str
+    voice: str
+
+
+@dataclass(frozen=True)
+class AudioOut:
+    pcm: np.ndarray  # mono float32 at the job's output rate
+    sample_offset: int
+    segment_index: int
+
+
+@dataclass(frozen=True)
+class SegmentEnd:
+    index: int
+    samples: int
+    ttfa_s: float
+    duration_s: float
+
+
+@dataclass(frozen=True)
+class Finished:
+    request_id: str
+    max_frames_reached: bool
+    segments: int
+    samples: int
+    frames: int
+    audio_s: float
+    ttfa_s: float
+    total_s: float
+
+
+Event = Started | AudioOut | SegmentEnd | Finished
+
+
+async def whole_text(text: str) -> AsyncIterator[InputItem]:
+    yield text
+
+
+def _remaining(deadline: float | None) -> float | None:
+    return None if deadline is None else deadline - time.monotonic()
+
+
+class Synthesizer:
+    def __init__(
+        self,
+        config: DeployConfig,
+        codecs: ReplicaPool,
+        talkers: ReplicaPool,
+        admission: Admission,
+        *,
+        shm_reader: ShmReader | None = None,
+    ) -> None:
+        self.config = config
+        self.codecs = codecs
+        self.talkers = talkers
+        self.admission = admission
+        self.shm_reader = shm_reader
+        extra = config.stream
+        self.timeouts = Timeouts(first_chunk_s=extra.first_chunk_timeout_s, stall_s=extra.stall_timeout_s)
+        self.max_text_chars = config.gateway.max_text_chars
+
+    async def run(
+        self,
+        job: SynthesisJob,
+        inputs: AsyncIterable[InputItem],
+        acct: RequestAccounting,
+        *,
+        deadline: float | None = None,
+        text_field: str = "text",
+    ) -> AsyncIterator[Event]:
+        outcome = "error"
+        try:
+            async with (
+                self.admission.slot(_remaining(deadline)),
+                contextlib.aclosing(self._admitted(job, inputs, acct, deadline, text_field)) as events,
+            ):
+                async for event in events:
+                    yield event
+            outcome = "ok"
+        except GatewayError as exc:
+            outcome = exc.outcome
+            raise
+        except (asyncio.CancelledError, GeneratorExit):
+            outcome = "cancelled"
+            raise
+        finally:
+            acct.finish(outcome)
+
+    # -- routing and open -------------------------------------------------------------------------------
+
+    def _credit_frames(self, job: SynthesisJob) -> tuple[int, int]:
+        """(window, smallest chunk) in frames: §3's ``initial + 2 x steady``, or the whole take."""
+        plan = self.config.chunk_plan
+        initial = job.initial_chunk_frames or plan.initial_frames
+        steady = job.steady_chunk_frames or plan.steady_frames
+        if plan.whole_take or job.non_streaming:
+            budget = job.sampling.max_frames if job.sampling.HasField("max_frames") else None
+            frames = budget or self.config.talker.default_sampling_params.max_tokens or WHOLE_TAKE_FRAMES
+            return frames + initial + steady, frames
+        return initial + 2 * steady, min(initial, steady)
+
+    def _open_msg(
+        self, job: SynthesisJob, codec: Replica, talker: Replica
+    ) -> tuple[stage_pb2.StreamOpen, int]:
+        status = codec.status
+        assert status is not None
+        samples_per_frame = round(status.sample_rate_hz / status.frame_rate_hz) if status.frame_rate_hz else 1
+        window, smallest = self._credit_frames(job)
+        msg = stage_pb2.StreamOpen(
+            request_id=job.request_id,
+            mode=stage_pb2.STREAM_MODE_TTS,
+            talker_address=talker.address,
+            model=talker.status.model if talker.status is not None else job.model.name,
+            voice=job.voice,
+            language=job.language,
+            instructions=job.instructions,
+            sampling=job.sampling,
+            subtalker_sampling=job.subtalker,
+            non_streaming_mode=job.non_streaming,
+            chunk_schedule=stage_pb2.ChunkSchedule(
+                initial_chunk_frames=job.initial_chunk_frames, steady_chunk_frames=job.steady_chunk_frames
+            ),
+            pcm_format=stage_pb2.PCM_FORMAT_F32LE,
+            sample_rate_hz=0,  # native: resampling happens here, next to the encoder
+            initial_credit=stage_pb2.Credit(
+                unit=stage_pb2.CREDIT_UNIT_SAMPLES, amount=window * samples_per_frame
+            ),
+        )
+        if job.seed is not None:
+            msg.seed = job.seed
+        if job.reference is not None:
+            ref = job.reference
+            msg.reference.audio.inline = np.ascontiguousarray(ref.pcm, dtype="<f4").tobytes()
+            msg.reference.audio_format = stage_pb2.PCM_FORMAT_F32LE
+            msg.reference.audio_sample_rate_hz = ref.sample_rate
+            msg.reference.text = ref.text
+        from voxstage.transport.host import local_hello
+
+        msg.transport.CopyFrom(hello_to_proto(local_hello()))
+        return msg, smallest * samples_per_frame
+
+    async def _open(
+        self, job: SynthesisJob, deadline: float | None
+    ) -> tuple[Replica, Replica, CodecStream, stage_pb2.StreamOpened]:
+        """Open on the least-loaded pair; a replica that fails before ``opened`` is marked down and the
+        next one is tried, so one dead replica costs a request nothing while others live."""
+        tried_codecs: list[Replica] = []
+        tried_talkers: list[Replica] = []
+        last: GatewayError | None = None
+        while True:
+            try:
+                codec = self.codecs.pick(exclude=tried_codecs)
+                talker = self.talkers.pick(exclude=tried_talkers)
+            except GatewayError:
+                if last is not None:
+                    raise last from None
+                raise
+            if codec.status is None:
+                await self.codecs.probe(codec)
+                if codec.down:
+                    tried_codecs.append(codec)
+                    continue
+            msg, min_chunk = self._open_msg(job, codec, talker)
+            rate = codec.status.frame_rate_hz if codec.status is not None else 0.0
+            stream = CodecStream(
+                self.codecs,
+                codec,
+                timeouts=self.timeouts,
+                deadline_s=deadline,
+                shm_reader=self.shm_reader,
+                tick_s=1.0 / rate if rate > 0 else 0.08,
+            )
+            codec.in_flight += 1
+            talker.in_flight += 1
+            try:
+                opened = await stream.open(msg, min_chunk_samples=min_chunk)
+                return codec, talker, stream, opened
+            except BaseException as exc:
+                codec.in_flight -= 1
+                talker.in_flight -= 1
+                stream.close()
+                if not isinstance(exc, GatewayError) or exc.code is not grpc.StatusCode.UNAVAILABLE:
+                    raise
+                last = exc
+                if exc.reason == "codec_unavailable":
+                    tried_codecs.append(codec)
+                elif exc.reason.startswith("talker"):
+                    self.talkers.mark_down(talker, exc.text)
+                    tried_talkers.append(talker)
+                else:
+                    raise
+
+    # -- streaming --------------------------------------------------------------------------------------
+
+    async def _pump(
+        self,
+        inputs: AsyncIterable[InputItem],
+        stream: CodecStream,
+        acct: RequestAccounting,
+        segment_starts: list[float],
+        text_field: str,
+    ) -> None:
+        """Forward client input to the codec; a client error ends the request through ``stream.fail``."""
+        total = 0
+        pending = False
+        try:
+            async for item in inputs:
+                if isinstance(item, Flush):
+                    if pending:  # an empty flush would ask the talker for an empty segment
+                        pending = False
+                        await stream.flush()
+                    continue
+                if not item:
+                    continue
+                check_text(item, text_field, self.max_text_chars, already=total, delta=True)
+                total += len(item)
+                if item.strip() and not pending:
+                    pending = True
+                    segment_starts.append(time.monotonic())
+                    acct.start_work(segment_starts[-1])
+                await stream.send_text(item)
+            if not segment_starts:
+                raise invalid(text_field, "no text was sent before the end of input", reason="empty_text")
+            await stream.end_of_input(owes_segment=pending)
+        except GatewayError as exc:
+            stream.fail(exc)
+        except Exception as exc:  # a broken client iterator must end this request only
+            stream.fail(GatewayError(grpc.StatusCode.INTERNAL, f"reading the request failed: {exc}"))
+
+    async def _admitted(
+        self,
+        job: SynthesisJob,
+        inputs: AsyncIterable[InputItem],
+        acct: RequestAccounting,
+        deadline: float | None,
+        text_field: str,
+    ) -> AsyncIterator[Event]:
+        codec, talker, stream, opened = await self._open(job, deadline)
+        segment_starts: list[float] = []
+        pump = asyncio.create_task(self._pump(inputs, stream, acct, segment_starts, text_field))
+        try:
+            yield Started(job.request_id, job.sample_rate, job.model.name, job.voice)
+            async with contextlib.aclosing(self._relay(job, stream, opened, acct, segment_starts)) as events:
+                async for event in events:
+                    yield event
+        finally:
+            pump.cancel()
+            codec.in_flight -= 1
+            talker.in_flight -= 1
+            if stream.terminal is None:
+                await asyncio.shield(stream.cancel("client gone or request failed"))
+            else:
+                stream.close()
+
+    async def _relay(
+        self,
+        job: SynthesisJob,
+        stream: CodecStream,
+        opened: stage_pb2.StreamOpened,
+        acct: RequestAccounting,
+        segment_starts: list[float],
+    ) -> AsyncIterator[Event]:
+        rate = job.sample_rate
+        resampler = StreamingResampler(opened.sample_rate_hz or rate, rate)
+        offset = 0
+        segment = 0
+        seg_samples: dict[int, int] = {}
+        seg_first: dict[int, float] = {}
+        held: stage_pb2.SegmentDone | None = None  # released once no more audio can belong to it
+
+        def segment_end(done: stage_pb2.SegmentDone) -> SegmentEnd:
+            i = done.segment_index
+            start = segment_starts[i] if i < len(segment_starts) else acct.arrival
+            now = time.monotonic()
+            return SegmentEnd(i, seg_samples.get(i, 0), seg_first.get(i, now) - start, now - start)
+
+        while True:
+            event = await stream.next_event()
+            if isinstance(event, Pcm):
+                if held is not None:
+                    yield segment_end(held)
+                    held = None
+                pcm = _to_float(event)
+                segment = event.segment_index
+                out = resampler.process(pcm)
+                if out.size:
+                    first_of_segment = segment not in seg_first
+                    yield AudioOut(out, offset, segment)
+                    now = time.monotonic()
+                    seg_first.setdefault(segment, now)
+                    acct.on_audio_sent(
+                        out.size / rate, segment_start=first_of_segment and segment > 0, now=now
+                    )
+                    offset += out.size
+                    seg_samples[segment] = seg_samples.get(segment, 0) + out.size
+                await stream.grant(event.sample_count)
+            elif isinstance(event, stage_pb2.SegmentDone):
+                if held is not None:
+                    yield segment_end(held)
+                held = event
+            else:
+                if event.reason not in (stage_pb2.END_REASON_EOS, stage_pb2.END_REASON_MAX_FRAMES):
+                    raise stream.error_of(event)
+                tail = resampler.process(np.zeros(0, np.float32), last=True)
+                if tail.size:
+                    yield AudioOut(tail, offset, segment)
+                    acct.on_audio_sent(tail.size / rate)
+                    offset += tail.size
+                    seg_samples[segment] = seg_samples.get(segment, 0) + tail.size
+                if held is not None:
+                    yield segment_end(held)
+                now = time.monotonic()
+                yield Finished(
+                    request_id=job.request_id,
+                    max_frames_reached=event.reason == stage_pb2.END_REASON_MAX_FRAMES,
+                    segments=max(len(segment_starts), len(seg_samples)),
+                    samples=offset,
+                    frames=event.frame_count,
+                    audio_s=offset / rate,
+                    ttfa_s=acct.ttfa_s or 0.0,
+                    total_s=now - acct.arrival,
+                )
+                return
+
+
+def _to_float(chunk: Pcm) -> np.ndarray:
+    if chunk.format == stage_pb2.PCM_FORMAT_S16LE:
+        return np.frombuffer(chunk.data, dtype="<i2").astype(np.float32) / 32768.0
+    return np.frombuffer(chunk.data, dtype="<f4").astype(np.float32, copy=False)

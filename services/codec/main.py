@@ -1,0 +1,123 @@
+"""``voxstage codec``: one codec stage process (load, budget, warm up, serve, drain).
+
+Only argparse work happens at import; the model stack is imported when the command runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import logging
+from typing import Any
+
+from voxstage.stage_process import (
+    EXIT_START_FAILED,
+    StageParts,
+    StageStartError,
+    add_stage_options,
+    serve,
+    setup_logging,
+)
+
+log = logging.getLogger(__name__)
+DEFAULT_PORT = 50062
+
+
+def register(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "codec",
+        help="run the codec stage (codec frames -> PCM) as a gRPC server",
+        description="Serve voxstage.internal.v1.Codec for the deploy file's codec stage (stage 1).",
+    )
+    add_stage_options(parser, default_port=DEFAULT_PORT)
+    parser.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    setup_logging(args.log_level, "codec")
+    try:
+        parts = build(args)
+    except Exception as exc:  # noqa: BLE001 - any start-up failure ends the process with its reason
+        log.error("codec: cannot start: %s", exc)
+        log.debug("start-up failure", exc_info=True)
+        return EXIT_START_FAILED
+    return asyncio.run(serve(parts, args))
+
+
+def build(args: argparse.Namespace) -> StageParts:
+    from voxstage.codec.engine import ChunkSchedule, CodecEngine
+    from voxstage.codec.models import load_codec
+    from voxstage.codec.servicer import SERVICE_NAME, CodecServicer
+    from voxstage.codec.upstream import TalkerPool
+    from voxstage.codec.worker import CodecWorker
+    from voxstage.config.cli_args import load_from_args
+    from voxstage.internal.v1 import stage_pb2_grpc
+    from voxstage.presets import resolve_model
+    from voxstage.server import ServiceBinding
+    from voxstage.stage_process import device_budget, select_device, select_dtype
+    from voxstage.transport.shm import ShmReader, ShmWriter, sweep_dead_regions
+
+    config = load_from_args(args.config, args)
+    stage = config.codec
+    for warning in config.warnings:
+        log.warning("%s", warning)
+    spec = args.model or (str(config.model_path()) if config.model_path() else config.model)
+    if not spec:
+        raise StageStartError("no model: pass --model or set `model` in the deploy file")
+    device = select_device(args.device, args.threads)
+    # fp32 by default on every device: the decoder's Snake activations and long conv stacks are where
+    # half precision audibly degrades audio, and the codec is small next to the talker.
+    dtype = select_dtype(args.dtype, device, cuda_default="float32")
+    source = resolve_model(spec)
+    runtime = load_codec(source, device=device, dtype=dtype, max_streams=stage.max_num_seqs, config=config)
+    budget = device_budget(device, stage.gpu_memory_utilization, "codec")
+    if budget is not None:
+        # The pool is already allocated (it is part of what memory_allocated measured): check the total.
+        state = 2 * stage.max_num_seqs * runtime.state_bytes_per_stream
+        budget = dataclasses.replace(budget, weights=budget.weights - state)
+        budget.require(
+            state,
+            f"codec stream state (2 x max_num_seqs {stage.max_num_seqs} slots)",
+            "lower max_num_seqs or raise gpu_memory_utilization",
+        )
+        log.info("codec: memory budget %s; stream state %.2f GiB", budget.describe(), state / (1 << 30))
+    plan = config.chunk_plan
+    if not stage.enforce_eager and device == "cuda":
+        log.warning("codec: CUDA-graph decode buckets are not available yet; decoding eagerly")
+    engine = CodecEngine(
+        runtime.decoder,
+        max_streams=stage.max_num_seqs,
+        schedule=ChunkSchedule(plan.initial_frames, plan.steady_frames, max(100, plan.steady_frames)),
+        num_groups=runtime.num_groups,
+        device=device,
+        sample_rate=runtime.sample_rate,
+    )
+    worker = CodecWorker(runtime, engine)
+    sweep_dead_regions()
+    writer = ShmWriter(threshold_bytes=config.stream.shm_threshold_bytes) if config.shared_memory else None
+    reader = ShmReader() if config.shared_memory else None
+    pool = TalkerPool(reader)
+    servicer = CodecServicer(worker, plan=plan, stream_config=config.stream, shm_writer=writer, pool=pool)
+    log.info(
+        "codec: %s (%s) on %s/%s: %d streams, chunks %d then %d frames, voice clone %s, shm %s",
+        runtime.model, runtime.family, device, str(dtype).removeprefix("torch."), stage.max_num_seqs,
+        plan.initial_frames, plan.steady_frames, "on" if runtime.voice_clone else "off",
+        f"above {writer.threshold_bytes} B" if writer else "off",
+    )  # fmt: skip
+
+    def stop() -> None:
+        worker.stop()
+        if writer is not None:
+            writer.close()
+        if reader is not None:
+            reader.close()
+
+    return StageParts(
+        role="codec",
+        bindings=[ServiceBinding(SERVICE_NAME, servicer, stage_pb2_grpc.add_CodecServicer_to_server)],
+        servicer=servicer,
+        start=lambda loop, on_fatal: worker.start(loop, on_fatal),
+        warm_up=worker.warm_up,
+        stop=stop,
+    )

@@ -1,0 +1,396 @@
+"""One Codec.Stream: relays a request between the gateway and a talker, decoding frames into PCM.
+
+Three coroutines share this object on the event loop: the gateway reader (``read``), the talker reader
+(``_read_talker``) and the talker writer (``_write_talker``); engine output arrives through ``on_pcm``.
+Nothing here runs model code. Order of every message follows docs/protocol.md: the talker's ``opened``
+before ours, PCM in frame order within the gateway's sample credit, frame credit back to the talker as PCM
+leaves, and one ``end_of_stream`` last, relayed from the talker's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import math
+import time
+from collections import deque
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import grpc
+import numpy as np
+
+from voxstage import wire
+from voxstage.audio import StreamingResampler
+from voxstage.codec.engine import CodecOutput
+from voxstage.codec.relay import TalkerRefused, TalkerRelay
+from voxstage.internal.v1 import stage_pb2
+from voxstage.loans import StreamLoans
+from voxstage.stage_errors import StageFailure
+from voxstage.transport.host import local_hello, verify_peer
+from voxstage.transport.payload import hello_from_proto, hello_to_proto, read_payload
+from voxstage.transport.shm_layout import InvalidShmReference
+
+if TYPE_CHECKING:
+    from voxstage.codec.servicer import CodecServicer
+
+_keys = itertools.count(1)
+S = stage_pb2
+
+
+@dataclass
+class _Piece:
+    data: np.ndarray  # float32 PCM at the output rate
+    first_frame: int
+    frames: int
+
+
+class CodecStream:
+    def __init__(self, servicer: CodecServicer, context: grpc.aio.ServicerContext) -> None:
+        self.srv = servicer
+        self.rt = servicer.worker.runtime
+        self.context = context
+        self.key = f"cs{next(_keys)}"
+        self.request_id = ""
+        self.outbox: asyncio.Queue[S.CodecStreamResponse] = asyncio.Queue()
+        self.opened = self.end_of_input = self.cancel_requested = self.terminal_sent = False
+        self.engine_open = False
+        self.slot = -1
+        self.fmt = S.PCM_FORMAT_S16LE
+        self.rate = self.rt.sample_rate
+        self.resampler: StreamingResampler | None = None
+        self.steady = 1
+        self.pcm_credit = 0
+        self.pieces: deque[_Piece] = deque()
+        self.decoded_frames = 0  # frames whose PCM is queued or sent
+        self.frames_sent = 0
+        self.samples_sent = 0
+        self.decoded_all = False
+        self.end_reason = S.END_REASON_EOS
+        self.segment_done: S.SegmentDone | None = None
+        self.loans = StreamLoans(None)
+        self.relay: TalkerRelay | None = None
+        self.t_open = time.perf_counter()
+        self.t_first: float | None = None
+
+    # -- gateway -> codec ----------------------------------------------------------------------------------
+    async def read(self, requests: AsyncIterator[S.CodecStreamRequest]) -> None:
+        try:
+            async for msg in requests:
+                if self.terminal_sent:
+                    if msg.WhichOneof("request") == "shm_ack":
+                        self.loans.late_ack(msg.shm_ack)  # frees slots the gateway copied out late
+                    continue
+                await self._handle(msg)
+            if not self.terminal_sent and not (self.end_of_input or self.cancel_requested):
+                raise StageFailure("INVALID_ARGUMENT", "stream half-closed before end_of_input or cancel")
+        except StageFailure as exc:
+            self.fail(exc.code, exc.message)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - the gateway's call broke: treat it as gone
+            self.fail("UNAVAILABLE", f"gateway stream broke: {exc}")
+
+    async def _handle(self, msg: S.CodecStreamRequest) -> None:
+        kind = msg.WhichOneof("request")
+        if not self.opened:
+            if kind != "open":
+                raise StageFailure("INVALID_ARGUMENT", f"first message must be open, got {kind}")
+            await self._open(msg.open)
+            return
+        relay = self.relay
+        assert relay is not None
+        if kind == "open":
+            raise StageFailure("INVALID_ARGUMENT", "open: sent twice on one stream")
+        if kind in ("text", "flush", "end_of_input"):
+            if self.end_of_input:
+                raise StageFailure("INVALID_ARGUMENT", f"{kind}: received after end_of_input")
+            self.end_of_input = kind == "end_of_input"
+            relay.forward_input(msg)
+        elif kind == "credit":
+            if msg.credit.unit != S.CREDIT_UNIT_SAMPLES:
+                raise StageFailure("INVALID_ARGUMENT", "credit.unit: the codec stream counts SAMPLES")
+            self.pcm_credit += msg.credit.amount
+            self.pump()
+        elif kind == "shm_ack":
+            self.loans.ack(msg.shm_ack)
+        elif kind == "cancel":
+            self.cancel_requested = True
+            self._stop_engine()
+            relay.cancel(msg.cancel.reason or "gateway cancelled")
+            self._terminal(S.END_REASON_CANCELLED)
+        elif kind == "user_audio":
+            raise StageFailure("FAILED_PRECONDITION", "user_audio: only duplex streams carry user audio")
+        else:
+            raise StageFailure("INVALID_ARGUMENT", f"unknown request {kind!r}")
+
+    async def _open(self, op: S.StreamOpen) -> None:
+        srv, rt = self.srv, self.rt
+        self.request_id = op.request_id
+        if srv.draining or not srv.ready:
+            raise StageFailure("UNAVAILABLE", f"codec is {'draining' if srv.draining else 'not ready'}")
+        if op.mode not in (S.STREAM_MODE_UNSPECIFIED, S.STREAM_MODE_TTS):
+            raise StageFailure("FAILED_PRECONDITION", f"mode: {rt.family} serves text-to-speech streams only")
+        if op.model and op.model != rt.model:
+            raise StageFailure("NOT_FOUND", f"model: this codec serves {rt.model!r}, not {op.model!r}")
+        if not op.talker_address:
+            raise StageFailure("INVALID_ARGUMENT", "talker_address: required (host:port of the talker)")
+        plan = srv.plan
+        sched = wire.resolve_schedule(
+            op.chunk_schedule, plan.initial_frames, plan.steady_frames, plan.left_context_frames
+        )
+        self.steady = sched.steady_chunk_frames
+        self.fmt = op.pcm_format or S.PCM_FORMAT_S16LE
+        if self.fmt not in (S.PCM_FORMAT_S16LE, S.PCM_FORMAT_F32LE):
+            raise StageFailure("INVALID_ARGUMENT", "pcm_format: must be PCM_FORMAT_S16LE or PCM_FORMAT_F32LE")
+        self.rate = op.sample_rate_hz or rt.sample_rate
+        if not 8000 <= self.rate <= 48000:
+            raise StageFailure("INVALID_ARGUMENT", f"sample_rate_hz: {self.rate} is outside 8000..48000")
+        if self.rate != rt.sample_rate:
+            self.resampler = StreamingResampler(rt.sample_rate, self.rate)
+        window_frames = sched.initial_chunk_frames + sched.steady_chunk_frames
+        need = math.ceil(window_frames * rt.samples_per_frame * self.rate / rt.sample_rate)
+        if op.initial_credit.unit != S.CREDIT_UNIT_SAMPLES or op.initial_credit.amount < need:
+            raise StageFailure(
+                "INVALID_ARGUMENT",
+                f"initial_credit: need at least {need} SAMPLES ({window_frames} frames at {self.rate} Hz), "
+                f"got {op.initial_credit.amount} in unit {S.CreditUnit.Name(op.initial_credit.unit)}",
+            )
+        self.pcm_credit = op.initial_credit.amount
+        codes, xvec = await self._reference(op.reference)
+        self.slot = await srv.worker.open(
+            self.key, initial_frames=sched.initial_chunk_frames, prefix=codes, listener=self
+        )
+        self.engine_open = True
+        writer = srv.shm_writer
+        if writer is not None:
+            readable = writer.peer_can_read(op.transport.verified_peer_probe)
+            self.loans = StreamLoans(writer.sender(peer_readable=readable))
+        timeout = self.context.time_remaining()
+        self.relay = TalkerRelay(self, srv.pool, op.talker_address, timeout)
+        talker_open = S.StreamOpen()
+        talker_open.CopyFrom(op)
+        talker_open.ClearField("talker_address")
+        talker_open.ClearField("pcm_format")
+        talker_open.ClearField("sample_rate_hz")
+        talker_open.mode = S.STREAM_MODE_TTS
+        talker_open.chunk_schedule.CopyFrom(sched)
+        talker_open.reference.CopyFrom(self._talker_reference(op.reference, codes, xvec))
+        talker_open.initial_credit.CopyFrom(
+            S.Credit(unit=S.CREDIT_UNIT_FRAMES, amount=window_frames + sched.steady_chunk_frames)
+        )
+        try:
+            talker = await self.relay.open(talker_open)
+        except TalkerRefused as exc:  # no `opened` for us either: its error is our only message
+            self._stop_engine()
+            self._terminal(S.END_REASON_ERROR, exc.error)
+            return
+        if talker.num_code_groups != rt.num_groups:
+            raise StageFailure(
+                "FAILED_PRECONDITION",
+                f"talker {op.talker_address} emits {talker.num_code_groups} code groups; this codec decodes "
+                f"{rt.num_groups} (the two stages serve different models)",
+            )
+        self.opened = True
+        hello = local_hello(
+            probe_region=writer.probe_region if writer else "",
+            shm_threshold_bytes=writer.threshold_bytes if writer else 0,
+            verified_peer_probe=verify_peer(hello_from_proto(op.transport)),
+        )
+        self.outbox.put_nowait(
+            S.CodecStreamResponse(
+                opened=S.StreamOpened(
+                    request_id=op.request_id,
+                    model=rt.model,
+                    family=rt.family,
+                    num_code_groups=rt.num_groups,
+                    frame_rate_hz=rt.frame_rate_hz,
+                    pcm_format=self.fmt,
+                    sample_rate_hz=self.rate,
+                    channels=1,
+                    chunk_schedule=sched,
+                    transport=hello_to_proto(hello),
+                )
+            )
+        )
+
+    async def _reference(self, ref: S.VoiceReference) -> tuple[np.ndarray | None, np.ndarray | None]:
+        """(ICL codes, x-vector) for a voice-clone request; both None without reference audio."""
+        has_audio = ref.audio.WhichOneof("body") is not None
+        if not has_audio:
+            if ref.codes.frame_count or ref.x_vector_dim or ref.text:
+                raise StageFailure("INVALID_ARGUMENT", "reference.audio: required with a reference")
+            return None, None
+        if not self.rt.voice_clone:
+            raise StageFailure(
+                "INVALID_ARGUMENT",
+                f"reference: {self.rt.model} cannot clone voices (needs a Base checkpoint)",
+            )
+        if not ref.audio_sample_rate_hz:
+            raise StageFailure("INVALID_ARGUMENT", "reference.audio_sample_rate_hz: required")
+        try:
+            data, _ = read_payload(ref.audio, None)  # in `open`: shm is not negotiated yet
+        except InvalidShmReference as exc:
+            raise StageFailure("INVALID_ARGUMENT", f"reference.audio: {exc}") from exc
+        pcm = wire.pcm_from_bytes(data, ref.audio_format, field="reference.audio")
+        out = await self.srv.worker.reference(pcm, ref.audio_sample_rate_hz, with_codes=bool(ref.text))
+        return out.codes, out.x_vector
+
+    @staticmethod
+    def _talker_reference(
+        ref: S.VoiceReference, codes: np.ndarray | None, xvec: np.ndarray | None
+    ) -> S.VoiceReference:
+        out = S.VoiceReference(text=ref.text)
+        if xvec is not None:
+            out.x_vector.inline = np.ascontiguousarray(xvec, dtype="<f4").tobytes()
+            out.x_vector_dim = xvec.shape[0]
+        if codes is not None:
+            out.codes.CopyFrom(
+                S.CodecFrames(
+                    first_frame=0,
+                    frame_count=codes.shape[0],
+                    num_groups=codes.shape[1],
+                    codes=S.Payload(inline=wire.codes_to_bytes(codes)),
+                )
+            )
+        return out
+
+    # -- engine -> gateway -----------------------------------------------------------------------------
+    def on_pcm(self, out: CodecOutput) -> None:
+        if self.terminal_sent:
+            return
+        spf = self.rt.samples_per_frame
+        # Split at steady-chunk size: the engine may decode several chunks in one go when the talker runs
+        # ahead, and one PcmChunk must always fit the gateway's window (which holds at least one chunk).
+        for start in range(0, out.frames, self.steady):
+            n = min(self.steady, out.frames - start)
+            pcm = out.pcm[start * spf : (start + n) * spf]
+            last = out.final and start + n >= out.frames
+            if self.resampler is not None:
+                pcm = self.resampler.process(pcm, last=last)
+            self.pieces.append(_Piece(pcm, self.decoded_frames, n))
+            self.decoded_frames += n
+        if out.final:
+            self.decoded_all = True
+            self.engine_open = False
+        self.pump()
+
+    def on_engine_failed(self, message: str) -> None:
+        self.engine_open = False
+        self.fail("INTERNAL", f"codec engine failed: {message}")
+
+    def pump(self) -> None:
+        while self.pieces and not self.terminal_sent and self.pieces[0].data.size <= self.pcm_credit:
+            piece = self.pieces.popleft()
+            if piece.data.size:
+                self._send_pcm(piece)
+            self.frames_sent += piece.frames
+            if self.relay is not None:
+                self.relay.grant(piece.frames)  # that chunk's frames left the codec: the talker may refill
+        if self.decoded_all and not self.pieces and not self.terminal_sent:
+            if self.segment_done is not None:
+                done = S.SegmentDone(
+                    segment_index=self.segment_done.segment_index,
+                    frame_count=self.frames_sent,
+                    sample_count=self.samples_sent,
+                )
+                self.outbox.put_nowait(S.CodecStreamResponse(segment_done=done))
+            self._terminal(self.end_reason)
+
+    def _send_pcm(self, piece: _Piece) -> None:
+        n = piece.data.size
+        chunk = S.PcmChunk(
+            sample_offset=self.samples_sent,
+            sample_count=n,
+            format=self.fmt,
+            data=self.loans.payload(wire.pcm_to_bytes(piece.data, self.fmt)),
+            segment_index=0,
+            first_frame=piece.first_frame,
+            frame_count=piece.frames,
+        )
+        self.outbox.put_nowait(S.CodecStreamResponse(pcm=chunk))
+        self.pcm_credit -= n
+        self.samples_sent += n
+        if self.t_first is None:
+            self.t_first = time.perf_counter()
+
+    # -- called by the relay ---------------------------------------------------------------------------
+    async def frames_in(self, codes: np.ndarray) -> None:
+        if self.engine_open:
+            await self.srv.worker.push(self.key, codes)
+
+    async def talker_ended(self, eos: S.EndOfStream, segment_done: S.SegmentDone | None) -> None:
+        """The talker's terminal: finish decoding (then relay its reason) or relay its error/cancel."""
+        self.segment_done = segment_done
+        if eos.reason == S.END_REASON_ERROR:
+            self._stop_engine()
+            e = eos.error
+            self._terminal(S.END_REASON_ERROR, S.StreamError(code=e.code, message=e.message, origin=e.origin))
+        elif eos.reason in (S.END_REASON_EOS, S.END_REASON_MAX_FRAMES):
+            self.end_reason = eos.reason
+            if self.engine_open:
+                await self.srv.worker.finish(self.key)
+        else:
+            self._stop_engine()
+            self._terminal(S.END_REASON_CANCELLED)
+
+    # -- termination -----------------------------------------------------------------------------------
+    def fail(self, code: str, message: str) -> None:
+        if self.terminal_sent:
+            return
+        self._stop_engine()
+        if self.relay is not None:
+            self.relay.cancel(message)
+        self._terminal(S.END_REASON_ERROR, wire.stream_error(code, message, "codec"))
+
+    def _stop_engine(self) -> None:
+        if self.engine_open:
+            self.engine_open = False
+            self.srv.worker.cancel(self.key)
+        self.pieces.clear()
+
+    def _terminal(self, reason: int, error: S.StreamError | None = None) -> None:
+        if self.terminal_sent:
+            return
+        self.terminal_sent = True
+        self.pieces.clear()
+        now = time.perf_counter()
+        queued = None if self.relay is None else self.relay.queued_s
+        eos = wire.end_of_stream(
+            reason,
+            frames=self.frames_sent,
+            samples=self.samples_sent,
+            error=error,
+            stage_timings=wire.timings(
+                queued, None if self.t_first is None else self.t_first - self.t_open, now - self.t_open
+            ),
+        )
+        self.outbox.put_nowait(S.CodecStreamResponse(end_of_stream=eos))
+
+    def close(self) -> None:
+        """The handler returns: free the decoder state, stop the talker call, reclaim shm loans."""
+        self._stop_engine()
+        if self.relay is not None:
+            self.relay.close()
+        self.loans.close()
+
+    # -- status --------------------------------------------------------------------------------------------
+    def state(self, buffered: dict[str, int], tick: int) -> S.RequestState:
+        if self.terminal_sent:
+            phase = S.REQUEST_PHASE_FINISHED
+        elif self.pieces:
+            phase = S.REQUEST_PHASE_BLOCKED_ON_CREDIT
+        elif buffered.get(self.key) or self.decoded_frames:
+            phase = S.REQUEST_PHASE_RUNNING
+        else:
+            phase = S.REQUEST_PHASE_WAITING_FOR_INPUT
+        return S.RequestState(
+            request_id=self.request_id,
+            phase=phase,
+            slot=self.slot if self.engine_open else -1,
+            frame_count=self.decoded_frames,
+            credit=self.pcm_credit,
+            shm_slots_lent=self.loans.lent,
+            last_tick=tick,
+        )

@@ -1,0 +1,113 @@
+"""The codec's connections to talkers: one channel per talker address, each with its cached hello.
+
+A channel is reused by every request to that talker. When a stream to it fails at the transport level
+(the talker died or restarted), the channel is dropped, so the next request dials afresh instead of
+waiting out gRPC's reconnect backoff on a stale channel, and its hello (the talker's shm probe) is fetched
+again. Peer death also reaps the dead talker's shared-memory files (docs/protocol.md §9).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import grpc
+
+from voxstage.internal.v1 import stage_pb2, stage_pb2_grpc
+from voxstage.server import CHANNEL_OPTIONS
+from voxstage.stage_errors import StageFailure
+from voxstage.transport.host import Hello
+from voxstage.transport.payload import hello_from_proto
+from voxstage.transport.shm import ShmReader
+from voxstage.transport.shm_layout import DEFAULT_SHM_DIR
+
+log = logging.getLogger(__name__)
+
+# A talker that restarts should be reachable again within a second, not after gRPC's default 1-120 s backoff.
+UPSTREAM_CHANNEL_OPTIONS = [
+    *CHANNEL_OPTIONS,
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.min_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 1000),
+]
+STATUS_TIMEOUT_S = 5.0
+REAP_ATTEMPTS = 15
+REAP_INTERVAL_S = 0.02
+
+
+@dataclass
+class TalkerPeer:
+    address: str
+    channel: grpc.aio.Channel
+    stub: stage_pb2_grpc.TalkerStub
+    hello: Hello | None = None
+    _lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+
+class TalkerPool:
+    def __init__(self, reader: ShmReader | None, shm_dir: str | Path = DEFAULT_SHM_DIR) -> None:
+        self.reader = reader
+        self._shm_dir = Path(shm_dir)
+        self._peers: dict[str, TalkerPeer] = {}
+
+    def peer(self, address: str) -> TalkerPeer:
+        peer = self._peers.get(address)
+        if peer is None:
+            channel = grpc.aio.insecure_channel(address, options=UPSTREAM_CHANNEL_OPTIONS)
+            peer = TalkerPeer(address, channel, stage_pb2_grpc.TalkerStub(channel))
+            self._peers[address] = peer
+        return peer
+
+    async def hello(self, peer: TalkerPeer) -> Hello:
+        """The talker's transport hello (from Talker.Status), cached for the channel's lifetime."""
+        async with peer._lock:
+            if peer.hello is None:
+                try:
+                    reply = await peer.stub.Status(stage_pb2.TalkerStatusRequest(), timeout=STATUS_TIMEOUT_S)
+                except grpc.aio.AioRpcError as exc:
+                    self.drop(peer)
+                    raise StageFailure(
+                        "UNAVAILABLE",
+                        f"talker {peer.address} is unreachable: {exc.code().name}: {exc.details()}",
+                    ) from exc
+                if not reply.status.ready:
+                    raise StageFailure(
+                        "UNAVAILABLE", f"talker {peer.address} is not ready (warming up or draining)"
+                    )
+                peer.hello = hello_from_proto(reply.status.transport)
+            return peer.hello
+
+    def refresh(self, peer: TalkerPeer, hello: Hello) -> None:
+        """The talker's opened carried a different probe (it restarted behind the same address)."""
+        if peer.hello is not None and peer.hello.probe_region != hello.probe_region:
+            peer.hello = hello
+
+    def drop(self, peer: TalkerPeer) -> None:
+        """Forget a broken channel: the next request to this address dials a new one."""
+        if self._peers.get(peer.address) is peer:
+            del self._peers[peer.address]
+        # Closing with no grace cancels nothing else: every stream on it has already failed.
+        task = asyncio.ensure_future(peer.channel.close())
+        task.add_done_callback(lambda t: t.exception())
+
+    async def reap(self, probe_region: str) -> list[str]:
+        """After a stream from the talker owning ``probe_region`` broke: if that talker is dead, unlink its
+        shared-memory files. The kernel drops a killed process's socket and lock in one exit, but the
+        broken stream can be seen a moment before the lock, so a still-held lock is retried briefly."""
+        if self.reader is None or not probe_region:
+            return []
+        for _ in range(REAP_ATTEMPTS):
+            removed = self.reader.reap_peer(probe_region)
+            if removed or not (self._shm_dir / probe_region).exists():
+                if removed:
+                    log.info("reaped %d shared-memory file(s) of dead talker %s", len(removed), probe_region)
+                return removed
+            await asyncio.sleep(REAP_INTERVAL_S)
+        return []  # the owner is alive: the stream broke for another reason
+
+    async def close(self) -> None:
+        peers, self._peers = list(self._peers.values()), {}
+        for peer in peers:
+            await peer.channel.close()

@@ -1,0 +1,143 @@
+"""``voxstage talker``: one talker stage process (load, budget, warm up, serve, drain).
+
+Only argparse work happens at import; the model stack is imported when the command runs, so the CLI stays
+light for ``validate-config``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+from typing import Any
+
+from voxstage.stage_process import (
+    EXIT_START_FAILED,
+    StageParts,
+    StageStartError,
+    add_stage_options,
+    serve,
+    setup_logging,
+)
+
+log = logging.getLogger(__name__)
+DEFAULT_PORT = 50061
+# Cap on the prefix cache when the budget is unbounded (CPU) or generous.
+PREFIX_CACHE_BYTES = 256 << 20
+
+
+def register(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "talker",
+        help="run the talker stage (text -> codec frames) as a gRPC server",
+        description="Serve voxstage.internal.v1.Talker for the deploy file's talker stage (stage 0).",
+    )
+    add_stage_options(parser, default_port=DEFAULT_PORT)
+    parser.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    setup_logging(args.log_level, "talker")
+    try:
+        parts = build(args)
+    except Exception as exc:  # noqa: BLE001 - any start-up failure ends the process with its reason
+        log.error("talker: cannot start: %s", exc)
+        log.debug("start-up failure", exc_info=True)
+        return EXIT_START_FAILED
+    return asyncio.run(serve(parts, args))
+
+
+def build(args: argparse.Namespace) -> StageParts:
+    import numpy as np
+
+    from voxstage.config.cli_args import load_from_args
+    from voxstage.internal.v1 import stage_pb2_grpc
+    from voxstage.presets import resolve_model
+    from voxstage.server import ServiceBinding
+    from voxstage.stage_process import device_budget, select_device, select_dtype
+    from voxstage.talker.engine import EngineConfig, TalkerEngine
+    from voxstage.talker.models import load_talker
+    from voxstage.talker.servicer import SERVICE_NAME, TalkerServicer
+    from voxstage.talker.spec import SpeechSpec
+    from voxstage.talker.worker import TalkerDefaults, TalkerWorker
+    from voxstage.transport.shm import ShmWriter, sweep_dead_regions
+
+    config = load_from_args(args.config, args)
+    stage = config.talker
+    for warning in config.warnings:
+        log.warning("%s", warning)
+    spec = args.model or (str(config.model_path()) if config.model_path() else config.model)
+    if not spec:
+        raise StageStartError("no model: pass --model or set `model` in the deploy file")
+    device = select_device(args.device, args.threads)
+    dtype = select_dtype(args.dtype, device, cuda_default="bfloat16")
+    source = resolve_model(spec)
+    adapter, info = load_talker(source, device=device, dtype=dtype)
+    limit, xvector_dim = _family_limits(adapter, info.family)
+    max_len = stage.max_model_len or limit
+    if max_len > limit:
+        raise StageStartError(f"stages[0].max_model_len is {max_len}; {source.name} supports at most {limit}")
+    budget = device_budget(device, stage.gpu_memory_utilization, "talker")
+    prefix_bytes = PREFIX_CACHE_BYTES if stage.enable_prefix_caching else 0
+    if budget is not None:
+        kv = adapter.kv_bytes_per_token() * max_len * stage.max_num_seqs
+        budget.require(
+            kv,
+            f"talker KV cache (max_num_seqs {stage.max_num_seqs} x max_model_len {max_len})",
+            "lower max_num_seqs or max_model_len, or raise gpu_memory_utilization",
+        )
+        prefix_bytes = min(prefix_bytes, max(budget.available - kv, 0))
+        log.info("talker: memory budget %s; KV %.2f GiB", budget.describe(), kv / (1 << 30))
+    if not stage.enforce_eager and device == "cuda":
+        log.warning("talker: CUDA-graph capture of the frame step is not available yet; running eager")
+    adapter.prefix_cache_bytes = prefix_bytes  # type: ignore[attr-defined]
+    engine = TalkerEngine(
+        adapter,
+        EngineConfig(
+            max_num_seqs=stage.max_num_seqs,
+            max_model_len=max_len,
+            max_num_batched_tokens=stage.batched_token_budget,
+            enable_prefix_caching=stage.enable_prefix_caching,
+            prefix_cache_bytes=prefix_bytes,
+        ),
+    )
+    worker = TalkerWorker(engine, info, TalkerDefaults.from_deploy(stage, info))
+    sweep_dead_regions()  # files of dead voxstage processes (both ends crashed earlier)
+    writer = ShmWriter(threshold_bytes=config.stream.shm_threshold_bytes) if config.shared_memory else None
+    servicer = TalkerServicer(worker, plan=config.chunk_plan, shm_writer=writer)
+    # The warm-up must satisfy the variant's prompt rules: a preset speaker, or an x-vector for Base.
+    warm = SpeechSpec(
+        text="Warm up.",
+        voice=info.voices[0] if info.voices else None,
+        speaker_embedding=np.zeros(xvector_dim, np.float32) if info.variant == "base" else None,
+        instructions="Speak calmly." if info.variant == "voice_design" else None,
+    )
+    log.info(
+        "talker: %s (%s, %s) on %s/%s: %d slots x %d positions, prefix cache %s, shm %s",
+        info.model, info.family, info.variant, device, str(dtype).removeprefix("torch."), stage.max_num_seqs,
+        max_len, "on" if stage.enable_prefix_caching else "off",
+        f"above {writer.threshold_bytes} B" if writer else "off",
+    )  # fmt: skip
+
+    def stop() -> None:
+        worker.stop()
+        if writer is not None:
+            writer.close()
+
+    return StageParts(
+        role="talker",
+        bindings=[ServiceBinding(SERVICE_NAME, servicer, stage_pb2_grpc.add_TalkerServicer_to_server)],
+        servicer=servicer,
+        start=lambda loop, on_fatal: worker.start(loop, on_fatal),
+        warm_up=lambda: worker.warm_up(warm),
+        stop=stop,
+    )
+
+
+def _family_limits(adapter: Any, family: str) -> tuple[int, int]:
+    """(context limit in positions, speaker-embedding width) of the loaded checkpoint. The only
+    family-specific facts start-up needs beyond ``TalkerInfo``."""
+    if family == "qwen3_tts":
+        backbone = adapter.model.config.talker.backbone
+        return backbone.max_position_embeddings, backbone.hidden_size
+    raise StageStartError(f"talker: model family {family!r} is not implemented")

@@ -1,0 +1,321 @@
+"""The talker engine on its own thread, and the bridge between it and the event loop.
+
+The servicer (gRPC, no torch) talks to ``TalkerWorker`` only: it builds requests from family-neutral
+``RequestParams``, posts engine commands to the engine thread (``voxstage.engine_loop.EngineThread``) and
+receives each tick's ``TalkerOutput`` on the event loop through a per-request ``OutputListener``. Engine
+exceptions come back as ``StageFailure`` with the status the protocol assigns (docs/protocol.md §7).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import secrets
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol, TypeVar
+
+import numpy as np
+
+from voxstage.config import SamplingParams as DeploySampling
+from voxstage.config import StageConfig
+from voxstage.engine_loop import EngineThread
+from voxstage.stage_errors import StageFailure
+from voxstage.talker.engine import AdmissionError, RequestTooLarge, TalkerEngine, TalkerOutput, TalkerRequest
+from voxstage.talker.models import TalkerInfo
+from voxstage.talker.sampling import SamplingParams
+from voxstage.talker.spec import SpeechSpec
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+MAX_SEED = (1 << 63) - 1
+
+
+@dataclass(frozen=True)
+class TalkerDefaults:
+    """Per-request defaults: the checkpoint's generation config overlaid with the deploy file's keys."""
+
+    sampling: SamplingParams
+    subtalker: SamplingParams
+    seed: int | None
+    max_frames: int
+    min_frames: int
+
+    @classmethod
+    def from_deploy(cls, stage: StageConfig, info: TalkerInfo) -> TalkerDefaults:
+        dsp = stage.default_sampling_params
+        sub = stage.subtalker_sampling_params
+        return cls(
+            sampling=_overlay(info.default_sampling, dsp),
+            subtalker=info.default_subtalker_sampling
+            if sub is None
+            else _overlay(info.default_subtalker_sampling, sub),
+            seed=dsp.seed,
+            max_frames=dsp.max_tokens or info.max_new_frames,
+            min_frames=dsp.min_tokens,
+        )
+
+
+def _overlay(base: SamplingParams, deploy: DeploySampling) -> SamplingParams:
+    # Only keys the deploy file actually sets replace the checkpoint's values: the schema's own defaults
+    # (temperature 1.0, top_k -1, ...) must not silently override a generation_config.json.
+    given = deploy.model_fields_set
+    out = base
+    if "temperature" in given:
+        out = dataclasses.replace(out, temperature=deploy.temperature)
+    if "top_k" in given:
+        out = dataclasses.replace(out, top_k=max(deploy.top_k, 0))  # deploy -1 = off = our 0
+    if "top_p" in given:
+        out = dataclasses.replace(out, top_p=deploy.top_p)
+    if "repetition_penalty" in given:
+        out = dataclasses.replace(out, repetition_penalty=deploy.repetition_penalty)
+    if given & {"do_sample", "temperature", "top_k"}:
+        out = dataclasses.replace(out, do_sample=not deploy.greedy)
+    return out
+
+
+@dataclass
+class RequestParams:
+    """What one Talker.Stream asks for, decoded from the wire (family-neutral)."""
+
+    voice: str | None = None
+    language: str = "auto"
+    instructions: str | None = None
+    seed: int | None = None
+    # Overrides by SamplingParams field name; top_k already mapped to our 0 = off.
+    sampling: dict[str, Any] = field(default_factory=dict)
+    subtalker: dict[str, Any] = field(default_factory=dict)
+    max_frames: int | None = None
+    non_streaming: bool | None = None
+    speaker_embedding: np.ndarray | None = None
+    ref_text: str | None = None
+    ref_codes: np.ndarray | None = None
+
+
+class OutputListener(Protocol):
+    def on_output(self, output: TalkerOutput) -> None: ...
+
+    def on_engine_failed(self, message: str) -> None: ...
+
+
+@dataclass(frozen=True)
+class RequestSnapshot:
+    state: str  # TalkerEngine.request_state: waiting | prefill | decode
+    slot: int
+    last_tick: int
+    admitted_at: float | None
+
+
+@dataclass(frozen=True)
+class TalkerSnapshot:
+    ticks: int
+    slots_total: int
+    slots_in_use: int
+    queue_depth: int
+    requests: dict[str, RequestSnapshot]
+
+
+class _TrackedEngine:
+    """What the engine thread drives: the engine plus each request's phase and the tick it changed."""
+
+    def __init__(self, engine: TalkerEngine) -> None:
+        self.engine = engine
+        self.phases: dict[str, tuple[str, int]] = {}
+        self.admitted_at: dict[str, float] = {}
+
+    def has_work(self) -> bool:
+        return self.engine.has_work()
+
+    def step(self) -> list[TalkerOutput]:
+        outputs = self.engine.step()
+        tick = self.engine.ticks
+        for key, (old, _) in list(self.phases.items()):
+            state = self.engine.request_state(key)
+            if state == "absent":
+                del self.phases[key]
+            elif state != old:
+                self.phases[key] = (state, tick)
+                if old == "waiting":
+                    self.admitted_at[key] = time.perf_counter()
+        return outputs
+
+    def slot_of(self, key: str) -> int:
+        # TalkerEngine has no public accessor for a request's slot index; Status shows it for diagnostics.
+        seq = self.engine._by_id.get(key)
+        return -1 if seq is None else seq.slot
+
+
+class TalkerWorker:
+    def __init__(self, engine: TalkerEngine, info: TalkerInfo, defaults: TalkerDefaults) -> None:
+        self.engine = engine
+        self.info = info
+        self.defaults = defaults
+        self._tracked = _TrackedEngine(engine)
+        self._thread = EngineThread(self._tracked, self._sink, name="talker-engine", on_error=self._on_error)
+        self._listeners: dict[str, OutputListener] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._on_fatal: Callable[[str], None] | None = None
+        self.failed: str | None = None
+
+    # -- lifecycle (event loop) -------------------------------------------------------------------------
+    def start(self, loop: asyncio.AbstractEventLoop, on_fatal: Callable[[str], None] | None = None) -> None:
+        self._loop = loop
+        self._on_fatal = on_fatal
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._thread.stop()
+
+    async def warm_up(self, spec: SpeechSpec) -> float:
+        """One short synthetic request through the engine (on its thread); returns the seconds it took."""
+
+        def run() -> float:
+            t0 = time.perf_counter()
+            d = self.defaults
+            req = TalkerRequest("__warmup__", spec, 0, d.sampling, d.subtalker, max_frames=2, min_frames=0)
+            self.engine.submit(req)
+            while self.engine.has_work():
+                self.engine.step()
+            return time.perf_counter() - t0
+
+        return await self._call(run)
+
+    # -- requests (event loop) --------------------------------------------------------------------------
+    def check_voice(self, params: RequestParams) -> None:
+        """Cheap checks that need no model code, so an unknown voice is refused before ``opened``."""
+        voices = self.info.voices
+        if params.voice and voices and params.voice.lower() not in voices:
+            raise StageFailure("NOT_FOUND", f"voice: {params.voice!r} is not one of {', '.join(voices)}")
+        if params.language.lower() not in self.info.languages:
+            known = ", ".join(self.info.languages)
+            raise StageFailure(
+                "INVALID_ARGUMENT", f"language: {params.language!r} is not supported; use one of {known}"
+            )
+
+    def build_request(self, key: str, params: RequestParams, text: str, complete: bool) -> TalkerRequest:
+        d = self.defaults
+        seed = params.seed if params.seed is not None else d.seed
+        if seed is None:
+            seed = secrets.randbits(63)  # no deploy default: every request samples afresh
+        elif not 0 <= seed <= MAX_SEED:
+            raise StageFailure("INVALID_ARGUMENT", f"seed: must be in [0, 2**63), got {seed}")
+        spec = SpeechSpec(
+            text=text,
+            voice=params.voice or None,
+            language=params.language,
+            instructions=params.instructions or None,
+            speaker_embedding=params.speaker_embedding,
+            ref_text=params.ref_text or None,
+            ref_codes=params.ref_codes,
+            non_streaming=params.non_streaming,
+            text_complete=complete,
+        )
+        return TalkerRequest(
+            key,
+            spec,
+            seed=seed,
+            sampling=_override(d.sampling, params.sampling, "sampling"),
+            subtalker=_override(d.subtalker, params.subtalker, "subtalker_sampling"),
+            max_frames=params.max_frames or d.max_frames,
+            min_frames=d.min_frames,
+        )
+
+    async def submit(self, request: TalkerRequest, listener: OutputListener) -> None:
+        key = request.request_id
+        self._listeners[key] = listener
+
+        def run() -> None:
+            self.engine.submit(request)
+            self._tracked.phases[key] = ("waiting", self.engine.ticks)
+
+        try:
+            await self._call(run)
+        except BaseException:
+            self._listeners.pop(key, None)
+            raise
+
+    async def push_text(self, key: str, text: str, complete: bool) -> None:
+        await self._call(lambda: self.engine.push_text(key, text, complete))
+
+    def cancel(self, key: str) -> None:
+        """Ask the engine to free the request's slot at the next tick boundary (its CANCELLED output
+        still reaches the listener, which stays registered until then)."""
+        if self.failed is None:
+            self._thread.call(lambda: self.engine.cancel(key))
+
+    def forget(self, key: str) -> None:
+        """The stream is gone: later outputs of ``key`` are dropped."""
+        self._listeners.pop(key, None)
+        self._thread.call(lambda: self._tracked.admitted_at.pop(key, None))
+
+    def admitted_at(self, key: str) -> float | None:
+        """When the request got its slot (perf_counter), for the queued timing; None while waiting."""
+        return self._tracked.admitted_at.get(key)  # a dict read is atomic; the engine thread writes it
+
+    async def snapshot(self) -> TalkerSnapshot:
+        def run() -> TalkerSnapshot:
+            t = self._tracked
+            reqs = {
+                key: RequestSnapshot(state, t.slot_of(key), tick, t.admitted_at.get(key))
+                for key, (state, tick) in t.phases.items()
+            }
+            e = self.engine
+            return TalkerSnapshot(e.ticks, e.cfg.max_num_seqs, e.slots_in_use(), e.queue_depth(), reqs)
+
+        return await self._call(run)
+
+    # -- engine thread -> event loop ----------------------------------------------------------------------
+    async def _call(self, fn: Callable[[], T]) -> T:
+        if self.failed is not None:
+            raise StageFailure("INTERNAL", f"talker engine failed: {self.failed}")
+        try:
+            return await asyncio.wrap_future(self._thread.call(fn))
+        except StageFailure:
+            raise
+        except AdmissionError as exc:
+            raise StageFailure("RESOURCE_EXHAUSTED", str(exc)) from exc
+        except (RequestTooLarge, ValueError) as exc:  # PromptError is a ValueError
+            raise StageFailure("INVALID_ARGUMENT", str(exc)) from exc
+        except KeyError as exc:
+            raise StageFailure("FAILED_PRECONDITION", str(exc.args[0] if exc.args else exc)) from exc
+        except RuntimeError as exc:
+            raise StageFailure("UNAVAILABLE", f"talker engine: {exc}") from exc
+
+    def _sink(self, outputs: list[TalkerOutput]) -> None:
+        assert self._loop is not None
+        self._loop.call_soon_threadsafe(self._dispatch, outputs)
+
+    def _dispatch(self, outputs: list[TalkerOutput]) -> None:
+        for out in outputs:
+            listener = self._listeners.get(out.request_id)
+            if out.finish is not None:
+                self._listeners.pop(out.request_id, None)
+            if listener is not None:
+                listener.on_output(out)
+
+    def _on_error(self, exc: BaseException) -> None:
+        assert self._loop is not None
+        self._loop.call_soon_threadsafe(self._fail_all, f"{type(exc).__name__}: {exc}")
+
+    def _fail_all(self, message: str) -> None:
+        self.failed = message
+        listeners, self._listeners = self._listeners, {}
+        for listener in listeners.values():
+            listener.on_engine_failed(message)
+        if self._on_fatal is not None:
+            self._on_fatal(message)
+
+
+def _override(base: SamplingParams, overrides: dict[str, Any], name: str) -> SamplingParams:
+    if not overrides:
+        return base
+    values = dict(overrides)
+    if "temperature" in values and "do_sample" not in values:
+        # A request temperature of 0 means greedy, whatever the deploy default's do_sample says.
+        values["do_sample"] = values["temperature"] > 0
+    try:
+        return dataclasses.replace(base, **values)
+    except ValueError as exc:
+        raise StageFailure("INVALID_ARGUMENT", f"{name}: {exc}") from exc

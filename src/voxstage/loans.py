@@ -1,0 +1,69 @@
+"""One stream's shared-memory loans, seen from the writer (talker -> codec frames, codec -> gateway PCM).
+
+Wraps the per-stream ``ShmSender``: places payloads (inline or shm, counted in the transport metric), frees
+slots on the reader's acks, and makes the stream's handler wait for the last acks after its terminal. That
+wait matters: the terminal usually leaves right behind the last data message, and reclaiming a slot the
+reader has not copied out yet would turn its next read into a stale reference (DATA_LOSS).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+from voxstage import metrics
+from voxstage.internal.v1 import stage_pb2
+from voxstage.stage_errors import StageFailure
+from voxstage.transport.counters import PATH_INLINE, PATH_SHM
+from voxstage.transport.payload import acked_refs, to_payload
+from voxstage.transport.shm import ShmError, ShmRef, ShmSender
+
+ACK_GRACE_S = 5.0
+
+
+class StreamLoans:
+    def __init__(self, sender: ShmSender | None) -> None:
+        self.sender = sender
+        self._acked = asyncio.Event()
+
+    @property
+    def lent(self) -> int:
+        return self.sender.lent if self.sender is not None else 0
+
+    def payload(self, data: bytes) -> stage_pb2.Payload:
+        placed: bytes | ShmRef = self.sender.place(data) if self.sender is not None else data
+        shm = isinstance(placed, ShmRef)
+        if shm:
+            self._acked.clear()
+        metrics.TRANSPORT_BYTES.labels(path=PATH_SHM if shm else PATH_INLINE).inc(len(data))
+        return to_payload(placed)
+
+    def ack(self, ack: stage_pb2.ShmAck) -> None:
+        if self.sender is None:
+            raise StageFailure("INVALID_ARGUMENT", "shm_ack: this stream never lent shared memory")
+        try:
+            self.sender.ack(acked_refs(ack))
+        except (ShmError, ValueError) as exc:
+            raise StageFailure("INVALID_ARGUMENT", f"shm_ack: {exc}") from exc
+        if not self.sender.lent:
+            self._acked.set()
+
+    def late_ack(self, ack: stage_pb2.ShmAck) -> None:
+        """An ack after the terminal: nothing can be reported in-band any more, so a bad one is dropped."""
+        try:
+            self.ack(ack)
+        except StageFailure:
+            return
+
+    async def settle(self, grace: float = ACK_GRACE_S) -> None:
+        """Wait until every slot is acked or ``grace`` passed. A reader that went away cancels the handler
+        (and this wait) instead; its half-close alone proves nothing, since a downstream may half-close
+        before it has read the last chunks."""
+        if self.lent:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._acked.wait(), grace)
+
+    def close(self) -> None:
+        """Reclaim whatever is still lent (the reader is done or gone)."""
+        if self.sender is not None:
+            self.sender.close()

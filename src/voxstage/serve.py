@@ -1,0 +1,248 @@
+"""``voxstage serve``: one host's deployment as separate processes (talker, codec, gateway).
+
+Each stage is its own ``python -m voxstage <stage> ...`` process that sees only its stage's ``devices``
+(``CUDA_VISIBLE_DEVICES`` narrowed from the launcher's own). Stages start in order, each only after the
+previous one reports SERVING on gRPC health (so the codec never dials a talker that is still loading). A
+stage that dies at start-up fails the launch naming it; SIGTERM/SIGINT drain the gateway first, then the
+codec, then the talker, and the launcher exits 0 when all of them did.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import ctypes
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from voxstage.config import ConfigError
+from voxstage.config.cli_args import add_deploy_options, load_from_args
+from voxstage.health_probe import check
+
+log = logging.getLogger("voxstage.serve")
+EXIT_INVALID = 2
+EXIT_STAGE_FAILED = 1
+POLL_S = 0.2
+_PR_SET_PDEATHSIG = 1
+
+
+def register(subparsers: Any) -> None:
+    p = subparsers.add_parser(
+        "serve",
+        help="run talker, codec and gateway as separate processes on this host",
+        description="Start the deploy file's stages as processes (talker, then codec, then gateway), each "
+        "once the previous one is SERVING; forward SIGTERM/SIGINT and drain them in reverse order.",
+    )
+    p.add_argument("config", metavar="FILE", help="deploy YAML file")
+    p.add_argument(
+        "--model", default=None, help="checkpoint directory or preset (default: the file's `model`)"
+    )
+    p.add_argument("--host", default=None, help="gateway listen address (default: gateway.host)")
+    p.add_argument(
+        "--grpc-port", type=int, default=None, help="public gRPC port (default: gateway.grpc_port)"
+    )
+    p.add_argument("--http-port", type=int, default=None, help="HTTP port (default: gateway.http_port)")
+    p.add_argument("--stage-host", default="127.0.0.1", help="address talker and codec listen on")
+    p.add_argument("--talker-port", type=int, default=0, help="talker gRPC port (default: a free port)")
+    p.add_argument("--codec-port", type=int, default=0, help="codec gRPC port (default: a free port)")
+    p.add_argument("--talker-metrics-port", type=int, default=None)
+    p.add_argument("--codec-metrics-port", type=int, default=None)
+    p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto", help="device of both stages")
+    p.add_argument("--threads", type=int, default=None, help="torch intra-op threads per stage (CPU)")
+    p.add_argument("--no-gateway", action="store_true", help="start talker and codec only")
+    p.add_argument("--start-timeout", type=float, default=600.0, help="seconds each stage may take to start")
+    p.add_argument("--drain-grace", type=float, default=30.0, help="seconds each stage may drain on stop")
+    add_deploy_options(p)
+    p.set_defaults(handler=run)
+
+
+@dataclass
+class Stage:
+    name: str
+    address: str  # host:port of its gRPC health
+    proc: subprocess.Popen[bytes]
+
+
+def run(args: argparse.Namespace) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s serve[%(process)d] %(levelname)s %(message)s")
+    try:
+        config = load_from_args(args.config, args)
+    except ConfigError as exc:
+        for issue in exc.issues:
+            print(issue, file=sys.stderr)
+        return EXIT_INVALID
+    model = args.model or (str(config.model_path()) if config.model_path() else config.model)
+    if not model:
+        print(f"{args.config}: no model: pass --model or set `model` in the file", file=sys.stderr)
+        return EXIT_INVALID
+    # Materialize a preset once here, so the stage processes do not race to build the same directory.
+    from voxstage.presets import resolve_model
+
+    try:
+        resolve_model(model)
+    except Exception as exc:  # noqa: BLE001 - a bad --model is a usage error with its own message
+        print(f"voxstage serve: {exc}", file=sys.stderr)
+        return EXIT_INVALID
+    deploy = _deploy_flags(args)
+    host = args.stage_host
+    talker_port = args.talker_port or _free_port(host)
+    codec_port = args.codec_port or _free_port(host)
+    stage_flags = ["--config", args.config, "--model", model, "--host", host, "--device", args.device]
+    stage_flags += ["--drain-grace", str(args.drain_grace)]
+    if args.threads is not None:
+        stage_flags += ["--threads", str(args.threads)]
+    stopping: list[int] = []
+
+    def on_signal(signum: int, _frame: object) -> None:
+        stopping.append(signum)
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, on_signal)
+    stages: list[Stage] = []
+    try:
+        for devices in (config.talker.devices, config.codec.devices):
+            _visible_devices(devices)
+    except ValueError as exc:
+        print(f"{args.config}: {exc}", file=sys.stderr)
+        return EXIT_INVALID
+    try:
+        plan: list[tuple[str, list[str], str, str]] = [
+            ("talker", _metrics(["--port", str(talker_port)], args.talker_metrics_port),
+             f"{host}:{talker_port}", config.talker.devices),
+            ("codec", _metrics(["--port", str(codec_port)], args.codec_metrics_port),
+             f"{host}:{codec_port}", config.codec.devices),
+        ]  # fmt: skip
+        for name, extra, address, devices in plan:
+            stages.append(_start(name, [*stage_flags, *extra, *deploy], address, _visible_devices(devices)))
+            if not _wait_serving(stages[-1], args.start_timeout, stopping):
+                return _abort(stages, args.drain_grace, stopping)
+        if not args.no_gateway:
+            gw = config.gateway
+            port = args.grpc_port or gw.grpc_port
+            flags = [
+                "--config",
+                args.config,
+                "--codec",
+                f"{host}:{codec_port}",
+                "--talker",
+                f"{host}:{talker_port}",
+            ]
+            flags += ["--grpc-port", str(port), "--http-port", str(args.http_port or gw.http_port)]
+            if args.host:
+                flags += ["--host", args.host]
+            listen = args.host or gw.host
+            probe = f"{'127.0.0.1' if listen in ('0.0.0.0', '::') else listen}:{port}"
+            stages.append(_start("gateway", [*flags, *deploy], probe, None))
+            if not _wait_serving(stages[-1], args.start_timeout, stopping):
+                return _abort(stages, args.drain_grace, stopping)
+        log.info("all stages SERVING: %s", ", ".join(f"{s.name} {s.address}" for s in stages))
+        while not stopping:
+            for s in stages:
+                if s.proc.poll() is not None:
+                    log.error(
+                        "%s stage exited unexpectedly with code %s; stopping the others",
+                        s.name,
+                        s.proc.returncode,
+                    )
+                    _stop_all([o for o in stages if o is not s], args.drain_grace)
+                    return EXIT_STAGE_FAILED
+            time.sleep(POLL_S)
+        return _stop_all(stages, args.drain_grace)
+    finally:
+        for s in stages:  # nothing outlives the launcher, whatever path got here
+            if s.proc.poll() is None:
+                s.proc.kill()
+
+
+def _deploy_flags(args: argparse.Namespace) -> list[str]:
+    flags = ["--platform", args.platform] if args.platform else []
+    for item in args.overrides:
+        flags += ["--set", item]
+    return flags
+
+
+def _metrics(flags: list[str], port: int | None) -> list[str]:
+    return flags if port is None else [*flags, "--metrics-port", str(port)]
+
+
+def _free_port(host: str) -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def _visible_devices(devices: str) -> str:
+    """The stage's ``devices`` are indices into the launcher's own visible list."""
+    parent = os.environ.get("CUDA_VISIBLE_DEVICES")
+    ids = [int(i) for i in devices.split(",")]
+    if parent is None or not parent.strip():
+        return ",".join(str(i) for i in ids)
+    entries = [e.strip() for e in parent.split(",") if e.strip()]
+    missing = [i for i in ids if i >= len(entries)]
+    if missing:
+        raise ValueError(f"devices {devices!r} index past CUDA_VISIBLE_DEVICES={parent!r}")
+    return ",".join(entries[i] for i in ids)
+
+
+def _die_with_parent() -> None:
+    # A launcher killed with SIGKILL cannot forward anything; the kernel then stops its children for it.
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+def _start(name: str, flags: Sequence[str], address: str, visible: str | None) -> Stage:
+    env = dict(os.environ)
+    if visible is not None:
+        env["CUDA_VISIBLE_DEVICES"] = visible
+    cmd = [sys.executable, "-m", "voxstage", name, *flags]
+    log.info("starting %s: %s", name, " ".join(cmd))
+    proc = subprocess.Popen(cmd, env=env, start_new_session=True, preexec_fn=_die_with_parent)  # noqa: S603
+    return Stage(name, address, proc)
+
+
+def _wait_serving(stage: Stage, timeout: float, stopping: list[int]) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and not stopping:
+        code = stage.proc.poll()
+        if code is not None:
+            log.error("%s stage exited with code %d during start-up (see its log above)", stage.name, code)
+            return False
+        if check(stage.address, timeout=1.0):
+            log.info("%s stage is SERVING on %s", stage.name, stage.address)
+            return True
+        time.sleep(POLL_S)
+    if not stopping:
+        log.error("%s stage did not report SERVING within %.0f s", stage.name, timeout)
+    return False
+
+
+def _abort(stages: Sequence[Stage], grace: float, stopping: list[int]) -> int:
+    """A stage failed to start (or a signal came during start-up): stop what runs, report which."""
+    code = _stop_all(stages, grace)
+    return code if stopping else EXIT_STAGE_FAILED
+
+
+def _stop_all(stages: Sequence[Stage], grace: float) -> int:
+    """SIGTERM in reverse start order (gateway, codec, talker), each drained before the next."""
+    code = 0
+    for s in reversed(stages):
+        if s.proc.poll() is None:
+            s.proc.send_signal(signal.SIGTERM)
+            try:
+                s.proc.wait(grace + 10.0)
+            except subprocess.TimeoutExpired:
+                log.error("%s stage did not stop within %.0f s; killing it", s.name, grace + 10.0)
+                s.proc.kill()
+                s.proc.wait()
+        rc = s.proc.returncode
+        log.info("%s stage exited with code %s", s.name, rc)
+        code = code or (0 if rc == 0 else EXIT_STAGE_FAILED)
+    return code

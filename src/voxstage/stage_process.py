@@ -1,0 +1,199 @@
+"""What every stage process (talker, codec) shares: command-line options, device and memory budget, and the
+serve loop (start gRPC, warm up, report SERVING, drain on SIGTERM).
+
+Imports no torch at module level: the CLI imports this to build its parsers, and ``validate-config`` must
+stay free of model code.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import signal
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from voxstage.config.cli_args import add_deploy_options
+
+log = logging.getLogger(__name__)
+
+GiB = 1 << 30
+# Activations, allocator fragmentation and kernels' scratch: kept out of the KV/state budget.
+WORKSPACE_FRACTION = 0.05
+MIN_WORKSPACE_BYTES = 512 << 20
+EXIT_START_FAILED = 1
+EXIT_ENGINE_FAILED = 3
+
+
+class StageStartError(RuntimeError):
+    """The stage cannot start with this configuration; the message says why and what to change."""
+
+
+def add_stage_options(parser: argparse.ArgumentParser, *, default_port: int) -> None:
+    parser.add_argument("--config", required=True, metavar="FILE", help="deploy YAML file")
+    parser.add_argument(
+        "--model", default=None, help="checkpoint directory or preset name (default: the file's `model`)"
+    )
+    parser.add_argument("--host", default="0.0.0.0", help="listen address (default: all interfaces)")
+    parser.add_argument("--port", type=int, default=default_port, help=f"gRPC port (default {default_port})")
+    parser.add_argument("--metrics-port", type=int, default=None, help="serve Prometheus /metrics here")
+    parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+    parser.add_argument(
+        "--dtype", choices=("auto", "float32", "bfloat16", "float16"), default="auto",
+        help="weights/compute dtype (auto: the stage's default for the device)",
+    )  # fmt: skip
+    parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (CPU)")
+    parser.add_argument(
+        "--drain-grace", type=float, default=30.0, help="seconds in-flight streams get after SIGTERM"
+    )
+    parser.add_argument("--log-level", default="INFO")
+    add_deploy_options(parser)
+
+
+def setup_logging(level: str, role: str) -> None:
+    logging.basicConfig(
+        level=level.upper(), format=f"%(asctime)s {role}[%(process)d] %(levelname)s %(name)s: %(message)s"
+    )
+
+
+def select_device(choice: str, threads: int | None) -> str:
+    import torch
+
+    if threads is not None:
+        torch.set_num_threads(threads)
+    if choice == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if choice == "cuda" and not torch.cuda.is_available():
+        raise StageStartError("--device cuda: no CUDA device is visible to this process")
+    return choice
+
+
+def select_dtype(choice: str, device: str, cuda_default: str) -> Any:
+    import torch
+
+    name = choice if choice != "auto" else (cuda_default if device == "cuda" else "float32")
+    return getattr(torch, name)
+
+
+@dataclass(frozen=True)
+class MemoryBudget:
+    """A stage's share of one GPU: ``fraction x total - weights - workspace`` is left for KV/state."""
+
+    total: int
+    fraction: float
+    weights: int
+    workspace: int
+
+    @property
+    def available(self) -> int:
+        return int(self.fraction * self.total) - self.weights - self.workspace
+
+    def require(self, need: int, what: str, hint: str) -> None:
+        if need > self.available:
+            raise StageStartError(
+                f"{what} needs {need / GiB:.2f} GiB, but the budget leaves "
+                f"{max(self.available, 0) / GiB:.2f} GiB (gpu_memory_utilization {self.fraction} x "
+                f"{self.total / GiB:.1f} GiB - weights {self.weights / GiB:.2f} GiB - workspace "
+                f"{self.workspace / GiB:.2f} GiB); {hint}"
+            )
+
+    def describe(self) -> str:
+        return (
+            f"{self.fraction} x {self.total / GiB:.1f} GiB, weights {self.weights / GiB:.2f} GiB, workspace "
+            f"{self.workspace / GiB:.2f} GiB -> {self.available / GiB:.2f} GiB for KV/state"
+        )
+
+
+def device_budget(device: str, fraction: float, role: str) -> MemoryBudget | None:
+    """Measured after the weights are loaded; None on CPU, where memory is the host's and unbudgeted."""
+    if device != "cuda":
+        log.info("%s: running on CPU: gpu_memory_utilization has no effect (no device memory budget)", role)
+        return None
+    import torch
+
+    total = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
+    weights = torch.cuda.memory_allocated()
+    workspace = max(MIN_WORKSPACE_BYTES, int(WORKSPACE_FRACTION * total))
+    return MemoryBudget(total=total, fraction=fraction, weights=weights, workspace=workspace)
+
+
+class Servicer(Protocol):
+    ready: bool
+    draining: bool
+
+    def active(self) -> int: ...
+
+    async def wait_idle(self) -> None:
+        """Return once no stream is open."""
+        ...
+
+
+@dataclass
+class StageParts:
+    """A loaded stage, ready to serve: its gRPC bindings, its servicer and its engine's lifecycle."""
+
+    role: str
+    bindings: Sequence[Any]  # voxstage.server.ServiceBinding
+    servicer: Servicer
+    start: Callable[[asyncio.AbstractEventLoop, Callable[[str], None]], None]
+    warm_up: Callable[[], Awaitable[float]]
+    stop: Callable[[], None]
+
+
+async def serve(parts: StageParts, args: argparse.Namespace) -> int:
+    """Serve until SIGTERM/SIGINT (drain, exit 0) or until the engine thread dies (exit 3)."""
+    from voxstage.server import start_stage_server
+
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    fatal: list[str] = []
+
+    def on_fatal(message: str) -> None:
+        fatal.append(message)
+        stop.set()
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        with contextlib.suppress(NotImplementedError):
+            loop.add_signal_handler(sig, stop.set)
+    parts.start(loop, on_fatal)
+    stage = await start_stage_server(
+        parts.bindings, host=args.host, port=args.port, metrics_port=args.metrics_port
+    )
+    try:
+        seconds = await parts.warm_up()
+        log.info("%s: warm-up request took %.2f s", parts.role, seconds)
+        parts.servicer.ready = True
+        await stage.set_ready()
+        log.info("%s: SERVING on %s:%d", parts.role, args.host, stage.port)
+        await stop.wait()
+        if fatal:
+            log.error("%s: engine thread failed (%s); stopping", parts.role, fatal[0])
+            parts.servicer.draining = True
+            await stage.health.enter_graceful_shutdown()
+            await stage.server.stop(1.0)  # lets the failed streams' terminals go out
+            return EXIT_ENGINE_FAILED
+        await drain(parts.servicer, stage, args.drain_grace, parts.role)
+        return 0
+    finally:
+        parts.stop()
+
+
+async def drain(servicer: Servicer, stage: Any, grace: float, role: str) -> None:
+    """NOT_SERVING first (health stays reachable, so probes see the state), refuse new streams, let the
+    in-flight ones finish for up to ``grace`` seconds, then stop the server."""
+    servicer.draining = True
+    stage.draining = True
+    await stage.health.enter_graceful_shutdown()
+    deadline = time.monotonic() + grace
+    log.info("%s: draining %d stream(s) for up to %.1f s", role, servicer.active(), grace)
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(servicer.wait_idle(), max(deadline - time.monotonic(), 0.0))
+    if servicer.active():
+        log.warning(
+            "%s: %d stream(s) still open after %.1f s; cancelling them", role, servicer.active(), grace
+        )
+    await stage.server.stop(0.5)

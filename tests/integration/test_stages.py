@@ -1,0 +1,352 @@
+"""Talker and codec as real processes on localhost: parity, cancellation, shm, peer death, multi-host, drain.
+
+Two deployments of the tiny preset: pair A on 127.0.0.1 with a tiny shm threshold (frames go through
+shared memory) and metrics ports; pair B on two "hosts" (network namespaces when available, else two
+loopback addresses) with a huge threshold (everything inline). Requests are kept to a few dozen frames so
+the module stays well under two minutes on two cores.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import socket
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+import numpy as np
+import pytest
+import torch
+
+from tests.integration.netns import Hosts, make_hosts
+from tests.integration.stagekit import (
+    MODEL,
+    NOT_SERVING,
+    SERVING,
+    SPF,
+    Result,
+    StageProc,
+    codec_status,
+    eventually,
+    exchange,
+    health,
+    metric,
+    open_msg,
+    shm_files,
+    start_stage,
+    synthesize,
+    talker_status,
+)
+from voxstage.internal.v1 import stage_pb2 as S
+
+pytestmark = pytest.mark.timeout(120)
+
+TEXT = "hello world, this is a test"
+FRAMES = 24
+SMALL_SHM = "connectors.connector_of_shared_memory.extra.shm_threshold_bytes=64"
+HUGE_SHM = "connectors.connector_of_shared_memory.extra.shm_threshold_bytes=1000000000"
+MAX_TOKENS = f"stages.0.default_sampling_params.max_tokens={FRAMES}"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class Pair:
+    talker: StageProc
+    codec: StageProc
+    talker_address: str  # as the codec dials it
+    talker_port: int
+    talker_metrics: int | None = None
+    codec_metrics: int | None = None
+    restart: dict[str, object] | None = None
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from voxstage.presets import resolve_model
+
+    path = tmp_path_factory.mktemp("vxcache")
+    resolve_model(MODEL, cache=path)  # materialize once, before any process races to
+    return path
+
+
+@pytest.fixture(scope="module")
+def logs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("stage-logs")
+
+
+def _stop(*procs: StageProc) -> None:
+    for p in procs:
+        p.stop()
+
+
+@pytest.fixture(scope="module")
+def pair_a(cache: Path, logs: Path) -> Iterator[Pair]:
+    tp, cp, tm, cm = free_port(), free_port(), free_port(), free_port()
+    sets = [SMALL_SHM, MAX_TOKENS]
+    kw = {"cache": cache, "logs": logs, "sets": sets}
+    talker = start_stage("talker", port=tp, metrics_port=tm, **kw)  # type: ignore[arg-type]
+    codec = start_stage("codec", port=cp, metrics_port=cm, **kw)  # type: ignore[arg-type]
+    pair = Pair(talker, codec, f"127.0.0.1:{tp}", tp, tm, cm, restart={"kw": kw, "metrics": tm})
+    try:
+        talker.wait_serving()
+        codec.wait_serving()
+        yield pair
+    finally:
+        _stop(pair.codec, pair.talker)
+    for p in (pair.talker, pair.codec):
+        assert not shm_files(p.pid), f"{p.role} left shared memory behind"
+
+
+@pytest.fixture(scope="module")
+def hosts() -> Iterator[tuple[Hosts, str]]:
+    made = make_hosts()
+    yield made
+    made[0].teardown()
+
+
+@pytest.fixture(scope="module")
+def pair_b(cache: Path, logs: Path, hosts: tuple[Hosts, str]) -> Iterator[Pair]:
+    h, how = hosts
+    print(f"multi-host via {how}")
+    tp, cp = free_port(), free_port()
+    kw = {"cache": cache, "logs": logs, "sets": [HUGE_SHM, MAX_TOKENS]}
+    talker = start_stage(
+        "talker",
+        port=tp,
+        listen=h.talker_listen,
+        reach=h.talker_from_test,
+        netns=h.talker_ns,
+        **kw,  # type: ignore[arg-type]
+    )
+    codec = start_stage(
+        "codec",
+        port=cp,
+        listen=h.codec_listen,
+        reach=h.codec_from_test,
+        netns=h.codec_ns,
+        **kw,  # type: ignore[arg-type]
+    )
+    pair = Pair(talker, codec, f"{h.talker_from_codec}:{tp}", tp)
+    try:
+        talker.wait_serving()
+        codec.wait_serving()
+        yield pair
+    finally:
+        _stop(pair.codec, pair.talker)
+
+
+def in_process_reference(cache: Path, frames: int, seed: int) -> np.ndarray:
+    """The same request through TalkerEngine + CodecEngine in this process (deploy sampling written out)."""
+    from voxstage.codec.engine import ChunkSchedule, CodecEngine
+    from voxstage.codec.models import load_codec
+    from voxstage.presets import resolve_model
+    from voxstage.talker.engine import EngineConfig, TalkerEngine, TalkerRequest
+    from voxstage.talker.models import load_talker
+    from voxstage.talker.sampling import SamplingParams
+    from voxstage.talker.spec import SpeechSpec
+
+    torch.set_num_threads(1)
+    source = resolve_model(MODEL, cache=cache)
+    adapter, _ = load_talker(source)
+    talker = TalkerEngine(
+        adapter, EngineConfig(max_num_seqs=1, max_model_len=4096, max_num_batched_tokens=512)
+    )
+    # deploy/qwen3_tts.yaml: temperature 0.9, top_k 50, repetition_penalty 1.05 (top_p from the checkpoint);
+    # subtalker: do_sample, 0.9, 50, 1.0; min_tokens unset (0).
+    main = SamplingParams(do_sample=True, temperature=0.9, top_k=50, top_p=1.0, repetition_penalty=1.05)
+    sub = SamplingParams(do_sample=True, temperature=0.9, top_k=50, top_p=1.0)
+    spec = SpeechSpec(text=TEXT, voice="ryan", language="auto", text_complete=True)
+    talker.submit(
+        TalkerRequest("ref", spec, seed=seed, sampling=main, subtalker=sub, max_frames=frames, min_frames=0)
+    )
+    codes = []
+    while talker.has_work():
+        codes += [o.codes for o in talker.step() if o.codes.shape[0]]
+    runtime = load_codec(source, max_streams=1)
+    codec = CodecEngine(runtime.decoder, max_streams=1, schedule=ChunkSchedule(1, 25), num_groups=16)
+    codec.open("ref")
+    codec.push("ref", np.concatenate(codes))
+    codec.finish("ref")
+    pcm = []
+    while codec.has_work():
+        pcm += [o.pcm for o in codec.step()]
+    return np.concatenate(pcm)
+
+
+async def _not_serving(address: str) -> int | None:
+    status = await health(address)
+    return status if status != SERVING else None
+
+
+# ---- pair A: same host, frames through shared memory ---------------------------------------------------
+
+
+async def test_a_processes_equal_in_process_engines(pair_a: Pair, cache: Path) -> None:
+    res = await synthesize(pair_a.codec.address, pair_a.talker_address, TEXT, seed=42)
+    assert res.eos is not None and res.eos.reason == S.END_REASON_MAX_FRAMES, res.eos
+    assert res.opened is not None and res.opened.sample_rate_hz == 24000
+    assert [c.sample_offset for c in res.chunks] == np.cumsum(
+        [0] + [c.sample_count for c in res.chunks[:-1]]
+    ).tolist()
+    assert res.chunks[0].frame_count == 1  # the seed's first chunk is one frame
+    assert res.eos.frame_count == FRAMES and res.eos.sample_count == FRAMES * SPF
+    assert res.segment_done is not None and res.segment_done.frame_count == FRAMES
+    ref = in_process_reference(cache, FRAMES, seed=42)
+    assert ref.std() > 0.01
+    np.testing.assert_allclose(res.audio, ref, atol=1e-5, rtol=0)
+    other = await synthesize(pair_a.codec.address, pair_a.talker_address, TEXT, seed=43)
+    assert not np.allclose(other.audio[: ref.size], ref[: other.audio.size], atol=1e-3)
+
+
+async def test_b_client_cancel_frees_talker_slot_and_codec_stream(pair_a: Pair) -> None:
+    seen: dict[str, float] = {}
+
+    async def cancel_after_first(res: Result, call: grpc.aio.StreamStreamCall) -> bool:
+        status = await talker_status(pair_a.talker.address)
+        assert status.slots_in_use == 1 and len(status.requests) == 1
+        assert status.requests[0].phase in (S.REQUEST_PHASE_RUNNING, S.REQUEST_PHASE_BLOCKED_ON_CREDIT)
+        seen["tick"] = status.tick
+        seen["t"] = time.monotonic()
+        call.cancel()
+        return False
+
+    await synthesize(
+        pair_a.codec.address, pair_a.talker_address, TEXT, max_frames=400, on_pcm=cancel_after_first
+    )
+
+    async def both_free() -> tuple[S.StageStatus, S.StageStatus] | None:
+        t, c = await talker_status(pair_a.talker.address), await codec_status(pair_a.codec.address)
+        return (t, c) if not (t.slots_in_use or t.requests or c.slots_in_use or c.requests) else None
+
+    freed = await eventually(both_free, within=2.0)
+    assert freed is not None, "talker slot or codec stream still held 2 s after the client cancel"
+    talker, codec = freed
+    freed_after = time.monotonic() - seen["t"]
+    # Nothing keeps ticking for the cancelled request: the engine is idle once its slot is gone.
+    await asyncio.sleep(0.3)
+    again = await talker_status(pair_a.talker.address)
+    assert again.tick == talker.tick, "talker engine kept ticking after the cancel"
+    assert codec.active_streams == 0 and talker.active_streams == 0
+    print(f"slot free {freed_after * 1000:.0f} ms after the cancel; ticks {seen['tick']} -> {talker.tick}")
+
+
+async def test_c_frames_go_through_shm_above_the_threshold(pair_a: Pair) -> None:
+    assert pair_a.talker_metrics is not None
+    before = metric(pair_a.talker_metrics, "voxstage_transport_bytes_total", 'path="shm"')
+    res = await synthesize(pair_a.codec.address, pair_a.talker_address, TEXT)
+    assert res.eos is not None and res.eos.reason == S.END_REASON_MAX_FRAMES
+    after = metric(pair_a.talker_metrics, "voxstage_transport_bytes_total", 'path="shm"')
+    # 23 of the 24 frames travel in chunks above 64 bytes (the 1-frame first chunk is 32 bytes, inline).
+    assert after - before == (FRAMES - 1) * 16 * 2
+    assert any(name.endswith("-probe") for name in shm_files(pair_a.talker.pid))
+
+
+async def test_c_talker_kill9_fails_fast_then_a_restarted_talker_serves(pair_a: Pair, cache: Path) -> None:
+    victim = pair_a.talker
+    killed: dict[str, float] = {}
+    assert shm_files(victim.pid), "the talker should own shared memory before it is killed"
+
+    async def kill_after_first(res: Result, call: grpc.aio.StreamStreamCall) -> bool:
+        if not killed:
+            victim.proc.send_signal(signal.SIGKILL)
+            killed["t"] = time.monotonic()
+        return True
+
+    res = await synthesize(
+        pair_a.codec.address, pair_a.talker_address, TEXT, max_frames=400, on_pcm=kill_after_first
+    )
+    waited = time.monotonic() - killed["t"]
+    assert res.eos is not None and res.eos.reason == S.END_REASON_ERROR, res.eos
+    assert res.eos.error.code == grpc.StatusCode.UNAVAILABLE.value[0], res.eos.error
+    assert waited < 2.0, f"the client waited {waited:.2f} s for the failure"
+    victim.proc.wait(5)
+    assert shm_files(victim.pid) == [], "the codec should have reaped the dead talker's shared memory"
+    codec = await codec_status(pair_a.codec.address)
+    assert codec.slots_in_use == 0 and codec.active_streams == 0
+    # Same port, new process: the codec must dial it afresh and succeed.
+    assert pair_a.restart is not None
+    kw = pair_a.restart["kw"]
+    pair_a.talker = start_stage(
+        "talker",
+        port=pair_a.talker_port,
+        metrics_port=pair_a.talker_metrics,
+        tag="-restarted",
+        **kw,  # type: ignore[arg-type]
+    )
+    pair_a.talker.wait_serving()
+    ok = await synthesize(pair_a.codec.address, pair_a.talker_address, TEXT)
+    assert ok.eos is not None and ok.eos.reason == S.END_REASON_MAX_FRAMES, ok.eos
+    assert ok.eos.sample_count == FRAMES * SPF
+
+
+async def test_bad_requests_fail_in_band_naming_the_field(pair_a: Pair) -> None:
+    talker = pair_a.talker_address
+    dead = f"127.0.0.1:{free_port()}"  # nothing listens there
+    text, eoi = S.CodecStreamRequest(text=TEXT), S.CodecStreamRequest(end_of_input=S.EndOfInput())
+    tiny = S.Credit(unit=S.CREDIT_UNIT_SAMPLES, amount=100)  # smaller than one chunk
+    frames = S.Credit(unit=S.CREDIT_UNIT_FRAMES, amount=10**6)  # wrong unit for PCM
+    cases = [
+        ([text], 3, "first message must be open", "codec"),
+        ([S.CodecStreamRequest(open=open_msg(talker, voice="nobody")), text, eoi], 5, "voice", "talker"),
+        ([S.CodecStreamRequest(open=open_msg(talker, model="other-model"))], 5, "model", "codec"),
+        ([S.CodecStreamRequest(open=open_msg(""))], 3, "talker_address", "codec"),
+        ([S.CodecStreamRequest(open=open_msg(talker, initial_credit=tiny))], 3, "initial_credit", "codec"),
+        ([S.CodecStreamRequest(open=open_msg(talker, initial_credit=frames))], 3, "initial_credit", "codec"),
+        ([S.CodecStreamRequest(open=open_msg(dead))], 14, dead, "codec"),
+    ]  # fmt: skip
+    for messages, code, needle, origin in cases:
+        t0 = time.monotonic()
+        out = await exchange(pair_a.codec.address, messages)
+        assert [r.WhichOneof("response") for r in out] == ["end_of_stream"], out  # refused: no `opened`
+        err = out[0].end_of_stream.error
+        assert (err.code, err.origin) == (code, origin) and needle in err.message, err
+        assert time.monotonic() - t0 < 6.0
+    # Unknown sampling values are checked at open too; the codec and talker are still healthy after all that.
+    bad_k = open_msg(talker)
+    bad_k.sampling.top_k = -5
+    out = await exchange(pair_a.codec.address, [S.CodecStreamRequest(open=bad_k)])
+    assert out[-1].end_of_stream.error.code == 3 and "top_k" in out[-1].end_of_stream.error.message
+    status = await codec_status(pair_a.codec.address)
+    assert status.ready and status.slots_in_use == 0
+
+
+# ---- pair B: two hosts, everything inline ------------------------------------------------------------
+
+
+async def test_d_multi_host_streams_inline(pair_b: Pair) -> None:
+    res = await synthesize(pair_b.codec.address, pair_b.talker_address, TEXT, fmt=S.PCM_FORMAT_S16LE)
+    assert res.eos is not None and res.eos.reason == S.END_REASON_MAX_FRAMES, res.eos
+    assert res.eos.sample_count == FRAMES * SPF and res.audio.size == FRAMES * SPF
+    assert all(c.data.WhichOneof("body") == "inline" for c in res.chunks)
+    talker = await talker_status(pair_b.talker.address)
+    assert talker.transport.shm_threshold_bytes == 1_000_000_000
+    # No payload of pair B's talker is large enough for shm: nothing in its regions but the probe.
+    assert [f for f in shm_files(pair_b.talker.pid) if not f.endswith("-probe")] == []
+
+
+async def test_e_sigterm_drains_in_flight_stream_then_exits_0(pair_b: Pair) -> None:
+    talker = pair_b.talker
+    state: dict[str, object] = {}
+
+    async def term_after_first(res: Result, call: grpc.aio.StreamStreamCall) -> bool:
+        if not state:
+            talker.proc.send_signal(signal.SIGTERM)
+            state["sent"] = True
+            status = await eventually(lambda: _not_serving(talker.address), within=2.0)
+            state["health"] = status
+        return True
+
+    res = await synthesize(pair_b.codec.address, pair_b.talker_address, TEXT, on_pcm=term_after_first)
+    # Health stays reachable while draining and says NOT_SERVING (not an unreachable server).
+    assert state.get("health") == NOT_SERVING, state
+    assert res.eos is not None and res.eos.reason == S.END_REASON_MAX_FRAMES, res.eos
+    assert res.eos.sample_count == FRAMES * SPF
+    assert talker.proc.wait(20) == 0, talker.tail()

@@ -1,0 +1,188 @@
+"""Codec engine on the real tiny decoder: batched streaming equals the offline decode, slots are recycled.
+
+The seed schedule (first chunk 1 frame, then 25) is what the deploy files use; streams start at different
+ticks so every decode batch mixes first chunks, steady chunks and end-of-stream remainders of different
+lengths in one padded call.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+import torch
+
+from voxstage.codec.engine import ChunkSchedule, CodecAdmissionError, CodecEngine, CodecOutput
+from voxstage.codec.models.qwen3_tts.decoder import Qwen3TokenizerDecoder
+from voxstage.codec.models.qwen3_tts.loader import random_init
+from voxstage.codec.models.qwen3_tts.presets import decoder_preset
+from voxstage.codec.models.qwen3_tts.streaming import StreamingDecoder
+
+TOL = 1e-5
+SPF = 1920
+GROUPS = 16
+SEED_SCHEDULE = ChunkSchedule(initial_frames=1, steady_frames=25)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _one_thread() -> Iterator[None]:
+    # Tiny per-chunk ops on a shared 2-core box: intra-op threads cost more than they save.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def model() -> Qwen3TokenizerDecoder:
+    return random_init(decoder_preset("qwen3-tts-tiny"), seed=0)
+
+
+def make_engine(model: Qwen3TokenizerDecoder, streams: int) -> CodecEngine:
+    return CodecEngine(
+        StreamingDecoder(model, 2 * streams), max_streams=streams, schedule=SEED_SCHEDULE, num_groups=GROUPS
+    )
+
+
+def codes_for(seed: int, frames: int) -> np.ndarray:
+    return np.random.default_rng(seed).integers(0, 2048, size=(frames, GROUPS), dtype=np.int64)
+
+
+def offline(model: Qwen3TokenizerDecoder, codes: np.ndarray) -> np.ndarray:
+    with torch.inference_mode():
+        return model(torch.from_numpy(codes.T.copy())[None])[0].numpy()
+
+
+def collect(outputs: list[CodecOutput], into: dict[str, list[CodecOutput]]) -> None:
+    for o in outputs:
+        into.setdefault(o.stream_id, []).append(o)
+
+
+def test_staggered_streams_equal_offline_decode(model: Qwen3TokenizerDecoder) -> None:
+    # (start tick, frames, frames pushed per tick): producers faster and slower than the schedule.
+    plan = {"a": (0, 60, 3), "b": (2, 27, 1), "c": (5, 51, 7), "d": (9, 1, 1)}
+    codes = {sid: codes_for(i, frames) for i, (sid, (_, frames, _)) in enumerate(plan.items())}
+    engine = make_engine(model, streams=4)
+    out: dict[str, list[CodecOutput]] = {}
+    fed = dict.fromkeys(plan, 0)
+    for tick in range(200):
+        for sid, (start, frames, rate) in plan.items():
+            if tick == start:
+                engine.open(sid)
+            if tick >= start and fed[sid] < frames:
+                n = min(rate, frames - fed[sid])
+                engine.push(sid, codes[sid][fed[sid] : fed[sid] + n])
+                fed[sid] += n
+                if fed[sid] == frames:
+                    engine.finish(sid)
+        collect(engine.step(), out)
+        if all(fed[s] == plan[s][1] for s in plan) and not engine.has_work():
+            break
+    assert engine.active() == 0
+    for sid, (_, frames, _) in plan.items():
+        outs = out[sid]
+        assert outs[-1].final and sum(o.final for o in outs) == 1
+        # Offsets are contiguous and the first chunk follows the schedule's 1-frame first chunk.
+        offsets = np.cumsum([0] + [o.pcm.size for o in outs[:-1]])
+        assert [o.sample_offset for o in outs] == offsets.tolist()
+        assert outs[0].frames == 1
+        pcm = np.concatenate([o.pcm for o in outs])
+        assert sum(o.frames for o in outs) == frames and pcm.size == frames * SPF
+        ref = offline(model, codes[sid])
+        assert ref.std() > 0.05  # not silence: a broken decode could not match by accident
+        np.testing.assert_allclose(pcm, ref, atol=TOL, rtol=0)
+
+
+def test_steady_chunks_follow_the_schedule(model: Qwen3TokenizerDecoder) -> None:
+    engine = make_engine(model, streams=1)
+    engine.open("s")
+    sizes: list[int] = []
+    for i in range(60):
+        engine.push("s", codes_for(100 + i, 1))
+        sizes += [o.frames for o in engine.step()]
+    engine.finish("s")
+    while engine.has_work():
+        sizes += [o.frames for o in engine.step()]
+    assert sizes == [1, 25, 25, 9]
+
+
+def test_cancel_frees_the_slot_and_reuse_starts_from_clean_state(model: Qwen3TokenizerDecoder) -> None:
+    engine = make_engine(model, streams=1)
+    engine.open("x")
+    engine.push("x", codes_for(7, 30))
+    engine.step()
+    assert engine.active() == 1
+    with pytest.raises(CodecAdmissionError):
+        engine.open("y")
+    assert engine.cancel("x") and not engine.cancel("x")
+    assert engine.active() == 0
+    # The reused slot must not carry x's history: y decodes exactly like a fresh offline pass.
+    fresh = codes_for(8, 26)
+    engine.open("y")
+    engine.push("y", fresh)
+    engine.finish("y")
+    out: dict[str, list[CodecOutput]] = {}
+    while engine.has_work():
+        collect(engine.step(), out)
+    pcm = np.concatenate([o.pcm for o in out["y"]])
+    np.testing.assert_allclose(pcm, offline(model, fresh), atol=TOL, rtol=0)
+
+
+def test_prefix_warms_state_and_its_audio_is_dropped(model: Qwen3TokenizerDecoder) -> None:
+    engine = make_engine(model, streams=1)
+    ref, gen = codes_for(20, 12), codes_for(21, 30)
+    engine.open("icl", prefix=ref)
+    engine.push("icl", gen)
+    engine.finish("icl")
+    out: dict[str, list[CodecOutput]] = {}
+    while engine.has_work():
+        collect(engine.step(), out)
+    pcm = np.concatenate([o.pcm for o in out["icl"]])
+    whole = offline(model, np.concatenate([ref, gen]))
+    assert out["icl"][0].sample_offset == 0 and sum(o.frames for o in out["icl"]) == 30
+    np.testing.assert_allclose(pcm, whole[12 * SPF :], atol=TOL, rtol=0)
+
+
+def test_many_open_close_cycles_leave_the_pool_unchanged(model: Qwen3TokenizerDecoder) -> None:
+    engine = make_engine(model, streams=3)
+    free_before = sorted(engine._free)
+    pool_shape = engine.codec.pool.shape  # type: ignore[attr-defined]
+    one = codes_for(30, 1)
+    for i in range(3000):
+        sid = f"s{i}"
+        engine.open(sid)
+        if i % 3 == 0:
+            engine.cancel(sid)
+        elif i % 3 == 1:
+            engine.finish(sid)  # ended with nothing buffered: a terminal output and the slot back
+            assert [o.final for o in engine.step()] == [True]
+        else:
+            engine.push(sid, one)
+            engine.cancel(sid)
+    assert engine.active() == 0 and not engine.has_work()
+    assert sorted(engine._free) == free_before
+    assert engine.codec.pool.shape == pool_shape  # type: ignore[attr-defined]
+    # A stream after all that still decodes exactly.
+    fresh = codes_for(31, 5)
+    engine.open("last")
+    engine.push("last", fresh)
+    engine.finish("last")
+    out: dict[str, list[CodecOutput]] = {}
+    while engine.has_work():
+        collect(engine.step(), out)
+    np.testing.assert_allclose(
+        np.concatenate([o.pcm for o in out["last"]]), offline(model, fresh), atol=TOL, rtol=0
+    )
+
+
+def test_bad_codes_are_rejected_before_they_reach_the_decoder(model: Qwen3TokenizerDecoder) -> None:
+    engine = make_engine(model, streams=1)
+    engine.open("s")
+    with pytest.raises(ValueError, match=r"\[frames, 16\]"):
+        engine.push("s", np.zeros((3, 8), np.int64))
+    with pytest.raises(KeyError, match="no open codec stream"):
+        engine.push("nope", codes_for(1, 1))
+    engine.finish("s")
+    with pytest.raises(ValueError, match="already ended"):
+        engine.push("s", codes_for(1, 1))
