@@ -144,7 +144,7 @@ def bench_codec(size: str, batches: list[int], chunks: list[int], iters: int) ->
     return out
 
 
-def bench_end_to_end(size: str, graphs: bool) -> dict[str, float]:
+def bench_end_to_end(size: str, graphs: bool, async_scheduling: bool = False) -> dict[str, float]:
     source = resolve_model(f"qwen3-tts-{size}")
     adapter, _ = load_talker(source, device=DEV, dtype=torch.bfloat16)
     if graphs:
@@ -252,6 +252,7 @@ def main() -> None:
         report["codec_decode"] = bench_codec(args.size, batches, [1, 5, 25], iters)
     if "e2e" not in skip:
         report["end_to_end_c1_graph"] = bench_end_to_end(args.size, graphs=True)
+        report["end_to_end_c1_graph_async"] = bench_end_to_end(args.size, graphs=True, async_scheduling=True)
         report["end_to_end_c1_eager"] = bench_end_to_end(args.size, graphs=False)
     if "memory" not in skip:
         report["memory_seed_talker"] = memory_budget(args.size, 0.3, slots=10, max_len=4096)

@@ -38,9 +38,9 @@ def ref_text_ids(tokens: list[int]) -> list[int]:
     return ROLE + tokens + END
 
 
-def reference_waveform(seed: int, seconds: float = 1.7) -> np.ndarray:
+def reference_waveform(seed: int, wav_seed: int, seconds: float = 1.7) -> np.ndarray:
     """Seeded tones with a slow envelope plus noise, on the int16 PCM grid (exact in fp32)."""
-    rng = np.random.default_rng([seed, 99])
+    rng = np.random.default_rng([seed, 99, wav_seed])
     n = int(round(seconds * SAMPLE_RATE))
     t = np.arange(n) / SAMPLE_RATE
     wav = np.zeros(n)

@@ -78,11 +78,15 @@ class TalkerAdapter(Protocol):
         """The prompt's last position becomes the slot's first decode input."""
         ...
 
-    def decode(self, active: Sequence[bool], attn_len: int) -> tuple[np.ndarray, np.ndarray]:
-        """One frame step for slots ``[0, len(active))``; rows with ``active[i]`` false must not change.
+    def launch(self, active: Sequence[bool], attn_len: int) -> object:
+        """Start one frame step for slots ``[0, len(active))``; rows with ``active[i]`` false must not change.
 
-        Returns host arrays ``codes [n, G]`` and ``eos [n]`` (inactive rows hold junk).
+        Returns an opaque handle; the step may still be running on the device when this returns.
         """
+        ...
+
+    def collect(self, handle: object) -> tuple[np.ndarray, np.ndarray]:
+        """Wait for a launched step: host arrays ``codes [n, G]`` and ``eos [n]`` (inactive rows: junk)."""
         ...
 
     def move_slot(self, src: int, dst: int, kv_len: int) -> None: ...

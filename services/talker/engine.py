@@ -46,6 +46,9 @@ class EngineConfig:
     max_queue: int = 1024
     enable_prefix_caching: bool = False
     prefix_cache_bytes: int = 256 * 1024 * 1024
+    # Launch tick n+1 before reading tick n's results, so host work overlaps the device step. A request that
+    # hit EOS at tick n then runs one wasted step at n+1 whose output is dropped.
+    async_scheduling: bool = False
 
 
 @dataclass
@@ -88,7 +91,9 @@ class _Seq:
     slot: int = -1
     phase: _Phase = _Phase.PREFILL
     prefilled: int = 0  # prompt positions already in the KV cache
-    frames: int = 0
+    frames: int = 0  # frames delivered
+    launched: int = 0  # frame steps launched (frames + those in flight)
+    done: bool = False
     text_queued: int = 0  # trailing text tokens handed to the adapter
     submitted_at: float = field(default_factory=time.perf_counter)
 
@@ -98,8 +103,8 @@ class _Seq:
 
     @property
     def position(self) -> int:
-        """Absolute position of the next decode input."""
-        return self.prepared.length - 1 + self.frames
+        """Absolute position of the next decode input (counting steps still in flight)."""
+        return self.prepared.length - 1 + self.launched
 
     @property
     def kv_len(self) -> int:
@@ -116,6 +121,7 @@ class TalkerEngine:
         self._slots: list[_Seq] = []  # index == slot, packed
         self._by_id: dict[str, _Seq] = {}
         self._cancelled: list[_Seq] = []
+        self._inflight: tuple[object, list[_Seq | None]] | None = None
         self.prefix_hits = 0
         self.prefill_tokens_saved = 0
         self.ticks = 0
@@ -162,7 +168,8 @@ class TalkerEngine:
     # -- introspection ---------------------------------------------------------------------------------
     def has_work(self) -> bool:
         admissible = len(self._slots) < self.cfg.max_num_seqs and any(s.prepared.ready for s in self._waiting)
-        return bool(admissible or self._cancelled or any(self._runnable(s) for s in self._slots))
+        runnable = any(self._runnable(s) for s in self._slots)
+        return bool(admissible or self._cancelled or runnable or self._inflight)
 
     def slots_in_use(self) -> int:
         return len(self._slots)
@@ -255,25 +262,47 @@ class TalkerEngine:
             return True
         # Streamed text: frame t consumes trailing text token t, so it may only run once that token (or
         # the end of text) has arrived; otherwise the slot waits rather than speaking `pad` too early.
-        return seq.prepared.text_complete or seq.frames < seq.text_queued
+        return seq.prepared.text_complete or seq.launched < seq.text_queued
+
+    def _launchable(self, seq: _Seq) -> bool:
+        return (
+            seq.phase is _Phase.DECODE
+            and self._runnable(seq)
+            and seq.launched < seq.request.max_frames
+            and seq.position + 1 <= self.cfg.max_model_len
+        )
 
     def _decode(self) -> list[TalkerOutput]:
-        active = [s.phase is _Phase.DECODE and self._runnable(s) for s in self._slots]
-        starved = sum(
-            1 for s, a in zip(self._slots, active, strict=True) if s.phase is _Phase.DECODE and not a
-        )
+        launched = self._launch()
+        if not self.cfg.async_scheduling:
+            return self._collect(launched) if launched else []
+        previous, self._inflight = self._inflight, launched
+        return self._collect(previous) if previous else []
+
+    def _launch(self) -> tuple[object, list[_Seq | None]] | None:
+        active = [self._launchable(s) for s in self._slots]
+        starved = sum(1 for s in self._slots if s.phase is _Phase.DECODE and not self._runnable(s))
         if starved:
             metrics.INPUT_STARVED.inc(starved)
         if not any(active):
-            return []
+            return None
         n = max(i for i, a in enumerate(active) if a) + 1
-        max_pos = max(s.position for s, a in zip(self._slots[:n], active[:n], strict=True) if a)
-        codes, eos = self.adapter.decode(active[:n], max_pos + 1)
+        rows = [s if a else None for s, a in zip(self._slots[:n], active[:n], strict=True)]
+        max_pos = max(s.position for s in rows if s is not None)
+        handle = self.adapter.launch(active[:n], max_pos + 1)
+        for seq in rows:
+            if seq is not None:
+                seq.launched += 1
+        return handle, rows
+
+    def _collect(self, launched: tuple[object, list[_Seq | None]]) -> list[TalkerOutput]:
+        handle, rows = launched
+        codes, eos = self.adapter.collect(handle)
         outputs = []
         finished: list[tuple[_Seq, Finish]] = []
-        for i, seq in enumerate(self._slots[:n]):
-            if not active[i]:
-                continue
+        for i, seq in enumerate(rows):
+            if seq is None or seq.done:
+                continue  # inactive row, or a request that ended while this step was in flight
             if eos[i]:
                 finished.append((seq, Finish.EOS))
                 continue
@@ -281,7 +310,7 @@ class TalkerEngine:
             outputs.append(TalkerOutput(seq.request.request_id, codes[i : i + 1], seq.frames - 1))
             if seq.frames >= seq.request.max_frames:
                 finished.append((seq, Finish.MAX_FRAMES))
-            elif seq.position + 1 > self.cfg.max_model_len:
+            elif seq.prepared.length + seq.frames > self.cfg.max_model_len:
                 finished.append((seq, Finish.MAX_MODEL_LEN))
         outputs += [self._finish(seq, why) for seq, why in finished]
         return outputs
@@ -294,6 +323,7 @@ class TalkerEngine:
 
     def _finish(self, seq: _Seq, why: Finish, error: str | None = None) -> TalkerOutput:
         rid = seq.request.request_id
+        seq.done = True
         self._by_id.pop(rid, None)
         if seq.slot < 0:
             self._waiting.remove(seq)

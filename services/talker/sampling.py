@@ -164,12 +164,15 @@ def sample(
     stream: int | torch.Tensor = 0,
     seen: torch.Tensor | None = None,
     banned: torch.Tensor | None = None,
+    all_greedy: bool = False,
 ) -> torch.Tensor:
     """Draw one token per row of ``logits [B, V]``; returns int64 ``[B]``.
 
     ``seed``/``step`` are ``[B]`` int64 (the request's seed and, e.g., its frame index); ``stream``
     separates independent draws at the same step (e.g. the codebook group). ``seen [B, V]`` (bool) drives
     the repetition penalty; ``banned`` (``[V]`` or ``[B, V]`` bool) tokens are never drawn.
+    ``all_greedy`` is a host-side promise that every row is greedy (known from the requests, not from
+    device data); it skips the sort and the noise and gives the same tokens.
     """
     scores = logits.float()
     if seen is not None:
@@ -177,6 +180,8 @@ def sample(
     if banned is not None:
         scores = scores.masked_fill(banned, float("-inf"))
     greedy_tok = scores.argmax(dim=-1)
+    if all_greedy:
+        return greedy_tok
     greedy = params.temperature <= 0
     temp = torch.where(greedy, torch.ones_like(params.temperature), params.temperature).to(scores.dtype)
     scaled = filter_top_k_top_p(scores / temp.unsqueeze(-1), params.top_k, params.top_p)

@@ -20,11 +20,14 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
 SAMPLED = SamplingParams(do_sample=True, temperature=0.9, top_k=50, repetition_penalty=1.05)
 
 
-def run_engine(graphs: bool) -> dict[str, np.ndarray]:
+def run_engine(graphs: bool, async_scheduling: bool = False) -> dict[str, np.ndarray]:
     adapter, _ = load_talker(resolve_model("qwen3-tts-tiny"), device="cuda", dtype=torch.float32)
     if graphs:
         adapter.enable_cuda_graphs()
-    eng = TalkerEngine(adapter, EngineConfig(max_num_seqs=4, max_model_len=256, max_num_batched_tokens=32))
+    cfg = EngineConfig(
+        max_num_seqs=4, max_model_len=256, max_num_batched_tokens=32, async_scheduling=async_scheduling
+    )
+    eng = TalkerEngine(adapter, cfg)
     out: dict[str, list[np.ndarray]] = {}
     reqs = [
         TalkerRequest(
@@ -47,8 +50,9 @@ def run_engine(graphs: bool) -> dict[str, np.ndarray]:
     return {k: np.concatenate(v) for k, v in out.items()}
 
 
-def test_talker_graph_equals_eager() -> None:
-    eager, graph = run_engine(False), run_engine(True)
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_talker_graph_equals_eager(async_scheduling: bool) -> None:
+    eager, graph = run_engine(False), run_engine(True, async_scheduling)
     assert eager.keys() == graph.keys()
     for k in eager:
         assert np.array_equal(eager[k], graph[k]), k

@@ -1,9 +1,9 @@
 """Talker and codec as real processes on localhost: parity, cancellation, shm, peer death, multi-host, drain.
 
-Two deployments of the tiny preset: pair A on 127.0.0.1 with a tiny shm threshold (frames go through
-shared memory) and metrics ports; pair B on two "hosts" (network namespaces when available, else two
-loopback addresses) with a huge threshold (everything inline). Requests are kept to a few dozen frames so
-the module stays well under two minutes on two cores.
+Two deployments: pair A (tiny CustomVoice preset) on 127.0.0.1 with a tiny shm threshold (frames go through
+shared memory) and metrics ports; pair B (tiny Base preset, voice cloning) on two "hosts" (network
+namespaces when available, else two loopback addresses) with a huge threshold (everything inline).
+Requests are kept to a few dozen frames so the module stays well under two minutes on two cores.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from tests.integration.stagekit import (
     NOT_SERVING,
     SERVING,
     SPF,
+    Reference,
     Result,
     StageProc,
     codec_status,
@@ -35,6 +36,7 @@ from tests.integration.stagekit import (
     health,
     metric,
     open_msg,
+    reference_clip,
     shm_files,
     start_stage,
     synthesize,
@@ -49,6 +51,12 @@ FRAMES = 24
 SMALL_SHM = "connectors.connector_of_shared_memory.extra.shm_threshold_bytes=64"
 HUGE_SHM = "connectors.connector_of_shared_memory.extra.shm_threshold_bytes=1000000000"
 MAX_TOKENS = f"stages.0.default_sampling_params.max_tokens={FRAMES}"
+BASE_MODEL = "qwen3-tts-tiny-base"  # pair B serves voice cloning
+# The seeds' 3 s stall timeout assumes a talker at least 0.67x real time (a 25-frame chunk is 2 s of audio);
+# the tiny models on a shared 2-core box can be slower, so the normal pairs allow 30 s and one codec keeps
+# a 0.2 s stall timeout to prove the timeout fires.
+RELAXED_STALL = "connectors.connector_of_shared_memory.extra.connector_get_max_wait=3000"
+STRICT_STALL = "connectors.connector_of_shared_memory.extra.connector_get_max_wait=20"
 
 
 def free_port() -> int:
@@ -66,6 +74,7 @@ class Pair:
     talker_metrics: int | None = None
     codec_metrics: int | None = None
     restart: dict[str, object] | None = None
+    strict_codec: StageProc | None = None  # same talker, a 0.2 s stall timeout
 
 
 @pytest.fixture(scope="module")
@@ -73,7 +82,8 @@ def cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from voxstage.presets import resolve_model
 
     path = tmp_path_factory.mktemp("vxcache")
-    resolve_model(MODEL, cache=path)  # materialize once, before any process races to
+    for model in (MODEL, BASE_MODEL):
+        resolve_model(model, cache=path)  # materialize once, before any process races to
     return path
 
 
@@ -89,19 +99,20 @@ def _stop(*procs: StageProc) -> None:
 
 @pytest.fixture(scope="module")
 def pair_a(cache: Path, logs: Path) -> Iterator[Pair]:
-    tp, cp, tm, cm = free_port(), free_port(), free_port(), free_port()
-    sets = [SMALL_SHM, MAX_TOKENS]
+    tp, cp, sp, tm, cm = (free_port() for _ in range(5))
+    sets = [SMALL_SHM, MAX_TOKENS, RELAXED_STALL]
     kw = {"cache": cache, "logs": logs, "sets": sets}
     talker = start_stage("talker", port=tp, metrics_port=tm, **kw)  # type: ignore[arg-type]
     codec = start_stage("codec", port=cp, metrics_port=cm, **kw)  # type: ignore[arg-type]
-    pair = Pair(talker, codec, f"127.0.0.1:{tp}", tp, tm, cm, restart={"kw": kw, "metrics": tm})
+    strict = start_stage("codec", port=sp, cache=cache, logs=logs, sets=[STRICT_STALL], tag="-strict")
+    pair = Pair(talker, codec, f"127.0.0.1:{tp}", tp, tm, cm, restart={"kw": kw}, strict_codec=strict)
     try:
-        talker.wait_serving()
-        codec.wait_serving()
+        for proc in (talker, codec, strict):
+            proc.wait_serving()
         yield pair
     finally:
-        _stop(pair.codec, pair.talker)
-    for p in (pair.talker, pair.codec):
+        _stop(strict, pair.codec, pair.talker)
+    for p in (pair.talker, pair.codec, strict):
         assert not shm_files(p.pid), f"{p.role} left shared memory behind"
 
 
@@ -117,7 +128,7 @@ def pair_b(cache: Path, logs: Path, hosts: tuple[Hosts, str]) -> Iterator[Pair]:
     h, how = hosts
     print(f"multi-host via {how}")
     tp, cp = free_port(), free_port()
-    kw = {"cache": cache, "logs": logs, "sets": [HUGE_SHM, MAX_TOKENS]}
+    kw = {"cache": cache, "logs": logs, "sets": [HUGE_SHM, MAX_TOKENS, RELAXED_STALL], "model": BASE_MODEL}
     talker = start_stage(
         "talker",
         port=tp,
@@ -143,8 +154,12 @@ def pair_b(cache: Path, logs: Path, hosts: tuple[Hosts, str]) -> Iterator[Pair]:
         _stop(pair.codec, pair.talker)
 
 
-def in_process_reference(cache: Path, frames: int, seed: int) -> np.ndarray:
-    """The same request through TalkerEngine + CodecEngine in this process (deploy sampling written out)."""
+def in_process_reference(
+    cache: Path, frames: int, seed: int, *, model: str = MODEL, reference: Reference | None = None
+) -> np.ndarray:
+    """The same request through TalkerEngine + CodecEngine in this process (deploy sampling written out).
+    With ``reference`` (a Base model): the codec's encoders make the x-vector (and ICL codes), the talker
+    conditions on them, and the codec decodes the reference codes first and drops their audio."""
     from voxstage.codec.engine import ChunkSchedule, CodecEngine
     from voxstage.codec.models import load_codec
     from voxstage.presets import resolve_model
@@ -154,7 +169,13 @@ def in_process_reference(cache: Path, frames: int, seed: int) -> np.ndarray:
     from voxstage.talker.spec import SpeechSpec
 
     torch.set_num_threads(1)
-    source = resolve_model(MODEL, cache=cache)
+    source = resolve_model(model, cache=cache)
+    runtime = load_codec(source, max_streams=1)
+    ref_codes = xvec = None
+    if reference is not None:
+        xvec = runtime.speaker_embedding(reference.pcm, reference.sample_rate)
+        if reference.text:
+            ref_codes = runtime.encode_reference(reference.pcm, reference.sample_rate)
     adapter, _ = load_talker(source)
     talker = TalkerEngine(
         adapter, EngineConfig(max_num_seqs=1, max_model_len=4096, max_num_batched_tokens=512)
@@ -163,16 +184,21 @@ def in_process_reference(cache: Path, frames: int, seed: int) -> np.ndarray:
     # subtalker: do_sample, 0.9, 50, 1.0; min_tokens unset (0).
     main = SamplingParams(do_sample=True, temperature=0.9, top_k=50, top_p=1.0, repetition_penalty=1.05)
     sub = SamplingParams(do_sample=True, temperature=0.9, top_k=50, top_p=1.0)
-    spec = SpeechSpec(text=TEXT, voice="ryan", language="auto", text_complete=True)
+    spec = SpeechSpec(
+        text=TEXT,
+        voice=None if reference is not None else "ryan",
+        speaker_embedding=xvec,
+        ref_text=reference.text or None if reference is not None else None,
+        ref_codes=ref_codes,
+    )
     talker.submit(
         TalkerRequest("ref", spec, seed=seed, sampling=main, subtalker=sub, max_frames=frames, min_frames=0)
     )
     codes = []
     while talker.has_work():
         codes += [o.codes for o in talker.step() if o.codes.shape[0]]
-    runtime = load_codec(source, max_streams=1)
     codec = CodecEngine(runtime.decoder, max_streams=1, schedule=ChunkSchedule(1, 25), num_groups=16)
-    codec.open("ref")
+    codec.open("ref", prefix=ref_codes)
     codec.push("ref", np.concatenate(codes))
     codec.finish("ref")
     pcm = []
@@ -287,6 +313,22 @@ async def test_c_talker_kill9_fails_fast_then_a_restarted_talker_serves(pair_a: 
     assert ok.eos.sample_count == FRAMES * SPF
 
 
+async def test_stall_timeout_fails_the_request_and_frees_the_talker(pair_a: Pair) -> None:
+    assert pair_a.strict_codec is not None
+    # The talker holds frames 2..24 until the take ends (no 25-frame boundary): a gap of ~23 ticks.
+    res = await synthesize(pair_a.strict_codec.address, pair_a.talker_address, TEXT)
+    assert res.eos is not None and res.eos.reason == S.END_REASON_ERROR, res.eos
+    err = res.eos.error
+    assert err.code == grpc.StatusCode.DEADLINE_EXCEEDED.value[0] and "stall timeout" in err.message, err
+    assert "0.2 s" in err.message and err.origin == "codec"
+
+    async def free() -> S.StageStatus | None:
+        status = await talker_status(pair_a.talker.address)
+        return status if not status.slots_in_use and not status.requests else None
+
+    assert await eventually(free, within=2.0) is not None, "the codec must cancel the talker on a timeout"
+
+
 async def test_bad_requests_fail_in_band_naming_the_field(pair_a: Pair) -> None:
     talker = pair_a.talker_address
     dead = f"127.0.0.1:{free_port()}"  # nothing listens there
@@ -321,11 +363,16 @@ async def test_bad_requests_fail_in_band_naming_the_field(pair_a: Pair) -> None:
 # ---- pair B: two hosts, everything inline ------------------------------------------------------------
 
 
-async def test_d_multi_host_streams_inline(pair_b: Pair) -> None:
-    res = await synthesize(pair_b.codec.address, pair_b.talker_address, TEXT, fmt=S.PCM_FORMAT_S16LE)
+async def test_d_multi_host_voice_clone_streams_inline(pair_b: Pair, cache: Path) -> None:
+    # ICL voice clone: reference audio (16 kHz, resampled by the codec) -> codes + x-vector -> talker.
+    ref = reference_clip(text="a reference transcript")
+    res = await synthesize(pair_b.codec.address, pair_b.talker_address, TEXT, voice="", reference=ref, seed=7)
     assert res.eos is not None and res.eos.reason == S.END_REASON_MAX_FRAMES, res.eos
+    # The reference's own audio (decoded to warm the codec state) is dropped: only generated frames remain.
     assert res.eos.sample_count == FRAMES * SPF and res.audio.size == FRAMES * SPF
     assert all(c.data.WhichOneof("body") == "inline" for c in res.chunks)
+    expected = in_process_reference(cache, FRAMES, 7, model=BASE_MODEL, reference=ref)
+    np.testing.assert_allclose(res.audio, expected, atol=1e-5, rtol=0)
     talker = await talker_status(pair_b.talker.address)
     assert talker.transport.shm_threshold_bytes == 1_000_000_000
     # No payload of pair B's talker is large enough for shm: nothing in its regions but the probe.
@@ -344,7 +391,14 @@ async def test_e_sigterm_drains_in_flight_stream_then_exits_0(pair_b: Pair) -> N
             state["health"] = status
         return True
 
-    res = await synthesize(pair_b.codec.address, pair_b.talker_address, TEXT, on_pcm=term_after_first)
+    res = await synthesize(
+        pair_b.codec.address,
+        pair_b.talker_address,
+        TEXT,
+        voice="",
+        reference=reference_clip(),  # x-vector only (no transcript)
+        on_pcm=term_after_first,
+    )
     # Health stays reachable while draining and says NOT_SERVING (not an unreachable server).
     assert state.get("health") == NOT_SERVING, state
     assert res.eos is not None and res.eos.reason == S.END_REASON_MAX_FRAMES, res.eos

@@ -58,14 +58,22 @@ def frames_of(outs: list[TalkerOutput]) -> np.ndarray:
     return np.concatenate([o.codes for o in outs])
 
 
-@pytest.mark.parametrize("sampling", [SAMPLED, GREEDY], ids=["sampled", "greedy"])
+@pytest.mark.parametrize(
+    "sampling,async_scheduling",
+    [(SAMPLED, False), (GREEDY, False), (SAMPLED, True)],
+    ids=["sampled", "greedy", "sampled-async"],
+)
 def test_sixteen_staggered_requests_equal_their_alone_runs(
-    tiny_custom_voice: Qwen3TTSTalker, tiny_tokenizer: QwenTextTokenizer, sampling: SamplingParams
+    tiny_custom_voice: Qwen3TTSTalker,
+    tiny_tokenizer: QwenTextTokenizer,
+    sampling: SamplingParams,
+    async_scheduling: bool,
 ) -> None:
     torch.manual_seed(0)
     reqs = [request(i, sampling) for i in range(16)]
     # 6 slots for 16 requests: requests queue, join as others leave, and slots get compacted.
-    batched = drive(make_engine(tiny_custom_voice, tiny_tokenizer, 6), reqs, stagger=2)
+    engine = make_engine(tiny_custom_voice, tiny_tokenizer, 6, async_scheduling=async_scheduling)
+    batched = drive(engine, reqs, stagger=2)
     for r in reqs:
         alone = drive(make_engine(tiny_custom_voice, tiny_tokenizer, 1), [r])
         a, b = frames_of(alone[r.request_id]), frames_of(batched[r.request_id])

@@ -143,6 +143,13 @@ class QwenPrepared:
 
 
 @dataclass
+class _Pending:
+    codes: torch.Tensor  # host [n, G]
+    eos: torch.Tensor  # host [n]
+    event: torch.cuda.Event | None
+
+
+@dataclass
 class _PrefixEntry:
     k: torch.Tensor  # [layers, kv_heads, n, head_dim]
     v: torch.Tensor
@@ -187,6 +194,13 @@ class Qwen3TTSAdapter:
         self.rows = torch.arange(num_slots, device=dev)
         self.codes_out = torch.zeros(num_slots, self.num_groups, device=dev, dtype=torch.int64)
         self.eos_out = torch.zeros(num_slots, device=dev, dtype=torch.bool)
+        pin = dev.type == "cuda"
+        self._host_flags = [torch.zeros(num_slots, dtype=torch.bool, pin_memory=pin) for _ in range(3)]
+        self._host_codes = [
+            torch.zeros(num_slots, self.num_groups, dtype=torch.int64, pin_memory=pin) for _ in range(3)
+        ]
+        self._host_eos = [torch.zeros(num_slots, dtype=torch.bool, pin_memory=pin) for _ in range(3)]
+        self._ring_next = 0
 
     def enable_cuda_graphs(self) -> None:
         """Capture ``decode_core`` per (batch, context) bucket on first use (``enforce_eager: false``)."""
@@ -241,21 +255,40 @@ class Qwen3TTSAdapter:
         self.positions[slot] = prepared.length - 1
 
     @torch.inference_mode()
-    def decode(self, active: Sequence[bool], attn_len: int) -> tuple[np.ndarray, np.ndarray]:
+    def launch(self, active: Sequence[bool], attn_len: int) -> _Pending:
         n = len(active)
         b = bucket(n, self.num_slots)
         length = bucket(attn_len, self.max_len, self.min_attn_bucket)
-        flags = torch.zeros(b, dtype=torch.bool)
+        # Host buffers come from a ring of 3: with async scheduling two steps can be outstanding, and a pinned
+        # buffer must not be rewritten before the device has read (or written) it.
+        ring = self._ring_next = (self._ring_next + 1) % len(self._host_codes)
+        flags = self._host_flags[ring]
+        flags.zero_()
         flags[:n] = torch.tensor(list(active), dtype=torch.bool)
-        self.active[:b].copy_(flags, non_blocking=True)
+        # From pinned memory, so the copy does not wait for the step still in flight.
+        self.active[:b].copy_(flags[:b], non_blocking=True)
         if self.graphs is not None:
             self.graphs.run(b, length)
         else:
             self.decode_core(b, length)
-        # copy=True: on a CPU device .cpu() would alias the static output buffers the next tick overwrites.
-        codes = self.codes_out[:n].to("cpu", copy=True).numpy()
-        eos = self.eos_out[:n].to("cpu", copy=True).numpy()
-        return codes, eos
+        codes, eos = self._host_codes[ring][:n], self._host_eos[ring][:n]
+        codes.copy_(self.codes_out[:n], non_blocking=True)
+        eos.copy_(self.eos_out[:n], non_blocking=True)
+        event = None
+        if self.device.type == "cuda":
+            event = torch.cuda.Event()
+            event.record()
+        return _Pending(codes, eos, event)
+
+    def collect(self, handle: object) -> tuple[np.ndarray, np.ndarray]:
+        assert isinstance(handle, _Pending)
+        if handle.event is not None:
+            handle.event.synchronize()
+        return handle.codes.numpy().copy(), handle.eos.numpy().copy()
+
+    def decode(self, active: Sequence[bool], attn_len: int) -> tuple[np.ndarray, np.ndarray]:
+        """Launch and collect one step (the synchronous form, for tests and benchmarks)."""
+        return self.collect(self.launch(active, attn_len))
 
     def decode_core(self, b: int, attn_len: int) -> None:
         """The captured unit: static shapes for a given (b, attn_len), no host syncs."""

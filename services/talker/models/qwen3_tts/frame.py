@@ -131,11 +131,14 @@ def frame_step(
     state: FrameState,
     predictor_cache: KVCache,
     tts_pad_id: int | None = None,
+    greedy: tuple[bool, bool] = (False, False),
 ) -> FrameOutput:
     """One frame for rows ``slot_ids [B]`` from their talker hidden states ``hidden [B, H]``.
 
     Updates ``state`` in place for those slots (seen c0 codes, frame counters). ``predictor_cache`` needs
     at least B rows and G positions (``model.allocate_predictor_cache``); its contents are scratch.
+    ``greedy = (talker, code predictor)``: host-side promises that every row samples greedily there
+    (a static property of the batch, e.g. one graph variant), which skips the sampler's sort and noise.
     """
     cfg = model.config.talker
     groups = cfg.num_code_groups
@@ -158,6 +161,7 @@ def frame_step(
         stream=0,
         seen=state.seen_c0[slot_ids],
         banned=model.c0_banned.unsqueeze(0) | eos_too_early,
+        all_greedy=greedy[0],
     )
     state.seen_c0.index_put_((slot_ids, c0), torch.ones_like(c0, dtype=torch.bool))
 
@@ -166,13 +170,13 @@ def frame_step(
     x = cp.small_to_mtp_projection(torch.stack([hidden, parts[0]], dim=1))
     positions = torch.arange(2, device=device).expand(b, 2)
     h = cp.model(x, positions, predictor_cache, None, groups)
-    codes = [c0, sample(cp.lm_head[0](h[:, -1]), sub, seed, t, stream=1)]
+    codes = [c0, sample(cp.lm_head[0](h[:, -1]), sub, seed, t, stream=1, all_greedy=greedy[1])]
     for g in range(2, groups):
         parts.append(cp.model.codec_embedding[g - 2](codes[g - 1]))
         x = cp.small_to_mtp_projection(parts[-1]).unsqueeze(1)
         positions = torch.full((b, 1), g, dtype=torch.int64, device=device)
         h = cp.model(x, positions, predictor_cache, None, groups)
-        codes.append(sample(cp.lm_head[g - 1](h[:, 0]), sub, seed, t, stream=g))
+        codes.append(sample(cp.lm_head[g - 1](h[:, 0]), sub, seed, t, stream=g, all_greedy=greedy[1]))
     parts.append(cp.model.codec_embedding[groups - 2](codes[groups - 1]))
 
     text_len = state.text_len[slot_ids]
