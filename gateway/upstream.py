@@ -7,11 +7,13 @@ first-chunk timeout from the first flush / end of input, and the stall timeout w
 and holds enough credit to send it. Errors come back in-band and keep their code; a transport failure or a
 stream that ends without a terminal reads as UNAVAILABLE and marks the codec replica down.
 
-A reader task drains the call eagerly into a local queue (bounded by the credit window, since the codec
-never sends beyond it) and half-closes as soon as the terminal arrives. That ordering matters with grpc.aio:
-a write that fails because the peer already finished the call turns the call's status into INTERNAL and
-makes every later ``read`` raise, dropping messages still buffered, so no credit may be written once the
-terminal could have been seen.
+Two tasks own the call, apart from the request's handler: a writer that sends queued messages in order,
+and a reader that drains the call eagerly into a local queue (bounded by the credit window, since the codec
+never sends beyond it). Keeping gRPC writes out of the handler matters twice over with grpc.aio: a write
+interrupted by the handler's cancellation (the client left) cancels the whole call before ``cancel`` could
+be sent, and a write that fails because the peer already finished the call turns its status into INTERNAL
+and makes every later ``read`` raise, dropping messages still buffered. So the reader records the terminal
+the moment it arrives, the writer sends nothing after it, and the call is half-closed right then.
 """
 
 from __future__ import annotations
@@ -75,7 +77,8 @@ class CodecStream:
         self._peer_probe = ""
         timeout = None if deadline_s is None else max(deadline_s - time.monotonic(), 0.001)
         self._call = replica.codec_stub.Stream(timeout=timeout)
-        self._write_lock = asyncio.Lock()
+        self._outbox: asyncio.Queue[stage_pb2.CodecStreamRequest | None] = asyncio.Queue()
+        self._writer: asyncio.Task[None] | None = None
         self._inbox: asyncio.Queue[stage_pb2.CodecStreamResponse | GatewayError] = asyncio.Queue()
         self._reader: asyncio.Task[None] | None = None
         self._get: asyncio.Future[stage_pb2.CodecStreamResponse | GatewayError] | None = None
@@ -96,14 +99,22 @@ class CodecStream:
     # -- sending ----------------------------------------------------------------------------------------
 
     async def _write(self, msg: stage_pb2.CodecStreamRequest) -> None:
-        async with self._write_lock:
+        self._outbox.put_nowait(msg)
+        if self._writer is None:
+            self._writer = asyncio.ensure_future(self._write_loop())
+
+    async def _write_loop(self) -> None:
+        while (msg := await self._outbox.get()) is not None:
             if self._terminal_seen or self._call.done():
-                return  # see the module docstring: never write into a call that may have ended
+                continue  # see the module docstring: never write into a call that may have ended
             try:
                 await self._call.write(msg)
             except (grpc.aio.AioRpcError, asyncio.InvalidStateError) as exc:
-                # The read side reports the call's real status; a dead call just stops taking writes.
+                # The reader reports the call's real status; a dead call just stops taking writes.
                 log.debug("codec %s: write failed: %s", self.replica.address, exc)
+                return
+        with contextlib.suppress(grpc.aio.AioRpcError, asyncio.InvalidStateError):
+            await self._call.done_writing()
 
     async def open(self, msg: stage_pb2.StreamOpen, *, min_chunk_samples: int) -> stage_pb2.StreamOpened:
         """Send ``open`` and wait for ``opened``; a refusal raises with the codec's code and message."""
@@ -188,10 +199,8 @@ class CodecStream:
                     return
                 assert isinstance(msg, stage_pb2.CodecStreamResponse)
                 if msg.HasField("end_of_stream"):
-                    async with self._write_lock:
-                        self._terminal_seen = True
-                        with contextlib.suppress(grpc.aio.AioRpcError, asyncio.InvalidStateError):
-                            await self._call.done_writing()
+                    self._terminal_seen = True
+                    self._outbox.put_nowait(None)  # half-close once what is queued before it is out
                     self._inbox.put_nowait(msg)
                     return
                 self._inbox.put_nowait(msg)
@@ -291,7 +300,11 @@ class CodecStream:
         self.close()
 
     def close(self) -> None:
-        for task in (self._get, self._reader):
+        if self._get is not None:
+            self._get.cancel()
+        if self._terminal_seen:
+            return  # the writer half-closes and the codec ends the call: nothing to tear down
+        for task in (self._reader, self._writer):
             if task is not None:
                 task.cancel()
         self._call.cancel()

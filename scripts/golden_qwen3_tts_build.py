@@ -4,9 +4,10 @@ Order matters for honesty: weights are drawn and written as fixture files first,
 materialized from those files with ``tests/golden.py`` (the code the tests use), and every reference output
 comes from a model loaded out of that checkpoint by the reference's own ``from_pretrained``.
 
-Prompts are searched, not hand-picked: for each generation case, prompt seeds are tried in order until the
-greedy decode is far from ties (see ``MIN_MARGIN``) and ends the way the case wants (24 frames, or EOS after
-at least 20). The search runs on the full random text-embedding table; the fixture then zeroes every row no
+Inputs are searched, not hand-picked: waveform seeds are tried in order until every encoder code is a clear
+nearest-centroid pick (``MIN_CENTROID_GAP``), then for each generation case prompt seeds are tried until the
+greedy decode is far from ties (``MIN_MARGIN``) and ends the way the case wants (24 frames, or EOS after at
+least 20). The search runs on the full random text-embedding table; the fixture then zeroes every row no
 chosen prompt uses, which cannot change those prompts' outputs (asserted by re-running them).
 """
 

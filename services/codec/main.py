@@ -83,15 +83,33 @@ def build(args: argparse.Namespace) -> StageParts:
         )
         log.info("codec: memory budget %s; stream state %.2f GiB", budget.describe(), state / (1 << 30))
     plan = config.chunk_plan
-    if not stage.enforce_eager and device == "cuda":
-        log.warning("codec: CUDA-graph decode buckets are not available yet; decoding eagerly")
+    decode_fn = None
+    buckets: tuple[int, ...] = ()
+    if device == "cuda" and not stage.enforce_eager:
+        from voxstage.codec.graphs import GraphedDecode
+
+        # Chunks are padded up to the next bucket; the chunk sizes in force always get one of their own.
+        sizes = config.stream.decode_cudagraph_capture_sizes or []
+        buckets = tuple(sorted({*sizes, plan.initial_frames, plan.steady_frames}))
+        decode_fn = GraphedDecode(
+            runtime.decoder,
+            num_groups=runtime.num_groups,
+            # Capture runs use the pool's scratch half, which holds max_num_seqs slots; larger batch
+            # buckets (rare: more streams due in one tick than that) decode eagerly.
+            max_batch=stage.max_num_seqs,
+            frame_buckets=buckets,
+            device=device,
+        )
     engine = CodecEngine(
         runtime.decoder,
         max_streams=stage.max_num_seqs,
         schedule=ChunkSchedule(plan.initial_frames, plan.steady_frames, max(100, plan.steady_frames)),
         num_groups=runtime.num_groups,
         device=device,
+        decode_fn=decode_fn,
+        frame_buckets=buckets,
         sample_rate=runtime.sample_rate,
+        codebook_size=runtime.codebook_size,
     )
     worker = CodecWorker(runtime, engine)
     sweep_dead_regions()
@@ -100,9 +118,11 @@ def build(args: argparse.Namespace) -> StageParts:
     pool = TalkerPool(reader)
     servicer = CodecServicer(worker, plan=plan, stream_config=config.stream, shm_writer=writer, pool=pool)
     log.info(
-        "codec: %s (%s) on %s/%s: %d streams, chunks %d then %d frames, voice clone %s, shm %s",
+        "codec: %s (%s) on %s/%s: %d streams, chunks %d then %d frames, %s, voice clone %s, shm %s",
         runtime.model, runtime.family, device, str(dtype).removeprefix("torch."), stage.max_num_seqs,
-        plan.initial_frames, plan.steady_frames, "on" if runtime.voice_clone else "off",
+        plan.initial_frames, plan.steady_frames,
+        f"CUDA graphs for {buckets} frames" if decode_fn else "eager",
+        "on" if runtime.voice_clone else "off",
         f"above {writer.threshold_bytes} B" if writer else "off",
     )  # fmt: skip
 

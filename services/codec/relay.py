@@ -10,6 +10,7 @@ dead talker's shared-memory files are reaped before the failure is reported.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from typing import TYPE_CHECKING
 
@@ -26,6 +27,7 @@ if TYPE_CHECKING:
     from voxstage.codec.stream import CodecStream
     from voxstage.codec.upstream import TalkerPool
 
+log = logging.getLogger(__name__)
 CANCEL_GRACE_S = 2.0  # how long a cancelled talker call may take to answer before it is torn down
 _background: set[asyncio.Task[None]] = set()
 
@@ -155,6 +157,8 @@ class TalkerRelay:
         except StageFailure as exc:  # the talker broke the protocol: fail and stop it
             self._fail(exc)
             return
+        except asyncio.CancelledError:
+            raise
         except grpc.aio.AioRpcError as exc:
             if exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
                 self._fail(
@@ -162,6 +166,10 @@ class TalkerRelay:
                 )
                 return
             reason = f"{exc.code().name}: {exc.details()}"
+        except Exception as exc:  # noqa: BLE001 - a bug here must fail this request, not hang it
+            log.exception("relay to talker %s failed", self.address)
+            self._fail(StageFailure("INTERNAL", f"codec relay: {type(exc).__name__}: {exc}"))
+            return
         await self._broken(reason)
 
     def _on_opened(self, opened: S.StreamOpened) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
 import math
 import time
 from collections import deque
@@ -35,6 +36,7 @@ from voxstage.transport.shm_layout import InvalidShmReference
 if TYPE_CHECKING:
     from voxstage.codec.servicer import CodecServicer
 
+log = logging.getLogger(__name__)
 _keys = itertools.count(1)
 S = stage_pb2
 
@@ -76,21 +78,34 @@ class CodecStream:
 
     # -- gateway -> codec ----------------------------------------------------------------------------------
     async def read(self, requests: AsyncIterator[S.CodecStreamRequest]) -> None:
-        try:
-            async for msg in requests:
-                if self.terminal_sent:
-                    if msg.WhichOneof("request") == "shm_ack":
-                        self.loans.late_ack(msg.shm_ack)  # frees slots the gateway copied out late
-                    continue
+        """Consume the gateway's messages until half-close. Protocol errors end the stream in-band; a bug
+        while handling one is reported as INTERNAL on this stream only; a broken call as UNAVAILABLE."""
+        messages = aiter(requests)
+        while True:
+            try:
+                msg = await anext(messages)
+            except StopAsyncIteration:
+                break
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - the call broke under us: the gateway is gone
+                self.fail("UNAVAILABLE", f"gateway stream broke: {exc}")
+                return
+            if self.terminal_sent:
+                if msg.WhichOneof("request") == "shm_ack":
+                    self.loans.late_ack(msg.shm_ack)  # frees slots the gateway copied out late
+                continue
+            try:
                 await self._handle(msg)
-            if not self.terminal_sent and not (self.end_of_input or self.cancel_requested):
-                raise StageFailure("INVALID_ARGUMENT", "stream half-closed before end_of_input or cancel")
-        except StageFailure as exc:
-            self.fail(exc.code, exc.message)
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:  # noqa: BLE001 - the gateway's call broke: treat it as gone
-            self.fail("UNAVAILABLE", f"gateway stream broke: {exc}")
+            except StageFailure as exc:
+                self.fail(exc.code, exc.message)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - one request's bug must not reach the others
+                log.exception("codec stream %s failed", self.request_id)
+                self.fail("INTERNAL", f"codec: {type(exc).__name__}: {exc}")
+        if not self.terminal_sent and not (self.end_of_input or self.cancel_requested):
+            self.fail("INVALID_ARGUMENT", "stream half-closed before end_of_input or cancel")
 
     async def _handle(self, msg: S.CodecStreamRequest) -> None:
         kind = msg.WhichOneof("request")
@@ -159,10 +174,16 @@ class CodecStream:
             )
         self.pcm_credit = op.initial_credit.amount
         codes, xvec = await self._reference(op.reference)
-        self.slot = await srv.worker.open(
-            self.key, initial_frames=sched.initial_chunk_frames, prefix=codes, listener=self
-        )
+        # Marked open before the await: if this handler is cancelled while the command is in flight, the
+        # engine still opens the stream, and close() must free it.
         self.engine_open = True
+        try:
+            self.slot = await srv.worker.open(
+                self.key, initial_frames=sched.initial_chunk_frames, prefix=codes, listener=self
+            )
+        except StageFailure:
+            self.engine_open = False
+            raise
         writer = srv.shm_writer
         if writer is not None:
             readable = writer.peer_can_read(op.transport.verified_peer_probe)
@@ -176,7 +197,7 @@ class CodecStream:
         talker_open.ClearField("sample_rate_hz")
         talker_open.mode = S.STREAM_MODE_TTS
         talker_open.chunk_schedule.CopyFrom(sched)
-        talker_open.reference.CopyFrom(self._talker_reference(op.reference, codes, xvec))
+        talker_open.reference.CopyFrom(wire.voice_reference(op.reference.text, codes, xvec))
         talker_open.initial_credit.CopyFrom(
             S.Credit(unit=S.CREDIT_UNIT_FRAMES, amount=window_frames + sched.steady_chunk_frames)
         )
@@ -236,25 +257,6 @@ class CodecStream:
         pcm = wire.pcm_from_bytes(data, ref.audio_format, field="reference.audio")
         out = await self.srv.worker.reference(pcm, ref.audio_sample_rate_hz, with_codes=bool(ref.text))
         return out.codes, out.x_vector
-
-    @staticmethod
-    def _talker_reference(
-        ref: S.VoiceReference, codes: np.ndarray | None, xvec: np.ndarray | None
-    ) -> S.VoiceReference:
-        out = S.VoiceReference(text=ref.text)
-        if xvec is not None:
-            out.x_vector.inline = np.ascontiguousarray(xvec, dtype="<f4").tobytes()
-            out.x_vector_dim = xvec.shape[0]
-        if codes is not None:
-            out.codes.CopyFrom(
-                S.CodecFrames(
-                    first_frame=0,
-                    frame_count=codes.shape[0],
-                    num_groups=codes.shape[1],
-                    codes=S.Payload(inline=wire.codes_to_bytes(codes)),
-                )
-            )
-        return out
 
     # -- engine -> gateway -----------------------------------------------------------------------------
     def on_pcm(self, out: CodecOutput) -> None:

@@ -88,8 +88,12 @@ def build(args: argparse.Namespace) -> StageParts:
         )
         prefix_bytes = min(prefix_bytes, max(budget.available - kv, 0))
         log.info("talker: memory budget %s; KV %.2f GiB", budget.describe(), kv / (1 << 30))
-    if not stage.enforce_eager and device == "cuda":
-        log.warning("talker: CUDA-graph capture of the frame step is not available yet; running eager")
+    graphs = device == "cuda" and not stage.enforce_eager
+    enable_graphs = getattr(adapter, "enable_cuda_graphs", None)
+    if graphs and enable_graphs is None:
+        log.warning("talker: family %s has no CUDA-graph frame step; running eager", info.family)
+    elif graphs:
+        enable_graphs()  # captured per (batch, context) bucket on first use
     adapter.prefix_cache_bytes = prefix_bytes  # type: ignore[attr-defined]
     engine = TalkerEngine(
         adapter,
@@ -99,6 +103,7 @@ def build(args: argparse.Namespace) -> StageParts:
             max_num_batched_tokens=stage.batched_token_budget,
             enable_prefix_caching=stage.enable_prefix_caching,
             prefix_cache_bytes=prefix_bytes,
+            async_scheduling=stage.async_scheduling,
         ),
     )
     worker = TalkerWorker(engine, info, TalkerDefaults.from_deploy(stage, info))
@@ -113,9 +118,11 @@ def build(args: argparse.Namespace) -> StageParts:
         instructions="Speak calmly." if info.variant == "voice_design" else None,
     )
     log.info(
-        "talker: %s (%s, %s) on %s/%s: %d slots x %d positions, prefix cache %s, shm %s",
+        "talker: %s (%s, %s) on %s/%s: %d slots x %d positions, prefix cache %s, %s, %s, shm %s",
         info.model, info.family, info.variant, device, str(dtype).removeprefix("torch."), stage.max_num_seqs,
         max_len, "on" if stage.enable_prefix_caching else "off",
+        "CUDA graphs" if graphs and enable_graphs else "eager",
+        "async scheduling" if stage.async_scheduling else "sync scheduling",
         f"above {writer.threshold_bytes} B" if writer else "off",
     )  # fmt: skip
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
 import time
 from collections.abc import AsyncIterator, Mapping
 from typing import TYPE_CHECKING
@@ -37,6 +38,7 @@ _REASONS = {
     Finish.MAX_MODEL_LEN: stage_pb2.END_REASON_MAX_FRAMES,
     Finish.CANCELLED: stage_pb2.END_REASON_CANCELLED,
 }
+log = logging.getLogger(__name__)
 _keys = itertools.count(1)
 
 
@@ -79,22 +81,34 @@ class TalkerStream:
 
     # -- codec -> talker ------------------------------------------------------------------------------------
     async def read(self, requests: AsyncIterator[stage_pb2.TalkerStreamRequest]) -> None:
-        """Consume the codec's messages until half-close; protocol errors end the stream in-band."""
-        try:
-            async for msg in requests:
-                if self.terminal_sent:
-                    if msg.WhichOneof("request") == "shm_ack":
-                        self.loans.late_ack(msg.shm_ack)  # frees slots the codec copied out late
-                    continue
+        """Consume the codec's messages until half-close. Protocol errors end the stream in-band; a bug
+        while handling one is reported as INTERNAL on this stream only; a broken call as UNAVAILABLE."""
+        messages = aiter(requests)
+        while True:
+            try:
+                msg = await anext(messages)
+            except StopAsyncIteration:
+                break
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - the call broke under us: the codec is gone
+                self.fail("UNAVAILABLE", f"codec stream broke: {exc}")
+                return
+            if self.terminal_sent:
+                if msg.WhichOneof("request") == "shm_ack":
+                    self.loans.late_ack(msg.shm_ack)  # frees slots the codec copied out late
+                continue
+            try:
                 await self._handle(msg)
-            if not self.terminal_sent and not (self.end_of_input or self.cancel_requested):
-                raise StageFailure("INVALID_ARGUMENT", "stream half-closed before end_of_input or cancel")
-        except StageFailure as exc:
-            self.fail(exc.code, exc.message)
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:  # noqa: BLE001 - the call broke under us: same as the codec going away
-            self.fail("UNAVAILABLE", f"codec stream broke: {exc}")
+            except StageFailure as exc:
+                self.fail(exc.code, exc.message)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - one request's bug must not reach the others
+                log.exception("talker stream %s failed", self.request_id)
+                self.fail("INTERNAL", f"talker: {type(exc).__name__}: {exc}")
+        if not self.terminal_sent and not (self.end_of_input or self.cancel_requested):
+            self.fail("INVALID_ARGUMENT", "stream half-closed before end_of_input or cancel")
 
     async def _handle(self, msg: stage_pb2.TalkerStreamRequest) -> None:
         kind = msg.WhichOneof("request")

@@ -188,6 +188,10 @@ class TalkerWorker:
         voices = self.info.voices
         if params.voice and voices and params.voice.lower() not in voices:
             raise StageFailure("NOT_FOUND", f"voice: {params.voice!r} is not one of {', '.join(voices)}")
+        if not params.voice and self.info.variant == "custom_voice":
+            raise StageFailure(
+                "INVALID_ARGUMENT", f"voice: required by {self.info.model}; one of {', '.join(voices)}"
+            )
         if params.language.lower() not in self.info.languages:
             known = ", ".join(self.info.languages)
             raise StageFailure(
@@ -216,8 +220,8 @@ class TalkerWorker:
             key,
             spec,
             seed=seed,
-            sampling=_override(d.sampling, params.sampling, "sampling"),
-            subtalker=_override(d.subtalker, params.subtalker, "subtalker_sampling"),
+            sampling=apply_overrides(d.sampling, params.sampling, "sampling"),
+            subtalker=apply_overrides(d.subtalker, params.subtalker, "subtalker_sampling"),
             max_frames=params.max_frames or d.max_frames,
             min_frames=d.min_frames,
         )
@@ -308,7 +312,7 @@ class TalkerWorker:
             self._on_fatal(message)
 
 
-def _override(base: SamplingParams, overrides: dict[str, Any], name: str) -> SamplingParams:
+def apply_overrides(base: SamplingParams, overrides: dict[str, Any], name: str) -> SamplingParams:
     if not overrides:
         return base
     values = dict(overrides)

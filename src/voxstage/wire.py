@@ -115,3 +115,23 @@ def resolve_schedule(
         steady_chunk_frames=std,
         left_context_frames=requested.left_context_frames or left,
     )
+
+
+def voice_reference(
+    text: str, codes: np.ndarray | None, x_vector: np.ndarray | None
+) -> stage_pb2.VoiceReference:
+    """What the codec forwards to the talker for a voice clone: transcript, ICL codes, x-vector (inline)."""
+    out = stage_pb2.VoiceReference(text=text)
+    if x_vector is not None:
+        out.x_vector.inline = np.ascontiguousarray(x_vector, dtype="<f4").tobytes()
+        out.x_vector_dim = x_vector.shape[0]
+    if codes is not None:
+        out.codes.CopyFrom(
+            stage_pb2.CodecFrames(
+                first_frame=0,
+                frame_count=codes.shape[0],
+                num_groups=codes.shape[1],
+                codes=stage_pb2.Payload(inline=codes_to_bytes(codes)),
+            )
+        )
+    return out

@@ -163,6 +163,7 @@ async def synthesize(
     seed: int | None = 42,
     max_frames: int | None = None,
     reference: Reference | None = None,
+    stream_text: Sequence[str] = (),
     fmt: int = S.PCM_FORMAT_F32LE,
     on_pcm: OnPcm | None = None,
     deadline_s: float = 60.0,
@@ -196,8 +197,12 @@ async def synthesize(
             ref.audio_format = S.PCM_FORMAT_F32LE
             ref.audio_sample_rate_hz = reference.sample_rate
             ref.text = reference.text
-        for msg in (S.CodecStreamRequest(open=op), S.CodecStreamRequest(text=text)):
-            outbox.put_nowait(msg)
+        outbox.put_nowait(S.CodecStreamRequest(open=op))
+        outbox.put_nowait(S.CodecStreamRequest(text=text))
+        if stream_text:  # streaming input: flush what we have, then deltas
+            outbox.put_nowait(S.CodecStreamRequest(flush=S.Flush()))
+            for delta in stream_text:
+                outbox.put_nowait(S.CodecStreamRequest(text=delta))
         outbox.put_nowait(S.CodecStreamRequest(end_of_input=S.EndOfInput()))
         res = Result()
         t0 = time.monotonic()

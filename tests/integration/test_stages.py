@@ -12,7 +12,7 @@ import asyncio
 import signal
 import socket
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 import torch
 
-from tests.integration.netns import Hosts, make_hosts
+from tests.integration.netns import make_hosts
 from tests.integration.stagekit import (
     MODEL,
     NOT_SERVING,
@@ -47,6 +47,7 @@ from voxstage.internal.v1 import stage_pb2 as S
 pytestmark = pytest.mark.timeout(120)
 
 TEXT = "hello world, this is a test"
+TEXT_HEAD, TEXT_TAIL = "hello world,", [" this is", " a test"]  # the same text, streamed
 FRAMES = 24
 SMALL_SHM = "connectors.connector_of_shared_memory.extra.shm_threshold_bytes=64"
 HUGE_SHM = "connectors.connector_of_shared_memory.extra.shm_threshold_bytes=1000000000"
@@ -92,70 +93,83 @@ def logs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("stage-logs")
 
 
-def _stop(*procs: StageProc) -> None:
+def _stop_all(procs: list[StageProc]) -> None:
+    for p in procs:  # signal every process first: they drain in parallel
+        if p.proc.poll() is None:
+            p.proc.send_signal(signal.SIGTERM)
     for p in procs:
         p.stop()
 
 
-@pytest.fixture(scope="module")
-def pair_a(cache: Path, logs: Path) -> Iterator[Pair]:
-    tp, cp, sp, tm, cm = (free_port() for _ in range(5))
-    sets = [SMALL_SHM, MAX_TOKENS, RELAXED_STALL]
-    kw = {"cache": cache, "logs": logs, "sets": sets}
-    talker = start_stage("talker", port=tp, metrics_port=tm, **kw)  # type: ignore[arg-type]
-    codec = start_stage("codec", port=cp, metrics_port=cm, **kw)  # type: ignore[arg-type]
-    strict = start_stage("codec", port=sp, cache=cache, logs=logs, sets=[STRICT_STALL], tag="-strict")
-    pair = Pair(talker, codec, f"127.0.0.1:{tp}", tp, tm, cm, restart={"kw": kw}, strict_codec=strict)
-    try:
-        for proc in (talker, codec, strict):
-            proc.wait_serving()
-        yield pair
-    finally:
-        _stop(strict, pair.codec, pair.talker)
-    for p in (pair.talker, pair.codec, strict):
-        assert not shm_files(p.pid), f"{p.role} left shared memory behind"
+@dataclass
+class Deployment:
+    a: Pair
+    b: Pair
+    procs: list[StageProc]
 
 
 @pytest.fixture(scope="module")
-def hosts() -> Iterator[tuple[Hosts, str]]:
-    made = make_hosts()
-    yield made
-    made[0].teardown()
-
-
-@pytest.fixture(scope="module")
-def pair_b(cache: Path, logs: Path, hosts: tuple[Hosts, str]) -> Iterator[Pair]:
-    h, how = hosts
+def deployment(cache: Path, logs: Path) -> Iterator[Deployment]:
+    """Both pairs and the strict codec start together (their start-up overlaps); all stop together."""
+    h, how = make_hosts()
     print(f"multi-host via {how}")
-    tp, cp = free_port(), free_port()
-    kw = {"cache": cache, "logs": logs, "sets": [HUGE_SHM, MAX_TOKENS, RELAXED_STALL], "model": BASE_MODEL}
-    talker = start_stage(
-        "talker",
-        port=tp,
-        listen=h.talker_listen,
-        reach=h.talker_from_test,
-        netns=h.talker_ns,
-        **kw,  # type: ignore[arg-type]
-    )
-    codec = start_stage(
-        "codec",
-        port=cp,
-        listen=h.codec_listen,
-        reach=h.codec_from_test,
-        netns=h.codec_ns,
-        **kw,  # type: ignore[arg-type]
-    )
-    pair = Pair(talker, codec, f"{h.talker_from_codec}:{tp}", tp)
+    tp, cp, sp, tm, cm, btp, bcp = (free_port() for _ in range(7))
+    kw_a = {"cache": cache, "logs": logs, "sets": [SMALL_SHM, MAX_TOKENS, RELAXED_STALL]}
+    kw_b = {"cache": cache, "logs": logs, "sets": [HUGE_SHM, MAX_TOKENS, RELAXED_STALL], "model": BASE_MODEL}
+    procs = [
+        start_stage("talker", port=tp, metrics_port=tm, **kw_a),  # type: ignore[arg-type]
+        start_stage("codec", port=cp, metrics_port=cm, **kw_a),  # type: ignore[arg-type]
+        start_stage("codec", port=sp, cache=cache, logs=logs, sets=[STRICT_STALL], tag="-strict"),
+        start_stage(
+            "talker",
+            port=btp,
+            listen=h.talker_listen,
+            reach=h.talker_from_test,
+            netns=h.talker_ns,
+            **kw_b,  # type: ignore[arg-type]
+        ),
+        start_stage(
+            "codec",
+            port=bcp,
+            listen=h.codec_listen,
+            reach=h.codec_from_test,
+            netns=h.codec_ns,
+            **kw_b,  # type: ignore[arg-type]
+        ),
+    ]
+    a = Pair(procs[0], procs[1], f"127.0.0.1:{tp}", tp, tm, cm, restart={"kw": kw_a}, strict_codec=procs[2])
+    b = Pair(procs[3], procs[4], f"{h.talker_from_codec}:{btp}", btp)
+    dep = Deployment(a, b, procs)
     try:
-        talker.wait_serving()
-        codec.wait_serving()
-        yield pair
+        for proc in procs:
+            proc.wait_serving()
+        yield dep
     finally:
-        _stop(pair.codec, pair.talker)
+        everything = procs if a.talker is procs[0] else [*procs, a.talker]  # a.talker may be a restart
+        _stop_all(everything)
+        h.teardown()
+    for p in everything:
+        assert not shm_files(p.pid), f"{p.role} {p.pid} left shared memory behind"
+
+
+@pytest.fixture(scope="module")
+def pair_a(deployment: Deployment) -> Pair:
+    return deployment.a
+
+
+@pytest.fixture(scope="module")
+def pair_b(deployment: Deployment) -> Pair:
+    return deployment.b
 
 
 def in_process_reference(
-    cache: Path, frames: int, seed: int, *, model: str = MODEL, reference: Reference | None = None
+    cache: Path,
+    frames: int,
+    seed: int,
+    *,
+    model: str = MODEL,
+    reference: Reference | None = None,
+    stream_text: Sequence[str] = (),
 ) -> np.ndarray:
     """The same request through TalkerEngine + CodecEngine in this process (deploy sampling written out).
     With ``reference`` (a Base model): the codec's encoders make the x-vector (and ICL codes), the talker
@@ -184,8 +198,10 @@ def in_process_reference(
     # subtalker: do_sample, 0.9, 50, 1.0; min_tokens unset (0).
     main = SamplingParams(do_sample=True, temperature=0.9, top_k=50, top_p=1.0, repetition_penalty=1.05)
     sub = SamplingParams(do_sample=True, temperature=0.9, top_k=50, top_p=1.0)
+    first = TEXT if not stream_text else TEXT_HEAD
     spec = SpeechSpec(
-        text=TEXT,
+        text=first,
+        text_complete=not stream_text,
         voice=None if reference is not None else "ryan",
         speaker_embedding=xvec,
         ref_text=reference.text or None if reference is not None else None,
@@ -195,6 +211,10 @@ def in_process_reference(
         TalkerRequest("ref", spec, seed=seed, sampling=main, subtalker=sub, max_frames=frames, min_frames=0)
     )
     codes = []
+    for delta in stream_text:  # what the talker does with deltas after a flush
+        talker.push_text("ref", delta, complete=False)
+    if stream_text:
+        talker.push_text("ref", "", complete=True)
     while talker.has_work():
         codes += [o.codes for o in talker.step() if o.codes.shape[0]]
     codec = CodecEngine(runtime.decoder, max_streams=1, schedule=ChunkSchedule(1, 25), num_groups=16)
@@ -230,6 +250,16 @@ async def test_a_processes_equal_in_process_engines(pair_a: Pair, cache: Path) -
     np.testing.assert_allclose(res.audio, ref, atol=1e-5, rtol=0)
     other = await synthesize(pair_a.codec.address, pair_a.talker_address, TEXT, seed=43)
     assert not np.allclose(other.audio[: ref.size], ref[: other.audio.size], atol=1e-3)
+
+
+async def test_a_streamed_text_equals_in_process_engines(pair_a: Pair, cache: Path) -> None:
+    # flush after the first words: the talker starts in streaming-text mode and takes later deltas.
+    res = await synthesize(pair_a.codec.address, pair_a.talker_address, TEXT_HEAD, stream_text=TEXT_TAIL)
+    assert res.eos is not None and res.eos.reason == S.END_REASON_MAX_FRAMES, res.eos
+    expected = in_process_reference(cache, FRAMES, seed=42, stream_text=TEXT_TAIL)
+    np.testing.assert_allclose(res.audio, expected, atol=1e-5, rtol=0)
+    whole = in_process_reference(cache, FRAMES, seed=42)
+    assert not np.allclose(whole, expected, atol=1e-3)  # a different prompt mode than the unary request
 
 
 async def test_b_client_cancel_frees_talker_slot_and_codec_stream(pair_a: Pair) -> None:

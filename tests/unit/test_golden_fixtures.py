@@ -142,6 +142,8 @@ def test_cases_are_consistent_with_configs() -> None:
         assert dec["codes"].shape == (16, frames) and dec["wav"].shape == (frames * 1920,)
     enc = cases["tokenizer_encode"]
     assert enc["codes"].shape == (16, -(-enc["wav"].shape[0] // 1920))
+    assert enc["min_nearest_centroid_gap"] >= meta["min_nearest_centroid_gap"]
+    assert np.array_equal(enc["wav"], cases["speaker_encoder"]["wav"])
     spk = cases["speaker_encoder"]
     assert spk["mel"].shape == ((spk["wav"].shape[0] + 768 - 1024) // 256 + 1, 128)
 

@@ -38,6 +38,11 @@ class AsyncStreamingSession:
 
     Until the first audio chunk arrives, every input is kept so a retryable failure can replay it on a
     new call; afterwards failures are raised. Iterating ends after the server's summary.
+
+    Text is held back until the server's ``started`` (the request was admitted): grpc.aio replaces the
+    server's status with ``INTERNAL: Internal error from Core`` when a write races the server ending the
+    call (grpc/grpc#36066), which would turn a retryable refusal into an error that is not. It costs one
+    round trip to the gateway before the text leaves.
     """
 
     def __init__(
@@ -54,6 +59,7 @@ class AsyncStreamingSession:
         self._retry = retry
         self._items: list[Any] = []
         self._changed = asyncio.Event()
+        self._started = asyncio.Event()
         self._call: Any = None
         self._closed = False
         self.info: StreamInfo | None = None
@@ -88,6 +94,7 @@ class AsyncStreamingSession:
 
     async def _requests(self) -> AsyncIterator[speech_pb2.StreamingSynthesizeRequest]:
         yield speech_pb2.StreamingSynthesizeRequest(config=self._config)
+        await self._started.wait()
         sent = 0
         while True:
             while sent < len(self._items):
@@ -109,12 +116,14 @@ class AsyncStreamingSession:
         attempt = 1
         got_audio = False
         while True:
+            self._started = asyncio.Event()
             self._call = self._stub.StreamingSynthesize(self._requests(), timeout=self._timeout())
             try:
                 async for reply in self._call:
                     kind = reply.WhichOneof("response")
                     if kind == "started":
                         self.info = stream_info(reply.started)
+                        self._started.set()
                     elif kind == "audio":
                         got_audio = True
                         a = reply.audio

@@ -40,8 +40,12 @@ def write_checkpoint_config(directory: Path, variant: str = "custom_voice") -> N
 class Stack:
     gateway: GatewayServer
     codecs: list[StageDouble]
-    talker: StageDouble
+    talkers: list[StageDouble]
     channel: grpc.aio.Channel
+
+    @property
+    def talker(self) -> StageDouble:
+        return self.talkers[0]
 
     @property
     def codec(self) -> FakeCodec:
@@ -79,17 +83,18 @@ async def make_stack(cache: Path) -> AsyncIterator[MakeStack]:
     async def make(
         *codecs: FakeCodec,
         talker: FakeTalker | None = None,
+        talkers: int = 1,
         overrides: Sequence[str] = (),
         probe_s: float = 0.2,
     ) -> Stack:
         doubles = [await start_codec(c) for c in (codecs or (FakeCodec(),))]
-        talker_double = await start_talker(talker)
-        extra.extend([*doubles, talker_double])
+        talker_doubles = [await start_talker(talker if i == 0 else None) for i in range(talkers)]
+        extra.extend([*doubles, *talker_doubles])
         config = load_deploy_config(SEED, platform="cpu", overrides=list(overrides))
         gw = GatewayServer(
             config,
             [d.address for d in doubles],
-            [talker_double.address],
+            [t.address for t in talker_doubles],
             host="127.0.0.1",
             grpc_port=0,
             http_port=0,
@@ -98,7 +103,7 @@ async def make_stack(cache: Path) -> AsyncIterator[MakeStack]:
         gw.core.probe_interval_s = probe_s
         await gw.start()
         channel = grpc.aio.insecure_channel(f"127.0.0.1:{gw.grpc_port}")
-        stack = Stack(gw, doubles, talker_double, channel)
+        stack = Stack(gw, doubles, talker_doubles, channel)
         stacks.append(stack)
         return stack
 
@@ -106,5 +111,7 @@ async def make_stack(cache: Path) -> AsyncIterator[MakeStack]:
     for stack in stacks:
         await stack.channel.close()
         await stack.gateway.stop()
-    for double in extra:
+    # Doubles a test started itself (a revived replica) are stopped too, inside this loop.
+    doubles = {id(d): d for d in [*extra, *(d for st in stacks for d in [*st.codecs, *st.talkers])]}
+    for double in doubles.values():
         await double.server.stop(0)

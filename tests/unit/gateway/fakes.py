@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections import deque
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -63,6 +64,8 @@ class FakeCodec(stage_pb2_grpc.CodecServicer):
     max_active: int = 0
     credits: list[int] = field(default_factory=list)
     half_close_wait_s: float = 1.0
+    dead_talkers: set[str] = field(default_factory=set)
+    deadlines: list[float | None] = field(default_factory=list)
     half_closed_after_terminal: int = 0
 
     async def Status(self, request: Any, context: Any) -> stage_pb2.CodecStatusResponse:
@@ -88,12 +91,13 @@ class FakeCodec(stage_pb2_grpc.CodecServicer):
             return
         op = first.open
         self.opens.append(op)
+        self.deadlines.append(context.time_remaining())
         plan = (op.chunk_schedule.initial_chunk_frames or 1, op.chunk_schedule.steady_chunk_frames or 25)
         need = (plan[0] + plan[1]) * SAMPLES_PER_FRAME
         if op.initial_credit.unit != stage_pb2.CREDIT_UNIT_SAMPLES or op.initial_credit.amount < need:
             yield _error(grpc.StatusCode.INVALID_ARGUMENT, f"initial_credit below one chunk ({need} samples)")
             return
-        if op.voice == TALKER_DOWN_VOICE:
+        if op.voice == TALKER_DOWN_VOICE or op.talker_address in self.dead_talkers:
             yield _error(grpc.StatusCode.UNAVAILABLE, "talker not reachable", origin="talker")
             return
         if op.voice == "nobody":
@@ -107,8 +111,8 @@ class FakeCodec(stage_pb2_grpc.CodecServicer):
             async for msg in session.run():
                 yield msg
                 terminal = msg.HasField("end_of_stream")
-            # Keep the call open until the downstream half-closes: a credit the gateway wrote just as the
-            # call ended would otherwise fail and turn the call INTERNAL on its side (see gateway/upstream.py).
+            # Keep the call open until the downstream half-closes: a credit the gateway wrote just as the call
+            # ended would otherwise fail and turn the call INTERNAL on its side (see gateway/upstream.py).
             if terminal:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(asyncio.shield(session.reader), self.half_close_wait_s)
@@ -163,6 +167,14 @@ class _Session:
         elif kind == "open":
             self.protocol_error = "second open"
 
+    async def _work(self, seconds: float) -> None:
+        """Spend ``seconds`` generating while still taking messages, as a real stage answers cancel within
+        a tick."""
+        end = time.monotonic() + seconds
+        while not self.cancelled and (left := end - time.monotonic()) > 0:
+            with contextlib.suppress(TimeoutError):
+                self._handle(await asyncio.wait_for(self.inbox.get(), left))
+
     async def _pump_one(self) -> None:
         self._handle(await self.inbox.get())
         while not self.inbox.empty():
@@ -214,7 +226,7 @@ class _Session:
                 if self.cancelled:
                     break
                 if self.codec.frame_delay_s:
-                    await asyncio.sleep(self.codec.frame_delay_s * n)
+                    await self._work(self.codec.frame_delay_s * n)
                 while not self.inbox.empty():
                     self._handle(self.inbox.get_nowait())
                 if self.cancelled:
@@ -280,11 +292,11 @@ class StageDouble:
         return f"127.0.0.1:{self.port}"
 
 
-async def start_codec(codec: FakeCodec | None = None) -> StageDouble:
+async def start_codec(codec: FakeCodec | None = None, port: int = 0) -> StageDouble:
     servicer = codec or FakeCodec()
     server = grpc.aio.server()
     stage_pb2_grpc.add_CodecServicer_to_server(servicer, server)
-    port = server.add_insecure_port("127.0.0.1:0")
+    port = server.add_insecure_port(f"127.0.0.1:{port}")
     await server.start()
     return StageDouble(server, port, servicer)
 

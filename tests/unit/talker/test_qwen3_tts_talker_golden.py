@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from tests import golden
-from voxstage.talker.models.qwen3_tts.generate import TalkerRequest, generate, prefill
+from voxstage.talker.models.qwen3_tts.generate import TalkerRequest, TalkerResult, generate, prefill
 from voxstage.talker.models.qwen3_tts.loader import load_qwen3_tts_talker
 from voxstage.talker.models.qwen3_tts.model import Qwen3TTSTalker
 from voxstage.talker.models.qwen3_tts.prompt import (
@@ -139,20 +139,33 @@ def test_talker_logits_case(
         close(model.logits(hidden), case["logits"], tol)
 
 
+def by_variant(names: list[str], cases: dict[str, dict[str, Any]]) -> dict[str, list[str]]:
+    groups: dict[str, list[str]] = {}
+    for name in names:
+        groups.setdefault(cases[name]["variant"], []).append(name)
+    return groups
+
+
+def check_generation(name: str, case: dict[str, Any], result: TalkerResult, tol: float) -> None:
+    expected = golden.as_torch(case["codes"])
+    assert result.codes.shape == expected.shape, name
+    assert torch.equal(result.codes, expected), name
+    assert result.stopped_on_eos == case["stopped_on_eos"], name
+    sampled = case["sampled_group0"].tolist()
+    assert result.c0 == sampled[: len(result.c0)], name
+    close(result.hidden, case["talker_hidden"], tol)
+
+
 def test_greedy_generation_is_identical(
     cases: dict[str, dict[str, Any]], meta: dict[str, Any], models: Callable[[str], Qwen3TTSTalker]
 ) -> None:
-    for name in generate_cases(cases):
-        case = cases[name]
-        model = models(case["variant"])
-        result = generate(model, [greedy_request(case, build_prompt(model, spec_for(case)))])[0]
-        expected = golden.as_torch(case["codes"])
-        assert result.codes.shape == expected.shape, name
-        assert torch.equal(result.codes, expected), name
-        assert result.stopped_on_eos == case["stopped_on_eos"], name
-        sampled = case["sampled_group0"].tolist()
-        assert result.c0 == sampled[: len(result.c0)], name
-        close(result.hidden, case["talker_hidden"], meta["tolerances"]["talker_logits"])
+    # A variant's cases run as one batch (rows of different lengths and modes): the batched loop must
+    # reproduce each reference run exactly, which also covers the one-request path.
+    for variant, names in by_variant(generate_cases(cases), cases).items():
+        model = models(variant)
+        requests = [greedy_request(cases[n], build_prompt(model, spec_for(cases[n]))) for n in names]
+        for name, result in zip(names, generate(model, requests), strict=True):
+            check_generation(name, cases[name], result, meta["tolerances"]["talker_logits"])
 
 
 def test_generation_covers_enough_frames(cases: dict[str, dict[str, Any]]) -> None:
@@ -164,24 +177,29 @@ def test_generation_covers_enough_frames(cases: dict[str, dict[str, Any]]) -> No
 
 
 def test_streamed_text_deltas_reproduce_reference(
-    cases: dict[str, dict[str, Any]], models: Callable[[str], Qwen3TTSTalker]
+    cases: dict[str, dict[str, Any]], meta: dict[str, Any], models: Callable[[str], Qwen3TTSTalker]
 ) -> None:
     streaming = [n for n in generate_cases(cases) if not cases[n]["args"]["non_streaming_mode"]]
     assert streaming
-    for name in streaming:
-        case = cases[name]
-        model = models(case["variant"])
-        full = spec_for(case)
-        text = list(full.text_ids)
-        # Enough text for the prefill (ICL overlaps text with the reference frames), then a token per tick.
-        first = 1
-        if full.ref_codes is not None and full.ref_text_ids is not None:
-            first = min(len(text), icl_text_tokens_needed(len(full.ref_text_ids), full.ref_codes.shape[0]))
-        prompt = build_prompt(model, spec_for(case, text_ids=text[:first], text_complete=first == len(text)))
-        rest = text[first:]
+    for variant, names in by_variant(streaming, cases).items():
+        model = models(variant)
+        requests, pending = [], []
+        for name in names:
+            full = spec_for(cases[name])
+            text = list(full.text_ids)
+            # Enough text for the prefill (ICL overlaps text with the reference frames), then a token a tick.
+            first = 1
+            if full.ref_codes is not None and full.ref_text_ids is not None:
+                first = min(
+                    len(text), icl_text_tokens_needed(len(full.ref_text_ids), full.ref_codes.shape[0])
+                )
+            spec = spec_for(cases[name], text_ids=text[:first], text_complete=first == len(text))
+            requests.append(greedy_request(cases[name], build_prompt(model, spec)))
+            pending.append(text[first:])
 
-        def source(_i: int, frames: int, rest: list[int] = rest) -> tuple[list[int], bool] | None:
+        def source(i: int, frames: int, pending: list[list[int]] = pending) -> tuple[list[int], bool] | None:
+            rest = pending[i]
             return (rest[frames : frames + 1], frames + 1 >= len(rest)) if frames < len(rest) else None
 
-        result = generate(model, [greedy_request(case, prompt)], text_source=source)[0]
-        assert torch.equal(result.codes, golden.as_torch(case["codes"])), name
+        for name, result in zip(names, generate(model, requests, text_source=source), strict=True):
+            check_generation(name, cases[name], result, meta["tolerances"]["talker_logits"])

@@ -154,6 +154,15 @@ def test_greedy_uses_penalty_and_bans_but_no_noise() -> None:
         assert int(tok[0]) == 1  # 3.0 / 1.1 < 2.9, and 3 is banned
 
 
+def test_all_greedy_shortcut_gives_the_same_tokens() -> None:
+    gen = torch.Generator().manual_seed(5)
+    logits = torch.randn(6, 100, generator=gen)
+    seen = torch.rand(6, 100, generator=gen) < 0.2
+    params = rows(6, temperature=0.0, top_k=10, top_p=0.5, penalty=1.3)
+    args = (logits, params, torch.arange(6), torch.arange(6))
+    assert torch.equal(sample(*args, seen=seen), sample(*args, seen=seen, all_greedy=True))
+
+
 def test_banned_tokens_are_never_drawn() -> None:
     logits = torch.zeros(500, 8)
     banned = torch.zeros(8, dtype=torch.bool)
