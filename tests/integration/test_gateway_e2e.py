@@ -1,0 +1,157 @@
+"""End to end through the real stack: talker, codec and gateway started with docker-compose.yml's own
+commands and healthchecks, on the tiny Qwen3-TTS preset (CPU). Every public surface gets audio whose
+length matches what the talker generated; bad input gets the right code through the real stages.
+
+Requests cap ``max_frames``: the tiny preset has random weights and rarely says end-of-speech.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import io
+import json
+import shutil
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import httpx
+import numpy as np
+import pytest
+import soundfile as sf
+from deploykit import ComposeStack, start_compose_stack
+from openai import OpenAI
+
+from voxstage.client import AsyncSpeechClient, SpeechClient, SpeechError
+from voxstage.v1 import speech_pb2, speech_pb2_grpc
+
+SPF = 1920  # samples per 12.5 Hz frame at 24 kHz
+FRAMES = 6
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ComposeStack]:
+    deployed = start_compose_stack(tmp_path_factory.mktemp("compose"))
+    try:
+        yield deployed
+    finally:
+        codes = deployed.stop()
+        assert codes == {"gateway": 0, "codec": 0, "talker": 0}, codes
+
+
+def pcm_config(**kw: object) -> speech_pb2.SynthesisConfig:
+    config = speech_pb2.SynthesisConfig(encoding=speech_pb2.AUDIO_ENCODING_PCM_S16LE, **kw)  # type: ignore[arg-type]
+    config.sampling.max_frames = FRAMES
+    return config
+
+
+def test_health_probe_and_voices(stack: ComposeStack) -> None:
+    assert all(p.healthy() for p in stack.procs.values())
+    voices = httpx.get(f"{stack.http_url}/v1/audio/voices").json()["voices"]
+    assert "vivian" in [v["name"] for v in voices]  # read from the materialized preset's config.json
+    models = httpx.get(f"{stack.http_url}/v1/models").json()["data"]
+    assert [m["id"] for m in models] == ["qwen3-tts-tiny"]
+
+
+async def test_raw_grpc_unary_and_streaming(stack: ComposeStack) -> None:
+    async with grpc.aio.insecure_channel(stack.grpc_addr) as channel:
+        stub = speech_pb2_grpc.SpeechStub(channel)
+        reply = await stub.Synthesize(
+            speech_pb2.SynthesizeRequest(config=pcm_config(voice="ryan"), text="Hi.")
+        )
+        summary = reply.summary
+        assert 1 <= summary.frame_count <= FRAMES
+        assert len(reply.audio) // 2 == summary.sample_count == summary.frame_count * SPF
+
+        async def requests():  # type: ignore[no-untyped-def]
+            yield speech_pb2.StreamingSynthesizeRequest(config=pcm_config(sample_rate_hz=16_000))
+            yield speech_pb2.StreamingSynthesizeRequest(text="Streaming ")
+            yield speech_pb2.StreamingSynthesizeRequest(text="works.")
+
+        replies = [r async for r in stub.StreamingSynthesize(requests())]
+    started = replies[0].started
+    assert started.sample_rate_hz == 16_000 and started.encoding == speech_pb2.AUDIO_ENCODING_PCM_S16LE
+    audio = b"".join(r.audio.data for r in replies if r.HasField("audio"))
+    summary = replies[-1].summary
+    assert len(audio) // 2 == summary.sample_count
+    assert abs(summary.sample_count - summary.frame_count * SPF * 2 // 3) <= 2
+
+
+async def test_sdk_async_and_sync(stack: ComposeStack) -> None:
+    async with AsyncSpeechClient(stack.grpc_addr) as client:
+        audio = await client.synthesize("Async.", encoding="wav", max_frames=FRAMES, seed=3)
+        assert audio.sample_rate == 24_000 and 0 < len(audio.to_numpy()) <= FRAMES * SPF
+        again = await client.synthesize("Async.", encoding="wav", max_frames=FRAMES, seed=3)
+        np.testing.assert_array_equal(again.to_numpy(), audio.to_numpy())  # a seeded request repeats
+        session = client.session(encoding="pcm", max_frames=FRAMES)
+        await session.push_text("Pushed text.")
+        await session.end_input()
+        chunks = [c async for c in session]
+        assert session.summary is not None
+        assert sum(len(c.data) for c in chunks) // 2 == session.summary.sample_count > 0
+
+    def sync() -> int:
+        with SpeechClient(stack.grpc_addr) as sync_client:
+            return len(sync_client.synthesize_streamed("Sync.", max_frames=FRAMES).to_numpy())
+
+    assert 0 < await asyncio.to_thread(sync) <= FRAMES * SPF
+
+
+def test_http_pcm_wav_sse_and_openai(stack: ComposeStack) -> None:
+    base = {"input": "Over HTTP.", "voice": "serena", "max_frames": FRAMES}
+    with httpx.Client(base_url=stack.http_url, timeout=120) as http:
+        pcm = http.post("/v1/audio/speech", json={**base, "response_format": "pcm"})
+        assert pcm.status_code == 200 and 0 < len(pcm.content) // 2 <= FRAMES * SPF
+        wav = http.post("/v1/audio/speech", json={**base, "response_format": "wav", "sample_rate": 8000})
+        data, rate = sf.read(io.BytesIO(wav.content))
+        assert rate == 8000 and 0 < len(data) <= FRAMES * SPF // 3 + 2
+        with http.stream("POST", "/v1/audio/speech", json={**base, "stream_format": "sse"}) as r:
+            events = [json.loads(x[6:]) for x in r.iter_lines() if x.startswith("data: ")]
+        assert events[-1]["type"] == "speech.audio.done"
+        audio = b"".join(base64.b64decode(e["audio"]) for e in events if e["type"] == "speech.audio.delta")
+        assert len(audio) // 2 == events[-1]["voxstage"]["frames"] * SPF
+    client = OpenAI(base_url=f"{stack.http_url}/v1", api_key="unused", max_retries=0)
+    reply = client.audio.speech.create(
+        model="qwen3-tts-tiny", voice="vivian", input="The OpenAI client.", response_format="wav",
+        extra_body={"max_frames": FRAMES},
+    )  # fmt: skip
+    data, rate = sf.read(io.BytesIO(reply.content))
+    assert rate == 24_000 and 0 < len(data) <= FRAMES * SPF
+
+
+async def test_bad_input_through_the_real_stages(stack: ComposeStack) -> None:
+    async with AsyncSpeechClient(stack.grpc_addr) as client:
+        cases = [
+            # Judged by the talker (the prompt plus frames cannot fit max_model_len) and relayed.
+            ({"max_frames": 1_000_000}, grpc.StatusCode.INVALID_ARGUMENT, "from talker"),
+            ({"voice": "alloy"}, grpc.StatusCode.NOT_FOUND, "voice 'alloy'"),
+            ({"language": "klingon"}, grpc.StatusCode.INVALID_ARGUMENT, "config.language"),
+            ({"temperature": -1.0}, grpc.StatusCode.INVALID_ARGUMENT, "config.sampling.temperature"),
+        ]
+        for options, code, message in cases:
+            with pytest.raises(SpeechError) as err:
+                await client.synthesize("Bad.", encoding="pcm", **{"max_frames": FRAMES, **options})
+            assert err.value.code is code and message in err.value.message, (options, err.value)
+        # The stages are unharmed: the next request is served.
+        assert len((await client.synthesize("Fine.", encoding="pcm", max_frames=FRAMES)).data) > 0
+
+
+def test_metrics_on_every_process(stack: ComposeStack) -> None:
+    text = httpx.get(stack.metrics_url("gateway")).text
+    assert 'voxstage_time_to_first_audio_seconds_count{api="grpc_synthesize"}' in text
+    count = [ln for ln in text.splitlines() if ln.startswith("voxstage_time_to_first_audio_seconds_count")]
+    assert sum(float(ln.split()[-1]) for ln in count) > 0
+    promtool = shutil.which("promtool")
+    for stage in ("gateway", "talker", "codec"):
+        body = httpx.get(stack.metrics_url(stage)).text
+        assert "voxstage_" in body
+        if promtool is not None:
+            run = subprocess.run([promtool, "check", "metrics"], input=body, capture_output=True, text=True)
+            assert run.returncode == 0, f"{stage}: {run.stdout}{run.stderr}"
+
+
+def test_logs_have_no_tracebacks(stack: ComposeStack) -> None:
+    for proc in stack.procs.values():
+        assert "Traceback" not in Path(proc.log).read_text(errors="replace"), proc.tail()
