@@ -16,6 +16,7 @@ from voxstage.client.cli import add_say
 from voxstage.codec.main import register as add_codec
 from voxstage.config import ConfigError
 from voxstage.config.cli_args import add_deploy_options, load_from_args
+from voxstage.demo import register as add_demo
 from voxstage.gateway.cli import add_gateway
 from voxstage.serve import register as add_serve
 from voxstage.talker.main import register as add_talker
@@ -61,7 +62,7 @@ def _add_validate_config(subparsers: Subparsers) -> None:
 
 
 SUBCOMMANDS: tuple[Registrar, ...] = (
-    _add_validate_config, add_talker, add_codec, add_serve, add_gateway, add_say,
+    _add_validate_config, add_talker, add_codec, add_serve, add_gateway, add_say, add_demo,
 )  # fmt: skip
 
 

@@ -124,8 +124,8 @@ def test_http_pcm_wav_sse_and_openai(stack: ComposeStack) -> None:
 async def test_bad_input_through_the_real_stages(stack: ComposeStack) -> None:
     async with AsyncSpeechClient(stack.grpc_addr) as client:
         cases = [
-            # Judged by the talker (the prompt plus frames cannot fit max_model_len) and relayed.
-            ({"max_frames": 1_000_000}, grpc.StatusCode.INVALID_ARGUMENT, "from talker"),
+            # The public seed is a uint64; this talker samples with 63-bit seeds and says so, relayed.
+            ({"seed": 2**63}, grpc.StatusCode.INVALID_ARGUMENT, "seed: must be in [0, 2**63)"),
             ({"voice": "alloy"}, grpc.StatusCode.NOT_FOUND, "voice 'alloy'"),
             ({"language": "klingon"}, grpc.StatusCode.INVALID_ARGUMENT, "config.language"),
             ({"temperature": -1.0}, grpc.StatusCode.INVALID_ARGUMENT, "config.sampling.temperature"),
@@ -134,6 +134,7 @@ async def test_bad_input_through_the_real_stages(stack: ComposeStack) -> None:
             with pytest.raises(SpeechError) as err:
                 await client.synthesize("Bad.", encoding="pcm", **{"max_frames": FRAMES, **options})
             assert err.value.code is code and message in err.value.message, (options, err.value)
+            assert ("(from talker)" in err.value.message) == ("seed" in options)
         # The stages are unharmed: the next request is served.
         assert len((await client.synthesize("Fine.", encoding="pcm", max_frames=FRAMES)).data) > 0
 

@@ -52,6 +52,7 @@ def _run(args: argparse.Namespace) -> int:
         "instructions": args.instructions,
         "sample_rate": args.sample_rate,
         "seed": args.seed,
+        "max_frames": args.max_frames,
     }
     start = time.monotonic()
     try:
@@ -115,6 +116,12 @@ def add_say(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[typ
     parser.add_argument("--instructions", default="", help="style instructions (models that take them)")
     parser.add_argument("--sample-rate", type=int, default=None, help="output rate in Hz (resampled)")
     parser.add_argument("--seed", type=int, default=None, help="sampling seed, for reproducible audio")
+    parser.add_argument(
+        "--max-frames",
+        type=int,
+        default=None,
+        help="cap on generated codec frames (12.5 per second of audio)",
+    )
     parser.add_argument("--stream", action="store_true", help="stream: write audio as it arrives")
     parser.add_argument("--timeout", type=float, default=120.0, help="deadline in seconds")
     parser.set_defaults(handler=_run)
