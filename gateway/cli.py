@@ -36,6 +36,7 @@ def _run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"voxstage gateway: {exc}", file=sys.stderr)
         return EXIT_INVALID
+
     async def main() -> None:
         # Built inside the loop: grpc.aio channels bind to the loop that exists when they are created.
         server = GatewayServer(

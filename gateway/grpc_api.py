@@ -11,7 +11,7 @@ import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, TypeAlias
 
 import grpc
 import numpy as np
@@ -33,7 +33,7 @@ from voxstage.gateway.request import (
 from voxstage.gateway.synthesis import FLUSH, AudioOut, Finished, InputItem, SegmentEnd, Started, whole_text
 from voxstage.v1 import speech_pb2, speech_pb2_grpc
 
-ENCODINGS: dict[int, AudioFormat] = {
+ENCODINGS: dict[speech_pb2.AudioEncoding, AudioFormat] = {
     speech_pb2.AUDIO_ENCODING_PCM_S16LE: AudioFormat.PCM,
     speech_pb2.AUDIO_ENCODING_PCM_F32LE: AudioFormat.PCM_F32,
     speech_pb2.AUDIO_ENCODING_WAV: AudioFormat.WAV,
@@ -41,7 +41,7 @@ ENCODINGS: dict[int, AudioFormat] = {
     speech_pb2.AUDIO_ENCODING_ALAW: AudioFormat.ALAW,
     speech_pb2.AUDIO_ENCODING_OGG_OPUS: AudioFormat.OPUS,
 }
-Context = grpc.aio.ServicerContext[Any, Any]
+Context: TypeAlias = grpc.aio.ServicerContext[Any, Any]
 log = logging.getLogger(__name__)
 
 
@@ -269,7 +269,7 @@ async def _inputs(
 def _response(
     event: Started | AudioOut | SegmentEnd | Finished,
     job: SynthesisJob,
-    encoding: int,
+    encoding: speech_pb2.AudioEncoding,
     encoder: StreamingEncoder,
 ) -> speech_pb2.StreamingSynthesizeResponse:
     if isinstance(event, AudioOut):

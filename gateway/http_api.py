@@ -16,7 +16,7 @@ import base64
 import binascii
 import contextlib
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any, Literal
 
 import grpc
@@ -279,7 +279,11 @@ def build_app(core: GatewayCore) -> FastAPI:
 
 
 async def _whole_clip(
-    request: Request, events: AsyncIterator[Event], fmt: AudioFormat, rate: int, acct: RequestAccounting
+    request: Request,
+    events: AsyncGenerator[Event, None],
+    fmt: AudioFormat,
+    rate: int,
+    acct: RequestAccounting,
 ) -> Response:
     async def collect() -> tuple[list[np.ndarray], Finished | None]:
         parts: list[np.ndarray] = []
@@ -315,7 +319,7 @@ async def _whole_clip(
     return Response(audio, media_type=_content_type(fmt, rate), headers=headers)
 
 
-async def _stream(events: AsyncIterator[Event], fmt: AudioFormat, rate: int, *, sse: bool) -> Response:
+async def _stream(events: AsyncGenerator[Event, None], fmt: AudioFormat, rate: int, *, sse: bool) -> Response:
     encoder = StreamingEncoder(fmt, rate)
     # Pull up to the first audio chunk here, so an early failure still gets a proper error status.
     head: list[Event] = []

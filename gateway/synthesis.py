@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterable, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator
 from dataclasses import dataclass
 
 import grpc
@@ -117,7 +117,7 @@ class Synthesizer:
         *,
         deadline: float | None = None,
         text_field: str = "text",
-    ) -> AsyncIterator[Event]:
+    ) -> AsyncGenerator[Event, None]:
         outcome = "error"
         try:
             async with (
@@ -284,7 +284,7 @@ class Synthesizer:
         acct: RequestAccounting,
         deadline: float | None,
         text_field: str,
-    ) -> AsyncIterator[Event]:
+    ) -> AsyncGenerator[Event, None]:
         codec, talker, stream, opened = await self._open(job, deadline)
         segment_starts: list[float] = []
         pump = asyncio.create_task(self._pump(inputs, stream, acct, segment_starts, text_field))
@@ -309,7 +309,7 @@ class Synthesizer:
         opened: stage_pb2.StreamOpened,
         acct: RequestAccounting,
         segment_starts: list[float],
-    ) -> AsyncIterator[Event]:
+    ) -> AsyncGenerator[Event, None]:
         rate = job.sample_rate
         resampler = StreamingResampler(opened.sample_rate_hz or rate, rate)
         offset = 0

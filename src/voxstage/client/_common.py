@@ -23,7 +23,7 @@ from google.rpc import error_details_pb2, status_pb2
 from voxstage.v1 import speech_pb2
 
 Encoding = Literal["pcm", "pcm_f32", "wav", "mulaw", "alaw", "opus"]
-ENCODINGS: dict[str, int] = {
+ENCODINGS: dict[str, speech_pb2.AudioEncoding] = {
     "pcm": speech_pb2.AUDIO_ENCODING_PCM_S16LE,
     "pcm_f32": speech_pb2.AUDIO_ENCODING_PCM_F32LE,
     "wav": speech_pb2.AUDIO_ENCODING_WAV,
