@@ -41,7 +41,7 @@ from golden_qwen3_tts_reference import (
 from golden_qwen3_tts_weights import SEED, write_npz
 
 MIN_MARGIN = 1e-3  # every greedy pick beats the runner-up by at least this (logit units)
-MIN_CENTROID_GAP = 2e-4  # every encoder code's centroid is this much nearer than the runner-up (fp32 noise ~1e-6)
+MIN_CENTROID_GAP = 2e-4  # each encoder code's centroid beats the runner-up by this (fp32 noise ~1e-6)
 MAX_PROMPT_TRIES = 400
 MIN_FRAMES = 20
 DECODE_FRAMES = (36, 96)  # the second one exceeds the 72-frame window, so the window is exercised
