@@ -6,7 +6,14 @@ BIN := $(VENV)/bin
 # The CPU wheel of torch lies on this machine's disk; an unpinned torch would pull a multi-GB CUDA build.
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: install test lint demo protos clean
+.PHONY: install test lint demo protos clean promtool
+
+# promtool (Debian's prometheus package) lints each process's /metrics; best effort, the check is skipped
+# where it cannot be installed (no root, no apt).
+promtool:
+	@command -v promtool >/dev/null 2>&1 || ! command -v apt-get >/dev/null 2>&1 || \
+	  ( (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+	    prometheus) >/dev/null 2>&1 || echo "note: promtool not installed; its checks will be skipped" )
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -22,7 +29,7 @@ install: $(VENV)/.installed
 lint: install
 	$(BIN)/ruff check .
 
-test: install lint
+test: install lint promtool
 	$(BIN)/python -m pytest -m "not gpu" -q
 
 protos: install
