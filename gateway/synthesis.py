@@ -28,12 +28,17 @@ from voxstage.gateway.request import SynthesisJob, check_text
 from voxstage.gateway.routing import Replica, ReplicaPool
 from voxstage.gateway.upstream import CodecStream, Pcm, Timeouts
 from voxstage.internal.v1 import stage_pb2
+from voxstage.transport.host import local_hello
 from voxstage.transport.payload import hello_to_proto
 from voxstage.transport.shm_reader import ShmReader
 
 # Frames granted up front when a take is decoded in one piece (async_chunk: false / non_streaming_mode)
 # and the request names no frame budget: the whole take must fit the window (§3 never splits a chunk).
 WHOLE_TAKE_FRAMES = 4096
+# The codec stream's deadline runs this much past the client's. When the client's deadline passes, the
+# gateway's handler is cancelled and sends `cancel`, which frees the slots within a tick; a deadline that
+# expired on the codec call at the same instant would leave the codec to notice only at its next write.
+DEADLINE_SLACK_S = 1.0
 
 
 class Flush:
@@ -147,7 +152,8 @@ class Synthesizer:
             budget = job.sampling.max_frames if job.sampling.HasField("max_frames") else None
             frames = budget or self.config.talker.default_sampling_params.max_tokens or WHOLE_TAKE_FRAMES
             return frames + initial + steady, frames
-        return initial + 2 * steady, min(initial, steady)
+        # After the first chunk every chunk is a steady one: the stall clock needs room for one of those.
+        return initial + 2 * steady, steady
 
     def _open_msg(
         self, job: SynthesisJob, codec: Replica, talker: Replica
@@ -184,8 +190,6 @@ class Synthesizer:
             msg.reference.audio_format = stage_pb2.PCM_FORMAT_F32LE
             msg.reference.audio_sample_rate_hz = ref.sample_rate
             msg.reference.text = ref.text
-        from voxstage.transport.host import local_hello
-
         msg.transport.CopyFrom(hello_to_proto(local_hello()))
         return msg, smallest * samples_per_frame
 
@@ -216,7 +220,7 @@ class Synthesizer:
                 self.codecs,
                 codec,
                 timeouts=self.timeouts,
-                deadline_s=deadline,
+                deadline_s=None if deadline is None else deadline + DEADLINE_SLACK_S,
                 shm_reader=self.shm_reader,
                 tick_s=1.0 / rate if rate > 0 else 0.08,
             )

@@ -29,7 +29,8 @@ import grpc
 from voxstage.gateway.errors import GatewayError, code_from_number
 from voxstage.gateway.routing import Replica, ReplicaPool
 from voxstage.internal.v1 import stage_pb2
-from voxstage.transport.payload import ack_message, read_payload
+from voxstage.transport.host import verify_peer
+from voxstage.transport.payload import ack_message, hello_from_proto, read_payload
 from voxstage.transport.shm_layout import InvalidShmReference, ShmRef
 from voxstage.transport.shm_reader import ShmReader
 
@@ -119,9 +120,6 @@ class CodecStream:
     async def open(self, msg: stage_pb2.StreamOpen, *, min_chunk_samples: int) -> stage_pb2.StreamOpened:
         """Send ``open`` and wait for ``opened``; a refusal raises with the codec's code and message."""
         if self._shm is not None and self.replica.status is not None:
-            from voxstage.transport.host import verify_peer
-            from voxstage.transport.payload import hello_from_proto
-
             self._peer_probe = verify_peer(hello_from_proto(self.replica.status.transport))
             msg.transport.verified_peer_probe = self._peer_probe
         self._credit_left = msg.initial_credit.amount

@@ -7,8 +7,7 @@ import os
 import sys
 from pathlib import Path
 
-from deploykit import PORT_FLAGS, dockerfile_cmd, free_port, start
-
+from tests.integration.deploykit import PORT_FLAGS, dockerfile_cmd, free_port, start
 from voxstage.client import SpeechClient
 
 

@@ -11,6 +11,7 @@ import asyncio
 import base64
 import io
 import json
+import re
 import shutil
 import subprocess
 from collections.abc import Iterator
@@ -21,9 +22,9 @@ import httpx
 import numpy as np
 import pytest
 import soundfile as sf
-from deploykit import ComposeStack, start_compose_stack
 from openai import OpenAI
 
+from tests.integration.deploykit import ComposeStack, start_compose_stack
 from voxstage.client import AsyncSpeechClient, SpeechClient, SpeechError
 from voxstage.v1 import speech_pb2, speech_pb2_grpc
 
@@ -77,6 +78,27 @@ async def test_raw_grpc_unary_and_streaming(stack: ComposeStack) -> None:
     summary = replies[-1].summary
     assert len(audio) // 2 == summary.sample_count
     assert abs(summary.sample_count - summary.frame_count * SPF * 2 // 3) <= 2
+
+
+async def test_pcm_comes_through_shared_memory(stack: ComposeStack) -> None:
+    # The seed's SharedMemoryConnector moves payloads above 64 KiB through shm: a 9-frame f32 chunk is 69 KiB.
+    def shm_bytes() -> float:
+        text = httpx.get(stack.metrics_url("codec")).text
+        found = re.search(r'^voxstage_transport_bytes_total\{path="shm"\} (\S+)$', text, re.M)
+        return float(found.group(1)) if found else 0.0
+
+    before = shm_bytes()
+    config = pcm_config()
+    config.sampling.max_frames = 10
+    config.chunk_schedule.initial_chunk_frames = 9
+    config.chunk_schedule.steady_chunk_frames = 9
+    async with grpc.aio.insecure_channel(stack.grpc_addr) as channel:
+        reply = await speech_pb2_grpc.SpeechStub(channel).Synthesize(
+            speech_pb2.SynthesizeRequest(config=config, text="Through shared memory, please.")
+        )
+    assert len(reply.audio) // 2 == reply.summary.frame_count * SPF
+    if reply.summary.frame_count >= 9:  # the random model may end early, leaving the chunk small
+        assert shm_bytes() - before >= 9 * SPF * 4
 
 
 async def test_sdk_async_and_sync(stack: ComposeStack) -> None:

@@ -14,8 +14,8 @@ import httpx
 import numpy as np
 import pytest
 import soundfile as sf
-from conftest import MakeStack, Stack, write_checkpoint_config
-from fakes import FakeCodec, FakeTalker, expected_samples
+from gateway_fakes import FakeCodec, FakeTalker, expected_samples
+from gateway_kit import MakeStack, Stack, write_checkpoint_config
 
 from voxstage.v1 import speech_pb2
 

@@ -9,8 +9,8 @@ import sys
 from pathlib import Path
 
 import soundfile as sf
-from conftest import SEED, MakeStack
-from fakes import expected_samples
+from gateway_fakes import expected_samples
+from gateway_kit import SEED, MakeStack
 
 
 async def run(*args: str) -> tuple[int, str]:

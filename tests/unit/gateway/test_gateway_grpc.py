@@ -9,8 +9,8 @@ import grpc
 import numpy as np
 import pytest
 import soundfile as sf
-from conftest import MakeStack
-from fakes import SAMPLES_PER_FRAME, expected_samples
+from gateway_fakes import SAMPLES_PER_FRAME, expected_samples
+from gateway_kit import MakeStack
 
 from voxstage.v1 import speech_pb2
 
@@ -37,6 +37,20 @@ async def test_synthesize_returns_whole_clip_of_expected_length(make_stack: Make
     assert op.model == "qwen3-tts-tiny"
     await asyncio.sleep(0.05)
     assert stack.codec.half_closed_after_terminal == 1  # the gateway half-closes once it has the terminal
+
+
+async def test_credit_is_returned_chunk_by_chunk(make_stack: MakeStack) -> None:
+    # 150 frames do not fit the initial window (1 + 2 x 25 frames): the codec can only finish because the
+    # gateway grants each delivered chunk's samples back.
+    stack = await make_stack()
+    text = "z" * 150
+    reply = await stack.stub.Synthesize(speech_pb2.SynthesizeRequest(config=config(), text=text))
+    assert len(reply.audio) == 2 * expected_samples(text)
+    window = stack.codec.opens[-1].initial_credit.amount
+    assert window == 51 * SAMPLES_PER_FRAME
+    # Every chunk written is granted back, except those read after the terminal (nothing is written then).
+    assert expected_samples(text) - window <= sum(stack.codec.credits) <= expected_samples(text)
+    assert max(stack.codec.credits) <= 25 * SAMPLES_PER_FRAME  # one chunk at a time, never a blanket grant
 
 
 async def test_synthesize_wav_resampled_and_defaults_voice(make_stack: MakeStack) -> None:

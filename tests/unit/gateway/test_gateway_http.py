@@ -13,8 +13,8 @@ import httpx
 import numpy as np
 import pytest
 import soundfile as sf
-from conftest import MakeStack
-from fakes import DROP_MARKER, expected_samples
+from gateway_fakes import DROP_MARKER, expected_samples
+from gateway_kit import MakeStack
 from openai import AsyncOpenAI
 
 

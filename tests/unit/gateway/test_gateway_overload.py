@@ -18,8 +18,8 @@ from pathlib import Path
 
 import grpc
 import httpx
-from conftest import SEED
-from fakes import FakeCodec, expected_samples, start_codec, start_talker
+from gateway_fakes import FakeCodec, expected_samples, start_codec, start_talker
+from gateway_kit import SEED
 
 from voxstage.client import AsyncSpeechClient, RetryPolicy, SpeechError
 from voxstage.health_probe import check

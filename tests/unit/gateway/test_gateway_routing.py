@@ -8,8 +8,8 @@ from collections.abc import Callable
 
 import grpc
 import pytest
-from conftest import MakeStack
-from fakes import FakeCodec, FakeTalker, expected_samples, start_codec
+from gateway_fakes import FakeCodec, FakeTalker, expected_samples, start_codec
+from gateway_kit import MakeStack
 
 from voxstage.gateway.routing import parse_addresses
 from voxstage.v1 import speech_pb2

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import time
 
 import grpc
 import numpy as np
 import pytest
-from conftest import MakeStack
-from fakes import DROP_MARKER, FakeCodec, expected_samples
+from gateway_fakes import DROP_MARKER, FakeCodec, expected_samples
+from gateway_kit import MakeStack
 
 from voxstage.client import AsyncSpeechClient, RetryPolicy, SpeechClient, SpeechError
 
@@ -116,3 +117,20 @@ async def test_no_retry_after_first_audio_chunk(make_stack: MakeStack) -> None:
     assert err.value.code is grpc.StatusCode.UNAVAILABLE
     assert received and len(stack.codec.opens) == 1
     assert np.frombuffer(b"".join(received), "<i2").size > 0
+
+
+async def test_sdk_deadline(make_stack: MakeStack) -> None:
+    stack = await make_stack(FakeCodec(frame_delay_s=0.05))
+    async with AsyncSpeechClient(stack.grpc_addr, timeout=0.3) as client:
+        with pytest.raises(SpeechError) as err:
+            await client.synthesize("this takes longer than the deadline " * 2)
+        assert err.value.code is grpc.StatusCode.DEADLINE_EXCEEDED
+        with pytest.raises(SpeechError) as err:
+            async for _ in client.stream("so does this stream " * 3, timeout=0.3):
+                pass
+        assert err.value.code is grpc.StatusCode.DEADLINE_EXCEEDED
+    start = time.monotonic()
+    while stack.codec.active:  # the gateway sends `cancel` as the client's deadline passes
+        assert time.monotonic() - start < 0.5, "the codec stream outlived the deadline"
+        await asyncio.sleep(0.02)
+    assert stack.codec.cancels == 2

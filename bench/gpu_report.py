@@ -1,0 +1,176 @@
+"""Summarize a ``bench/run_gpu.py`` output directory: ``summary.json``, ``summary.md`` and plots.
+
+    python -m bench.gpu_report OUT
+
+Ratios are ours / reference (below 1 = we are faster) at batch 1 and 100 fixed frames:
+* TTFA vs the reference's *first frame* (call start to the second talker step, the earliest boundary the
+  package exposes; it has no audio yet) and vs its *first audio* (it streams nothing: the whole ``generate``
+  plus one decode). Ours is client-observed first playable sample through the gateway at c=1.
+* RTF: ours is client-observed end-to-end / audio; the reference's is ``generate`` wall / audio (no decode).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+
+def _load(path: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _agg(doc: dict[str, Any] | None) -> dict[str, Any] | None:
+    return doc["levels"][0]["aggregate"] if doc and doc.get("levels") else None
+
+
+def _ms(x: float | None) -> float | None:
+    return None if x is None else 1e3 * x
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return None if a is None or not b else a / b
+
+
+def _search(doc: dict[str, Any] | None) -> dict[str, Any] | None:
+    if not doc or not doc.get("search"):
+        return None
+    s = dict(doc["search"])
+    best = [lv for lv in doc["levels"] if lv["level"] == s["best"] and lv["verdict"]["pass"]]
+    if best:
+        a = best[-1]["aggregate"]
+        s["at_best"] = {
+            "ttfa_p50_ms": _ms(a["ttfa_s"]["p50"]),
+            "ttfa_p95_ms": _ms(a["ttfa_s"]["p95"]),
+            "ttfa_p99_ms": _ms(a["ttfa_s"]["p99"]),
+            "rtf_p50": a["rtf"]["p50"],
+            "audio_s_per_s": a["audio_s_per_s"],
+            "peak_in_flight": a["peak_in_flight"],
+        }
+    s["levels"] = [(lv["level"], lv["verdict"]["pass"], lv["verdict"]["reason"]) for lv in doc["levels"]]
+    return s
+
+
+def model_summary(out: Path, tag: str) -> dict[str, Any]:
+    s: dict[str, Any] = {}
+    if a := _agg(_load(out / f"ttfa_1rps_{tag}.json")):
+        s["ttfa_1rps"] = {f"{p}_ms": _ms(a["ttfa_s"][p]) for p in ("p50", "p90", "p95", "p99")}
+        s["ttfa_1rps"].update(underrun_rate=a["underrun_rate"], errors=a["errors_by_code"], n=a["requests"])
+    for key in ("c1", "c1_seed_schedule", "c1_http"):
+        if a := _agg(_load(out / f"{key}_{tag}.json")):
+            s[key] = {
+                "ttfa_p50_ms": _ms(a["ttfa_s"]["p50"]),
+                "ttfa_p95_ms": _ms(a["ttfa_s"]["p95"]),
+                "rtf_p50": a["rtf"]["p50"],
+                "e2e_p50_s": a["e2e_s"]["p50"],
+                "underrun_rate": a["underrun_rate"],
+                "errors": a["errors_by_code"],
+                "n": a["requests"],
+            }
+    s["poisson_search"] = _search(_load(out / f"poisson_search_{tag}.json"))
+    s["closed_search"] = _search(_load(out / f"closed_search_{tag}.json"))
+    if eng := _load(out / f"engine_{tag}.json"):
+        step = eng.get("talker_frame_step", {}).get("graph", {})
+        s["engine"] = {
+            "frame_step_graph_ms": {b: v["median_ms"] for b, v in step.items()},
+            "codec_graph_ms": {
+                k: v["median_ms"] for k, v in eng.get("codec_decode", {}).get("graph", {}).items()
+            },
+        }
+    if ref := _load(out / f"reference_{tag}.json"):
+        g = ref["generate"]
+        s["reference"] = {
+            "first_frame_ms": g["first_frame_ms"]["median"],
+            "per_frame_ms": g["per_frame_ms"]["median"],
+            "rtf": g["rtf"]["median"],
+            "first_audio_ms": ref["first_audio_ms"],
+            "prefill_ms": g["prefill_ms"]["median"],
+        }
+        ours_ttfa = s.get("c1", {}).get("ttfa_p50_ms")
+        ours_rtf = s.get("c1", {}).get("rtf_p50")
+        s["ratios_ours_over_reference"] = {
+            "ttfa_vs_first_frame": _ratio(ours_ttfa, s["reference"]["first_frame_ms"]),
+            "ttfa_vs_first_audio": _ratio(ours_ttfa, s["reference"]["first_audio_ms"]),
+            "rtf": _ratio(ours_rtf, s["reference"]["rtf"]),
+        }
+    return s
+
+
+def _fmt(x: Any, digits: int = 1) -> str:
+    if x is None:
+        return "–"
+    if isinstance(x, float):
+        return f"{x:.{digits}f}"
+    return str(x)
+
+
+def markdown(summary: dict[str, Any]) -> str:
+    lines = ["| model | TTFA @1 rps p50 / p95 / p99 ms | c=1 TTFA p50 ms | c=1 RTF | max rate (req/s) |"]
+    lines[0] += (
+        " max streams | ref first frame / first audio ms | ref RTF | TTFA ratio (frame / audio) | RTF ratio |"
+    )
+    lines.append("|" + "---|" * 11)
+    for model, s in summary["models"].items():
+        t = s.get("ttfa_1rps", {})
+        c1 = s.get("c1", {})
+        ps, cs = s.get("poisson_search") or {}, s.get("closed_search") or {}
+        ref, r = s.get("reference", {}), s.get("ratios_ours_over_reference", {})
+        row = [
+            model,
+            f"{_fmt(t.get('p50_ms'))} / {_fmt(t.get('p95_ms'))} / {_fmt(t.get('p99_ms'))}",
+            _fmt(c1.get("ttfa_p50_ms")),
+            _fmt(c1.get("rtf_p50"), 3),
+            f"{_fmt(ps.get('best'))} ({ps.get('limited_by', '–')})",
+            f"{_fmt(cs.get('best'), 0)} ({cs.get('limited_by', '–')})",
+            f"{_fmt(ref.get('first_frame_ms'))} / {_fmt(ref.get('first_audio_ms'))}",
+            _fmt(ref.get("rtf"), 3),
+            f"{_fmt(r.get('ttfa_vs_first_frame'), 3)} / {_fmt(r.get('ttfa_vs_first_audio'), 4)}",
+            _fmt(r.get("rtf"), 3),
+        ]
+        lines.append("| " + " | ".join(row) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def write_report(out: Path) -> dict[str, Any]:
+    tags = sorted(
+        {p.stem.removeprefix("serve_") for p in out.glob("serve_*.json")}
+        | {p.stem.removeprefix("reference_") for p in out.glob("reference_*.json")}
+        | {p.stem.removeprefix("engine_") for p in out.glob("engine_*.json")}
+    )
+    tags = [t for t in tags if not t.endswith("_failed")]
+    summary = {
+        "environment": _load(out / "environment.json"),
+        "models": {f"qwen3-tts-{t}": model_summary(out, t) for t in tags},
+    }
+    (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+    (out / "summary.md").write_text(markdown(summary))
+    print(markdown(summary), flush=True)
+    try:
+        from bench.plots import plot_files
+    except ImportError:
+        return summary
+    for kind in ("poisson_search", "closed_search"):
+        files = sorted(out.glob(f"{kind}_*.json"))
+        if files:
+            try:
+                plot_files(files, out / "plots")
+            except ImportError:  # matplotlib missing on the benchmark box: plot later from the JSON
+                print("matplotlib not installed: run `python -m bench.plots` on the JSON later", flush=True)
+                break
+    return summary
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = argv if argv is not None else sys.argv[1:]
+    if len(args) != 1:
+        raise SystemExit("usage: python -m bench.gpu_report OUT_DIR")
+    write_report(Path(args[0]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

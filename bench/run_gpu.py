@@ -1,0 +1,242 @@
+"""The whole GPU benchmark of one host: serving latency and capacity, engine micro-benchmarks, the reference.
+
+    python -m bench.run_gpu --out OUT [--models qwen3-tts-0.6b,qwen3-tts-1.7b] [--profile quick|full]
+        [--phases latency,poisson,closed,engine,reference,report] [--ref-env /tmp/refenv]
+
+``bench/run_gpu.sh OUT`` installs the carried wheels and runs this (see bench/README.md). Per model:
+
+* ``latency`` / ``poisson`` / ``closed`` run against one ``voxstage serve deploy/qwen3_tts.yaml --model M``
+  stack (started once for all three; fixed length: EOS disabled for ``--frames`` frames): warm-up, TTFA at
+  1 req/s Poisson, c=1 RTF (gRPC streaming; also the seed file's [1, 25] chunk schedule and the HTTP face),
+  then searches for the highest sustained Poisson rate and concurrency (no error, no underrun, p95 TTFA
+  within the SLO);
+* ``engine``: ``bench/engine_gpu.py`` (frame step and codec time at batch 1/8/32/64);
+* ``reference``: the preset's weights exported in the checkpoint layout, then ``bench/reference_qwen_tts.py``
+  in the reference's own environment;
+* ``report``: ``summary.json`` / ``summary.md`` with ours-vs-reference ratios, and plots.
+
+Every phase writes its JSON as soon as it ends, so a run cut short keeps what it finished and ``--phases``
+can resume the rest.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from bench import loadgen
+from bench.stack import REPO, Stack, StackSpec
+
+SERVE_PHASES = ("latency", "poisson", "closed")
+ALL_PHASES = (*SERVE_PHASES, "engine", "reference", "report")
+SEED_SCHEDULE = "1,25"  # deploy/qwen3_tts.yaml: initial_codec_chunk_frames 1, codec_chunk_frames 25
+
+
+@dataclass(frozen=True)
+class Profile:
+    ttfa_warmup_s: float
+    ttfa_s: float
+    c1_requests: int
+    level_warmup_s: float
+    level_s: float
+    rate_start: float
+    rate_max: float
+    conc_max: float
+    refine: int
+    engine_quick: bool
+    ref_runs: int
+
+
+PROFILES = {
+    # Nari-like durations (30 s warm-up, 2 min measured at 1 req/s); about an hour for two models.
+    "full": Profile(30, 120, 20, 10, 60, 1, 512, 512, 3, False, 5),
+    # Sized so each model's phases fit ~10-minute device sessions (bench/README.md).
+    "quick": Profile(10, 40, 8, 5, 15, 4, 256, 256, 2, True, 5),
+    # CPU dry run of the orchestration on the tiny preset.
+    "smoke": Profile(0, 2, 2, 0, 2, 1, 2, 2, 0, True, 1),
+}
+
+
+def size_of(model: str) -> str:
+    return model.removeprefix("qwen3-tts-")
+
+
+def run_loadgen(out: Path, name: str, args: list[str], log: list[dict]) -> dict:
+    """One loadgen invocation, in-process, recorded with the equivalent command line."""
+    path = out / f"{name}.json"
+    argv = [*args, "--out", str(path)]
+    print(f"\n== {name}: python -m bench.loadgen {' '.join(argv)}", flush=True)
+    t0 = time.monotonic()
+    loadgen.main(argv)
+    log.append({"phase": name, "argv": argv, "wall_s": time.monotonic() - t0})
+    return json.loads(path.read_text())
+
+
+def serve_phases(a: argparse.Namespace, model: str, phases: list[str], out: Path, prof: Profile) -> None:
+    tag = size_of(model)
+    chunks = tuple(int(x) for x in a.chunk_schedule.split(",")) if a.chunk_schedule else None
+    stack = None
+    slots = a.slots
+    for _ in range(3):  # a stack that cannot start with this many slots is retried with half
+        spec = StackSpec(model, a.device, a.frames, slots, a.max_model_len, chunks, a.threads)  # type: ignore[arg-type]
+        stack = Stack(spec, out / f"serve_{tag}.log")
+        if stack.start():
+            break
+        print(f"stack for {model} with {slots} slots did not start:\n{stack.tail()}", flush=True)
+        stack.stop()
+        stack = None
+        if slots is None or slots <= 1:
+            break
+        slots //= 2
+    if stack is None:
+        (out / f"serve_{tag}_failed.json").write_text(json.dumps({"model": model, "slots": a.slots}) + "\n")
+        return
+    meta: dict = {"model": model, "command": stack.command(), "start_s": stack.start_s, "slots": slots}
+    meta["chunk_schedule"] = a.chunk_schedule or "deploy"
+    runs: list[dict] = []
+    common = ["--grpc", stack.grpc, "--http", stack.http, "--frames", str(a.frames), "--label", model]
+    common += ["--ttfa-slo-ms", str(a.ttfa_slo_ms), "--settle", "1" if a.profile == "smoke" else "3"]
+    try:
+        warm = min(slots or 8, 32)
+        for level in sorted({1, max(1, warm // 4), warm}):  # talker and codec batch buckets, graphs warm
+            args = [*common, "--closed", str(level), "--requests", str(2 * level), "--duration", "600"]
+            run_loadgen(out, f"warmup_{tag}_c{level}", args, runs)
+        if "latency" in phases:
+            args = [
+                *common,
+                "--poisson",
+                "1",
+                "--duration",
+                str(prof.ttfa_s),
+                "--warmup",
+                str(prof.ttfa_warmup_s),
+            ]
+            run_loadgen(out, f"ttfa_1rps_{tag}", args, runs)
+            c1 = [*common, "--closed", "1", "--duration", "600"]
+            run_loadgen(out, f"c1_{tag}", [*c1, "--requests", str(prof.c1_requests)], runs)
+            few = [*c1, "--requests", str(max(2, prof.c1_requests // 2))]
+            run_loadgen(out, f"c1_seed_schedule_{tag}", [*few, "--chunk-schedule", SEED_SCHEDULE], runs)
+            run_loadgen(out, f"c1_http_{tag}", [*few, "--api", "http"], runs)
+        level = ["--duration", str(prof.level_s), "--warmup", str(prof.level_warmup_s)]
+        level += ["--search-refine", str(prof.refine)]
+        if "poisson" in phases:
+            args = [*common, *level, "--search", "poisson", "--search-start", str(prof.rate_start)]
+            run_loadgen(out, f"poisson_search_{tag}", [*args, "--search-max", str(prof.rate_max)], runs)
+        if "closed" in phases:
+            top = min(prof.conc_max, float(slots)) if slots else prof.conc_max
+            args = [*common, *level, "--search", "closed", "--search-start", "1", "--search-max", str(top)]
+            run_loadgen(out, f"closed_search_{tag}", args, runs)
+    finally:
+        meta["exit_code"] = stack.stop()
+        meta["runs"] = runs
+        (out / f"serve_{tag}.json").write_text(json.dumps(meta, indent=1) + "\n")
+
+
+def engine_phase(a: argparse.Namespace, model: str, out: Path, prof: Profile) -> None:
+    tag = size_of(model)
+    cmd = [sys.executable, str(REPO / "bench" / "engine_gpu.py"), "--out", str(out / f"engine_{tag}.json")]
+    cmd += ["--size", tag, "--device", a.device, *(["--quick"] if prof.engine_quick else [])]
+    print(f"\n== engine {tag}: {' '.join(cmd)}", flush=True)
+    with (out / f"engine_{tag}.log").open("wb") as log:
+        code = subprocess.run(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT).returncode
+    print(f"engine_gpu.py exited {code} (log: {out / f'engine_{tag}.log'})", flush=True)
+
+
+def reference_phase(a: argparse.Namespace, model: str, out: Path, prof: Profile) -> None:
+    tag = size_of(model)
+    weights = Path(a.scratch) / f"ref-weights-{tag}"
+    export = [sys.executable, str(REPO / "bench" / "export_reference_weights.py"), "--model", model]
+    export += ["--out", str(weights), "--device", a.device]
+    print(f"\n== reference {tag}: {' '.join(export)}", flush=True)
+    with (out / f"reference_{tag}.log").open("wb") as log:
+        if subprocess.run(export, cwd=REPO, stdout=log, stderr=subprocess.STDOUT).returncode != 0:
+            print(f"weight export failed; see {out / f'reference_{tag}.log'}", flush=True)
+            return
+        env = dict(os.environ)
+        python = a.ref_python or sys.executable
+        if a.ref_env:
+            env["PYTHONPATH"] = a.ref_env  # the reference's own packages only, never voxstage's
+        else:
+            env.pop("PYTHONPATH", None)
+        cmd = [python, str(REPO / "bench" / "reference_qwen_tts.py"), "--weights", str(weights)]
+        cmd += ["--out", str(out / f"reference_{tag}.json"), "--device", a.device, "--frames", str(a.frames)]
+        cmd += ["--runs", str(prof.ref_runs), *(["--decoder-iters", "3"] if a.profile == "smoke" else [])]
+        log.write(f"$ PYTHONPATH={env.get('PYTHONPATH', '')} {' '.join(cmd)}\n".encode())
+        log.flush()
+        code = subprocess.run(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT).returncode
+    shutil.rmtree(weights, ignore_errors=True)  # up to 4 GB per model
+    print(f"reference_qwen_tts.py exited {code} (log: {out / f'reference_{tag}.log'})", flush=True)
+
+
+def environment(out: Path, device: str) -> None:
+    info: dict[str, object] = {"date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "python": sys.version}
+    for key, cmd in (
+        ("git", ["git", "rev-parse", "HEAD"]),
+        ("nvidia_smi", ["nvidia-smi", "--query-gpu=name,memory.total,driver_version", "--format=csv"]),
+        ("cpus", ["nproc"]),
+    ):
+        try:
+            info[key] = subprocess.run(
+                cmd, cwd=REPO, capture_output=True, text=True, timeout=30
+            ).stdout.strip()
+        except (OSError, subprocess.TimeoutExpired):
+            info[key] = None
+    import torch
+
+    info["torch"] = torch.__version__
+    info["device"] = (
+        torch.cuda.get_device_name() if device == "cuda" and torch.cuda.is_available() else device
+    )
+    path = out / "environment.json"
+    if not path.exists():
+        path.write_text(json.dumps(info, indent=1) + "\n")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--models", default="qwen3-tts-0.6b,qwen3-tts-1.7b")
+    ap.add_argument("--phases", default=",".join(ALL_PHASES))
+    ap.add_argument("--profile", choices=sorted(PROFILES), default="quick")
+    ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
+    ap.add_argument("--threads", type=int, default=None, help="CPU threads per stage (CPU dry runs)")
+    ap.add_argument("--frames", type=int, default=100, help="fixed length of every request (100 = 8 s)")
+    ap.add_argument("--slots", type=int, default=64, help="max_num_seqs of both stages (halved if no start)")
+    ap.add_argument("--max-model-len", type=int, default=1024, help="talker positions per slot")
+    ap.add_argument("--chunk-schedule", default="2,4", help="I,S frames for every request; '' = deploy's")
+    ap.add_argument("--ttfa-slo-ms", type=float, default=1000.0)
+    ap.add_argument("--ref-env", default=None, help="--target folder of the reference's packages")
+    ap.add_argument("--ref-python", default=None, help="interpreter for the reference (default: this one)")
+    ap.add_argument("--scratch", default="/tmp", help="where exported reference weights go (deleted after)")
+    a = ap.parse_args(argv)
+    phases = [p for p in a.phases.split(",") if p]
+    unknown = set(phases) - set(ALL_PHASES)
+    if unknown:
+        raise SystemExit(f"unknown phases {sorted(unknown)}; choose from {', '.join(ALL_PHASES)}")
+    prof = PROFILES[a.profile]
+    a.out.mkdir(parents=True, exist_ok=True)
+    environment(a.out, a.device)
+    models = [m for m in a.models.split(",") if m]
+    for model in models:
+        if any(p in SERVE_PHASES for p in phases):
+            serve_phases(a, model, phases, a.out, prof)
+        if "engine" in phases:
+            engine_phase(a, model, a.out, prof)
+        if "reference" in phases:
+            reference_phase(a, model, a.out, prof)
+    if "report" in phases:
+        from bench.gpu_report import write_report
+
+        write_report(a.out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# The one command for the GPU benchmark on an offline H200 box, run from the repository root:
+#
+#   bench/run_gpu.sh OUT_DIR [bench/run_gpu.py options, e.g. --profile full --models qwen3-tts-0.6b]
+#
+# The box has Python 3.12 and a CUDA torch but no internet, so everything else arrives as carried wheels
+# (bench/README.md: what to download and carry):
+#   build/vx_stage_wheels  voxstage's runtime packages the box lacks -> $VX_SITE
+#   build/ref_wheels       qwen-tts 0.1.1 + transformers 4.57.3 and their pure deps -> $REF_ENV, which is
+#                          on PYTHONPATH only for the reference process (never next to voxstage)
+# voxstage itself is installed from this checkout into $VX_PKG (not editable: the stage processes import it).
+set -euo pipefail
+
+OUT_DIR=${1:?usage: bench/run_gpu.sh OUT_DIR [run_gpu.py options]}
+shift
+PY=${PYTHON:-python3}
+VX_WHEELS=${VX_WHEELS:-build/vx_stage_wheels}
+REF_WHEELS=${REF_WHEELS:-build/ref_wheels}
+VX_SITE=${VX_SITE:-/tmp/vx-site}
+VX_PKG=${VX_PKG:-/tmp/vx-pkg}
+REF_ENV=${REF_ENV:-/tmp/refenv}
+PIP=("$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade)
+
+export PYTHONUNBUFFERED=1
+export VOXSTAGE_CACHE=${VOXSTAGE_CACHE:-/tmp/vxcache}
+# Single-host NCCL/NVLink multicast stays off (the device notes ask for it; voxstage uses one GPU anyway).
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+
+if compgen -G "$VX_WHEELS/*.whl" >/dev/null; then
+  "${PIP[@]}" --target "$VX_SITE" "$VX_WHEELS"/*.whl
+fi
+"${PIP[@]}" --no-build-isolation --target "$VX_PKG" . >/dev/null
+export PYTHONPATH="$VX_PKG:$VX_SITE"
+
+ref_args=()
+if compgen -G "$REF_WHEELS/*.whl" >/dev/null; then
+  "${PIP[@]}" --target "$REF_ENV" "$REF_WHEELS"/*.whl
+  ref_args=(--ref-env "$REF_ENV")
+else
+  echo "no wheels in $REF_WHEELS: the reference phase will only work if qwen_tts is importable" >&2
+fi
+
+"$PY" -c "import torch, grpc, voxstage; print('torch', torch.__version__, 'cuda', torch.cuda.is_available())"
+exec "$PY" -m bench.run_gpu --out "$OUT_DIR" "${ref_args[@]}" "$@"

@@ -1,0 +1,129 @@
+"""A ``voxstage serve`` stack on loopback ports, for benchmarks: start, wait until ready, stop."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+from voxstage.health_probe import check
+
+REPO = Path(__file__).resolve().parents[1]
+DEPLOY = REPO / "deploy" / "qwen3_tts.yaml"
+CHUNK_KEYS = "connectors.connector_of_shared_memory.extra"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class StackSpec:
+    model: str
+    device: str = "cuda"
+    frames: int | None = 100  # fixed-length mode: EOS disabled for this many frames
+    slots: int | None = None  # max_num_seqs of both stages (None: the deploy file's)
+    max_model_len: int | None = None
+    chunk_schedule: tuple[int, int] | None = None  # (initial, steady) frames for every request
+    threads: int | None = None
+    extra_sets: tuple[str, ...] = ()
+
+    def sets(self) -> list[str]:
+        out: list[str] = []
+        if self.frames is not None:
+            # The public API only caps frames (max_frames); the minimum is a deploy setting.
+            out.append(f"stages.0.default_sampling_params.min_tokens={self.frames}")
+        if self.slots is not None:
+            out += [f"stages.0.max_num_seqs={self.slots}", f"stages.1.max_num_seqs={self.slots}"]
+        if self.max_model_len is not None:
+            out.append(f"stages.0.max_model_len={self.max_model_len}")
+        if self.chunk_schedule is not None:
+            initial, steady = self.chunk_schedule
+            out += [
+                f"{CHUNK_KEYS}.initial_codec_chunk_frames={initial}",
+                f"{CHUNK_KEYS}.codec_chunk_frames={steady}",
+            ]
+        return out + list(self.extra_sets)
+
+
+class Stack:
+    def __init__(self, spec: StackSpec, log: Path) -> None:
+        self.spec = spec
+        self.log = log
+        self.grpc = f"127.0.0.1:{free_port()}"
+        self.http = f"127.0.0.1:{free_port()}"
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.start_s: float | None = None
+
+    def command(self) -> list[str]:
+        s = self.spec
+        cmd = [
+            sys.executable,
+            "-m",
+            "voxstage",
+            "serve",
+            str(DEPLOY),
+            "--model",
+            s.model,
+            "--device",
+            s.device,
+        ]
+        cmd += ["--host", "127.0.0.1", "--grpc-port", self.grpc.rsplit(":", 1)[1]]
+        cmd += ["--http-port", self.http.rsplit(":", 1)[1], "--start-timeout", "900", "--drain-grace", "10"]
+        if s.threads is not None:
+            cmd += ["--threads", str(s.threads)]
+        for item in s.sets():
+            cmd += ["--set", item]
+        return cmd
+
+    def start(self, timeout_s: float = 1200.0) -> bool:
+        """Start; wait for SERVING on gRPC health and 200 on HTTP /health. False if it died or timed out."""
+        t0 = time.monotonic()
+        self.log.parent.mkdir(parents=True, exist_ok=True)
+        with self.log.open("ab") as out:
+            out.write(f"$ {' '.join(self.command())}\n".encode())
+            out.flush()
+            env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+            self.proc = subprocess.Popen(
+                self.command(), cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT
+            )
+        while time.monotonic() - t0 < timeout_s:
+            if self.proc.poll() is not None:
+                return False
+            if check(self.grpc, timeout=1.0) and self._http_ready():
+                self.start_s = time.monotonic() - t0
+                return True
+            time.sleep(0.5)
+        self.stop()
+        return False
+
+    def _http_ready(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"http://{self.http}/health", timeout=2.0) as r:
+                return r.status == 200
+        except (urllib.error.URLError, OSError):
+            return False
+
+    def stop(self) -> int | None:
+        if self.proc is None:
+            return None
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        return self.proc.returncode
+
+    def tail(self, lines: int = 30) -> str:
+        return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
