@@ -113,7 +113,7 @@ def markdown(summary: dict[str, Any]) -> str:
     lines[0] += (
         " max streams | ref first frame / first audio ms | ref RTF | TTFA ratio (frame / audio) | RTF ratio |"
     )
-    lines.append("|" + "---|" * 11)
+    lines.append("|" + "---|" * 10)
     for model, s in summary["models"].items():
         t = s.get("ttfa_1rps", {})
         c1 = s.get("c1", {})

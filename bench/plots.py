@@ -48,6 +48,7 @@ def plot_files(paths: list[Path], out_dir: Path) -> list[Path]:
                 ys = [1e3 * a["ttfa_s"][pct] for _, a in pts if a["ttfa_s"][pct] is not None]
                 ax.plot(xs, ys, style, marker="o", ms=3, color=f"C{color}", label=f"{name} {pct}")
         ax.set_xlabel(X_LABEL[kind])
+        ax.set_xscale("log", base=2)  # searches step geometrically
         ax.set_ylabel("time to first audio (ms)")
         ax.set_yscale("log")
         ax.grid(True, which="both", alpha=0.3)
@@ -65,6 +66,7 @@ def plot_files(paths: list[Path], out_dir: Path) -> list[Path]:
             ys = [100 * a["underrun_rate"] for _, a in pts if a["underrun_rate"] is not None]
             ax.plot(xs, ys, "-", marker="o", ms=3, color=f"C{color}", label=name)
         ax.set_xlabel(X_LABEL[kind])
+        ax.set_xscale("log", base=2)
         ax.set_ylabel("requests with ≥ 1 underrun (%)")
         ax.set_ylim(-2, 102)
         ax.grid(True, alpha=0.3)

@@ -6,43 +6,29 @@ Only argparse work happens at import; the model stack is imported when the comma
 from __future__ import annotations
 
 import argparse
-import asyncio
 import dataclasses
 import logging
 from typing import Any
 
-from voxstage.stage_process import (
-    EXIT_START_FAILED,
-    StageParts,
-    StageStartError,
-    add_stage_options,
-    serve,
-    setup_logging,
-)
+from voxstage.stage_process import StageParts, register_stage, run_stage
 
 log = logging.getLogger(__name__)
 DEFAULT_PORT = 50062
 
 
 def register(subparsers: Any) -> None:
-    parser = subparsers.add_parser(
+    register_stage(
+        subparsers,
         "codec",
         help="run the codec stage (codec frames -> PCM) as a gRPC server",
         description="Serve voxstage.internal.v1.Codec for the deploy file's codec stage (stage 1).",
+        default_port=DEFAULT_PORT,
+        handler=run,
     )
-    add_stage_options(parser, default_port=DEFAULT_PORT)
-    parser.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    setup_logging(args.log_level, "codec")
-    try:
-        parts = build(args)
-    except Exception as exc:  # noqa: BLE001 - any start-up failure ends the process with its reason
-        log.error("codec: cannot start: %s", exc)
-        log.debug("start-up failure", exc_info=True)
-        return EXIT_START_FAILED
-    return asyncio.run(serve(parts, args))
+    return run_stage(args, "codec", build, log)
 
 
 def build(args: argparse.Namespace) -> StageParts:
@@ -51,25 +37,15 @@ def build(args: argparse.Namespace) -> StageParts:
     from voxstage.codec.servicer import SERVICE_NAME, CodecServicer
     from voxstage.codec.upstream import TalkerPool
     from voxstage.codec.worker import CodecWorker
-    from voxstage.config.cli_args import load_from_args
     from voxstage.internal.v1 import stage_pb2_grpc
-    from voxstage.presets import resolve_model
     from voxstage.server import ServiceBinding
-    from voxstage.stage_process import device_budget, select_device, select_dtype
+    from voxstage.stage_process import device_budget, load_stage_setup
     from voxstage.transport.shm import ShmReader, ShmWriter, sweep_dead_regions
 
-    config = load_from_args(args.config, args)
-    stage = config.codec
-    for warning in config.warnings:
-        log.warning("%s", warning)
-    spec = args.model or (str(config.model_path()) if config.model_path() else config.model)
-    if not spec:
-        raise StageStartError("no model: pass --model or set `model` in the deploy file")
-    device = select_device(args.device, args.threads)
     # fp32 by default on every device: the decoder's Snake activations and long conv stacks are where
     # half precision audibly degrades audio, and the codec is small next to the talker.
-    dtype = select_dtype(args.dtype, device, cuda_default="float32")
-    source = resolve_model(spec)
+    config, device, dtype, source = load_stage_setup(args, log, cuda_default="float32")
+    stage = config.codec
     runtime = load_codec(source, device=device, dtype=dtype, max_streams=stage.max_num_seqs, config=config)
     budget = device_budget(device, stage.gpu_memory_utilization, "codec")
     if budget is not None:

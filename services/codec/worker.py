@@ -7,22 +7,18 @@ chunk by its encode time, never races them). The servicer side sees coroutines a
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol, TypeVar
+from typing import Protocol
 
 import numpy as np
 
 from voxstage.codec.engine import CodecAdmissionError, CodecEngine, CodecOutput
 from voxstage.codec.models import CodecRuntime
-from voxstage.engine_loop import EngineThread
-from voxstage.stage_errors import StageFailure
+from voxstage.stage_worker import StageWorker
 
 log = logging.getLogger(__name__)
-T = TypeVar("T")
 
 
 class PcmListener(Protocol):
@@ -45,25 +41,17 @@ class Reference:
     x_vector: np.ndarray  # float32 [dim]
 
 
-class CodecWorker:
+class CodecWorker(StageWorker[CodecOutput, PcmListener]):
+    role = "codec"
+    admission_errors = (CodecAdmissionError,)
+    invalid_errors = (ValueError,)  # bad codes, bad schedule values, unusable reference audio
+
     def __init__(self, runtime: CodecRuntime, engine: CodecEngine) -> None:
         self.runtime = runtime
         self.engine = engine
-        self._thread = EngineThread(engine, self._sink, name="codec-engine", on_error=self._on_error)
-        self._listeners: dict[str, PcmListener] = {}
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._on_fatal: Callable[[str], None] | None = None
-        self.failed: str | None = None
+        super().__init__(engine)
 
     # -- lifecycle ---------------------------------------------------------------------------------------
-    def start(self, loop: asyncio.AbstractEventLoop, on_fatal: Callable[[str], None] | None = None) -> None:
-        self._loop = loop
-        self._on_fatal = on_fatal
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._thread.stop()
-
     async def warm_up(self) -> float:
         """Decode a short synthetic stream (and encode a reference on Base checkpoints), on the engine
         thread."""
@@ -130,40 +118,8 @@ class CodecWorker:
         return await self._call(run)
 
     # -- engine thread -> event loop ----------------------------------------------------------------------
-    async def _call(self, fn: Callable[[], T]) -> T:
-        if self.failed is not None:
-            raise StageFailure("INTERNAL", f"codec engine failed: {self.failed}")
-        try:
-            return await asyncio.wrap_future(self._thread.call(fn))
-        except CodecAdmissionError as exc:
-            raise StageFailure("RESOURCE_EXHAUSTED", str(exc)) from exc
-        except ValueError as exc:  # bad codes, bad schedule values, unusable reference audio
-            raise StageFailure("INVALID_ARGUMENT", str(exc)) from exc
-        except KeyError as exc:
-            raise StageFailure("FAILED_PRECONDITION", str(exc.args[0] if exc.args else exc)) from exc
-        except RuntimeError as exc:
-            raise StageFailure("UNAVAILABLE", f"codec engine: {exc}") from exc
+    def _route(self, output: CodecOutput) -> tuple[str, bool]:
+        return output.stream_id, output.final
 
-    def _sink(self, outputs: list[CodecOutput]) -> None:
-        assert self._loop is not None
-        self._loop.call_soon_threadsafe(self._dispatch, outputs)
-
-    def _dispatch(self, outputs: list[CodecOutput]) -> None:
-        for out in outputs:
-            listener = self._listeners.get(out.stream_id)
-            if out.final:
-                self._listeners.pop(out.stream_id, None)
-            if listener is not None:
-                listener.on_pcm(out)
-
-    def _on_error(self, exc: BaseException) -> None:
-        assert self._loop is not None
-        self._loop.call_soon_threadsafe(self._fail_all, f"{type(exc).__name__}: {exc}")
-
-    def _fail_all(self, message: str) -> None:
-        self.failed = message
-        listeners, self._listeners = self._listeners, {}
-        for listener in listeners.values():
-            listener.on_engine_failed(message)
-        if self._on_fatal is not None:
-            self._on_fatal(message)
+    def _deliver(self, listener: PcmListener, output: CodecOutput) -> None:
+        listener.on_pcm(output)

@@ -7,18 +7,10 @@ light for ``validate-config``.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import logging
 from typing import Any
 
-from voxstage.stage_process import (
-    EXIT_START_FAILED,
-    StageParts,
-    StageStartError,
-    add_stage_options,
-    serve,
-    setup_logging,
-)
+from voxstage.stage_process import StageParts, StageStartError, register_stage, run_stage
 
 log = logging.getLogger(__name__)
 DEFAULT_PORT = 50061
@@ -27,34 +19,26 @@ PREFIX_CACHE_BYTES = 256 << 20
 
 
 def register(subparsers: Any) -> None:
-    parser = subparsers.add_parser(
+    register_stage(
+        subparsers,
         "talker",
         help="run the talker stage (text -> codec frames) as a gRPC server",
         description="Serve voxstage.internal.v1.Talker for the deploy file's talker stage (stage 0).",
+        default_port=DEFAULT_PORT,
+        handler=run,
     )
-    add_stage_options(parser, default_port=DEFAULT_PORT)
-    parser.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    setup_logging(args.log_level, "talker")
-    try:
-        parts = build(args)
-    except Exception as exc:  # noqa: BLE001 - any start-up failure ends the process with its reason
-        log.error("talker: cannot start: %s", exc)
-        log.debug("start-up failure", exc_info=True)
-        return EXIT_START_FAILED
-    return asyncio.run(serve(parts, args))
+    return run_stage(args, "talker", build, log)
 
 
 def build(args: argparse.Namespace) -> StageParts:
     import numpy as np
 
-    from voxstage.config.cli_args import load_from_args
     from voxstage.internal.v1 import stage_pb2_grpc
-    from voxstage.presets import resolve_model
     from voxstage.server import ServiceBinding
-    from voxstage.stage_process import device_budget, select_device, select_dtype
+    from voxstage.stage_process import device_budget, load_stage_setup
     from voxstage.talker.engine import EngineConfig, TalkerEngine
     from voxstage.talker.models import load_talker
     from voxstage.talker.servicer import SERVICE_NAME, TalkerServicer
@@ -62,16 +46,8 @@ def build(args: argparse.Namespace) -> StageParts:
     from voxstage.talker.worker import TalkerDefaults, TalkerWorker
     from voxstage.transport.shm import ShmWriter, sweep_dead_regions
 
-    config = load_from_args(args.config, args)
+    config, device, dtype, source = load_stage_setup(args, log, cuda_default="bfloat16")
     stage = config.talker
-    for warning in config.warnings:
-        log.warning("%s", warning)
-    spec = args.model or (str(config.model_path()) if config.model_path() else config.model)
-    if not spec:
-        raise StageStartError("no model: pass --model or set `model` in the deploy file")
-    device = select_device(args.device, args.threads)
-    dtype = select_dtype(args.dtype, device, cuda_default="bfloat16")
-    source = resolve_model(spec)
     adapter, info = load_talker(source, device=device, dtype=dtype)
     limit, xvector_dim = _family_limits(adapter, info.family)
     max_len = stage.max_model_len or limit

@@ -8,28 +8,25 @@ exceptions come back as ``StageFailure`` with the status the protocol assigns (d
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import logging
 import secrets
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol
 
 import numpy as np
 
 from voxstage.config import SamplingParams as DeploySampling
 from voxstage.config import StageConfig
-from voxstage.engine_loop import EngineThread
 from voxstage.stage_errors import StageFailure
+from voxstage.stage_worker import StageWorker
 from voxstage.talker.engine import AdmissionError, RequestTooLarge, TalkerEngine, TalkerOutput, TalkerRequest
 from voxstage.talker.models import TalkerInfo
 from voxstage.talker.sampling import SamplingParams
 from voxstage.talker.spec import SpeechSpec
 
 log = logging.getLogger(__name__)
-T = TypeVar("T")
 MAX_SEED = (1 << 63) - 1
 
 
@@ -147,27 +144,19 @@ class _TrackedEngine:
         return -1 if seq is None else seq.slot
 
 
-class TalkerWorker:
+class TalkerWorker(StageWorker[TalkerOutput, OutputListener]):
+    role = "talker"
+    admission_errors = (AdmissionError,)
+    invalid_errors = (RequestTooLarge, ValueError)  # PromptError is a ValueError
+
     def __init__(self, engine: TalkerEngine, info: TalkerInfo, defaults: TalkerDefaults) -> None:
         self.engine = engine
         self.info = info
         self.defaults = defaults
         self._tracked = _TrackedEngine(engine)
-        self._thread = EngineThread(self._tracked, self._sink, name="talker-engine", on_error=self._on_error)
-        self._listeners: dict[str, OutputListener] = {}
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._on_fatal: Callable[[str], None] | None = None
-        self.failed: str | None = None
+        super().__init__(self._tracked)
 
     # -- lifecycle (event loop) -------------------------------------------------------------------------
-    def start(self, loop: asyncio.AbstractEventLoop, on_fatal: Callable[[str], None] | None = None) -> None:
-        self._loop = loop
-        self._on_fatal = on_fatal
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._thread.stop()
-
     async def warm_up(self, spec: SpeechSpec) -> float:
         """One short synthetic request through the engine (on its thread); returns the seconds it took."""
 
@@ -271,45 +260,11 @@ class TalkerWorker:
         return await self._call(run)
 
     # -- engine thread -> event loop ----------------------------------------------------------------------
-    async def _call(self, fn: Callable[[], T]) -> T:
-        if self.failed is not None:
-            raise StageFailure("INTERNAL", f"talker engine failed: {self.failed}")
-        try:
-            return await asyncio.wrap_future(self._thread.call(fn))
-        except StageFailure:
-            raise
-        except AdmissionError as exc:
-            raise StageFailure("RESOURCE_EXHAUSTED", str(exc)) from exc
-        except (RequestTooLarge, ValueError) as exc:  # PromptError is a ValueError
-            raise StageFailure("INVALID_ARGUMENT", str(exc)) from exc
-        except KeyError as exc:
-            raise StageFailure("FAILED_PRECONDITION", str(exc.args[0] if exc.args else exc)) from exc
-        except RuntimeError as exc:
-            raise StageFailure("UNAVAILABLE", f"talker engine: {exc}") from exc
+    def _route(self, output: TalkerOutput) -> tuple[str, bool]:
+        return output.request_id, output.finish is not None
 
-    def _sink(self, outputs: list[TalkerOutput]) -> None:
-        assert self._loop is not None
-        self._loop.call_soon_threadsafe(self._dispatch, outputs)
-
-    def _dispatch(self, outputs: list[TalkerOutput]) -> None:
-        for out in outputs:
-            listener = self._listeners.get(out.request_id)
-            if out.finish is not None:
-                self._listeners.pop(out.request_id, None)
-            if listener is not None:
-                listener.on_output(out)
-
-    def _on_error(self, exc: BaseException) -> None:
-        assert self._loop is not None
-        self._loop.call_soon_threadsafe(self._fail_all, f"{type(exc).__name__}: {exc}")
-
-    def _fail_all(self, message: str) -> None:
-        self.failed = message
-        listeners, self._listeners = self._listeners, {}
-        for listener in listeners.values():
-            listener.on_engine_failed(message)
-        if self._on_fatal is not None:
-            self._on_fatal(message)
+    def _deliver(self, listener: OutputListener, output: TalkerOutput) -> None:
+        listener.on_output(output)
 
 
 def apply_overrides(base: SamplingParams, overrides: dict[str, Any], name: str) -> SamplingParams:

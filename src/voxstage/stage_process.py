@@ -1,5 +1,6 @@
-"""What every stage process (talker, codec) shares: command-line options, device and memory budget, and the
-serve loop (start gRPC, warm up, report SERVING, drain on SIGTERM).
+"""What every stage process (talker, codec) shares: the subcommand and its options, the deploy file, model
+and device selection, the memory budget, and the serve loop (start gRPC, warm up, report SERVING, drain on
+SIGTERM).
 
 Imports no torch at module level: the CLI imports this to build its parsers, and ``validate-config`` must
 stay free of model code.
@@ -15,9 +16,13 @@ import signal
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
-from voxstage.config.cli_args import add_deploy_options
+from voxstage.config.cli_args import add_deploy_options, load_from_args
+
+if TYPE_CHECKING:
+    from voxstage.config import DeployConfig
+    from voxstage.presets import ModelSource
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +57,63 @@ def add_stage_options(parser: argparse.ArgumentParser, *, default_port: int) -> 
     )
     parser.add_argument("--log-level", default="INFO")
     add_deploy_options(parser)
+
+
+def register_stage(
+    subparsers: Any,
+    role: str,
+    *,
+    help: str,
+    description: str,
+    default_port: int,
+    handler: Callable[[argparse.Namespace], int],
+) -> None:
+    """Add the ``voxstage <role>`` subcommand with the options every stage takes."""
+    parser = subparsers.add_parser(role, help=help, description=description)
+    add_stage_options(parser, default_port=default_port)
+    parser.set_defaults(handler=handler)
+
+
+def run_stage(
+    args: argparse.Namespace,
+    role: str,
+    build: Callable[[argparse.Namespace], StageParts],
+    logger: logging.Logger,
+) -> int:
+    """Build the stage, then serve it; a start-up failure exits ``EXIT_START_FAILED`` with its reason.
+
+    ``logger`` is the stage's own (its name is part of every log line), not this module's."""
+    setup_logging(args.log_level, role)
+    try:
+        parts = build(args)
+    except Exception as exc:  # noqa: BLE001 - any start-up failure ends the process with its reason
+        logger.error("%s: cannot start: %s", role, exc)
+        logger.debug("start-up failure", exc_info=True)
+        return EXIT_START_FAILED
+    return asyncio.run(serve(parts, args))
+
+
+class StageSetup(NamedTuple):
+    config: DeployConfig
+    device: str
+    dtype: Any  # torch.dtype (torch is imported only once a stage is built)
+    source: ModelSource
+
+
+def load_stage_setup(args: argparse.Namespace, logger: logging.Logger, *, cuda_default: str) -> StageSetup:
+    """The deploy file (its warnings logged on the stage's ``logger``), the device and dtype, and where the
+    model comes from: ``--model``, else the file's ``model``. Imports torch (through the device choice)."""
+    from voxstage.presets import resolve_model
+
+    config = load_from_args(args.config, args)
+    for warning in config.warnings:
+        logger.warning("%s", warning)
+    spec = args.model or (str(config.model_path()) if config.model_path() else config.model)
+    if not spec:
+        raise StageStartError("no model: pass --model or set `model` in the deploy file")
+    device = select_device(args.device, args.threads)
+    dtype = select_dtype(args.dtype, device, cuda_default=cuda_default)
+    return StageSetup(config, device, dtype, resolve_model(spec))
 
 
 def setup_logging(level: str, role: str) -> None:

@@ -9,7 +9,8 @@ from typing import Any
 import pytest
 
 from bench.clients import Synthesis, speech_body, synthesis_config
-from bench.loadgen import RunConfig, require_loopback, run_level, search
+from bench.levels import RunConfig, run_level, search
+from bench.loadgen import require_loopback
 from bench.records import Gate, Outcome, RequestRecord, build_record, summarize
 from voxstage.v1 import speech_pb2
 

@@ -1,0 +1,105 @@
+"""What the talker's and the codec's workers share: the engine thread, its lifecycle, and the bridge from it
+to the event loop (outputs to each stream's listener, engine exceptions to ``StageFailure``).
+
+A stage's worker subclasses ``StageWorker`` and adds its own commands (built on ``_call``) and says how an
+output names its stream and reaches the listener. Like the engines it drives, this module imports no
+``grpc``; it imports no torch either.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import ClassVar, Generic, Protocol, TypeVar
+
+from voxstage.engine_loop import EngineThread, Steppable
+from voxstage.stage_errors import StageFailure
+
+T = TypeVar("T")
+O = TypeVar("O")
+
+
+class EngineListener(Protocol):
+    def on_engine_failed(self, message: str) -> None: ...
+
+
+L = TypeVar("L", bound=EngineListener)
+
+
+class StageWorker(Generic[O, L]):
+    """One engine thread and the listeners of the streams it serves (keyed by the engine's stream id)."""
+
+    role: ClassVar[str]  # "talker" / "codec": in the thread's name and in failure messages
+    # Engine exceptions the protocol reports as RESOURCE_EXHAUSTED / INVALID_ARGUMENT, checked in this
+    # order before KeyError (FAILED_PRECONDITION) and RuntimeError (UNAVAILABLE).
+    admission_errors: ClassVar[tuple[type[Exception], ...]] = ()
+    invalid_errors: ClassVar[tuple[type[Exception], ...]] = (ValueError,)
+
+    def __init__(self, steppable: Steppable[O]) -> None:
+        name = f"{self.role}-engine"
+        self._thread = EngineThread(steppable, self._sink, name=name, on_error=self._on_error)
+        self._listeners: dict[str, L] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._on_fatal: Callable[[str], None] | None = None
+        self.failed: str | None = None
+
+    # -- hooks -------------------------------------------------------------------------------------------
+    def _route(self, output: O) -> tuple[str, bool]:
+        """(stream key, whether this is the stream's last output) of one engine output."""
+        raise NotImplementedError
+
+    def _deliver(self, listener: L, output: O) -> None:
+        raise NotImplementedError
+
+    # -- lifecycle (event loop) -------------------------------------------------------------------------
+    def start(self, loop: asyncio.AbstractEventLoop, on_fatal: Callable[[str], None] | None = None) -> None:
+        self._loop = loop
+        self._on_fatal = on_fatal
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._thread.stop()
+
+    # -- engine thread -> event loop ----------------------------------------------------------------------
+    async def _call(self, fn: Callable[[], T]) -> T:
+        """Run ``fn`` on the engine thread; its exceptions come back as the ``StageFailure`` the protocol
+        assigns them (docs/protocol.md §7)."""
+        if self.failed is not None:
+            raise StageFailure("INTERNAL", f"{self.role} engine failed: {self.failed}")
+        try:
+            return await asyncio.wrap_future(self._thread.call(fn))
+        except StageFailure:
+            raise
+        except self.admission_errors as exc:
+            raise StageFailure("RESOURCE_EXHAUSTED", str(exc)) from exc
+        except self.invalid_errors as exc:
+            raise StageFailure("INVALID_ARGUMENT", str(exc)) from exc
+        except KeyError as exc:
+            raise StageFailure("FAILED_PRECONDITION", str(exc.args[0] if exc.args else exc)) from exc
+        except RuntimeError as exc:
+            raise StageFailure("UNAVAILABLE", f"{self.role} engine: {exc}") from exc
+
+    def _sink(self, outputs: list[O]) -> None:
+        assert self._loop is not None
+        self._loop.call_soon_threadsafe(self._dispatch, outputs)
+
+    def _dispatch(self, outputs: list[O]) -> None:
+        for out in outputs:
+            key, last = self._route(out)
+            listener = self._listeners.get(key)
+            if last:
+                self._listeners.pop(key, None)
+            if listener is not None:
+                self._deliver(listener, out)
+
+    def _on_error(self, exc: BaseException) -> None:
+        assert self._loop is not None
+        self._loop.call_soon_threadsafe(self._fail_all, f"{type(exc).__name__}: {exc}")
+
+    def _fail_all(self, message: str) -> None:
+        self.failed = message
+        listeners, self._listeners = self._listeners, {}
+        for listener in listeners.values():
+            listener.on_engine_failed(message)
+        if self._on_fatal is not None:
+            self._on_fatal(message)
