@@ -169,7 +169,8 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     doc = asyncio.run(amain(args))
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(doc, indent=1) + "\n")
+    # One line per level record would make multi-MB files; compact JSON, read it with a JSON tool.
+    args.out.write_text(json.dumps(doc, separators=(",", ":")) + "\n")
     print(f"wrote {args.out}", flush=True)
     if args.plots is not None:
         from bench.plots import plot_files

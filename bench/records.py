@@ -192,4 +192,6 @@ class Gate:
 
 
 def record_dict(rec: RequestRecord) -> dict[str, Any]:
-    return asdict(rec)
+    # Microseconds are plenty for latencies measured in milliseconds; full float repr doubles the file size
+    # (a search level at tens of req/s holds thousands of records).
+    return {k: round(v, 6) if isinstance(v, float) else v for k, v in asdict(rec).items()}

@@ -28,6 +28,8 @@ import shutil
 import subprocess
 import sys
 import time
+import traceback
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -81,11 +83,14 @@ def run_loadgen(out: Path, name: str, args: list[str], log: list[dict]) -> dict:
 
 def serve_phases(a: argparse.Namespace, model: str, phases: list[str], out: Path, prof: Profile) -> None:
     tag = size_of(model)
-    chunks = tuple(int(x) for x in a.chunk_schedule.split(",")) if a.chunk_schedule else None
+    chunks = None
+    if a.chunk_schedule:
+        initial, steady = (int(x) for x in a.chunk_schedule.split(","))
+        chunks = (initial, steady)
     stack = None
     slots = a.slots
     for _ in range(3):  # a stack that cannot start with this many slots is retried with half
-        spec = StackSpec(model, a.device, a.frames, slots, a.max_model_len, chunks, a.threads)  # type: ignore[arg-type]
+        spec = StackSpec(model, a.device, a.frames, slots, a.max_model_len, chunks, a.threads)
         stack = Stack(spec, out / f"serve_{tag}.log")
         if stack.start():
             break
@@ -96,7 +101,8 @@ def serve_phases(a: argparse.Namespace, model: str, phases: list[str], out: Path
             break
         slots //= 2
     if stack is None:
-        (out / f"serve_{tag}_failed.json").write_text(json.dumps({"model": model, "slots": a.slots}) + "\n")
+        failed = {"model": model, "slots": a.slots, "log": str(out / f"serve_{tag}.log")}
+        (out / f"serve_{tag}_failed.json").write_text(json.dumps(failed) + "\n")
         return
     meta: dict = {"model": model, "command": stack.command(), "start_s": stack.start_s, "slots": slots}
     meta["chunk_schedule"] = a.chunk_schedule or "deploy"
@@ -146,7 +152,8 @@ def engine_phase(a: argparse.Namespace, model: str, out: Path, prof: Profile) ->
     print(f"\n== engine {tag}: {' '.join(cmd)}", flush=True)
     with (out / f"engine_{tag}.log").open("wb") as log:
         code = subprocess.run(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT).returncode
-    print(f"engine_gpu.py exited {code} (log: {out / f'engine_{tag}.log'})", flush=True)
+    if code != 0:
+        raise RuntimeError(f"engine_gpu.py exited {code}; see {out / f'engine_{tag}.log'}")
 
 
 def reference_phase(a: argparse.Namespace, model: str, out: Path, prof: Profile) -> None:
@@ -155,24 +162,27 @@ def reference_phase(a: argparse.Namespace, model: str, out: Path, prof: Profile)
     export = [sys.executable, str(REPO / "bench" / "export_reference_weights.py"), "--model", model]
     export += ["--out", str(weights), "--device", a.device]
     print(f"\n== reference {tag}: {' '.join(export)}", flush=True)
-    with (out / f"reference_{tag}.log").open("wb") as log:
-        if subprocess.run(export, cwd=REPO, stdout=log, stderr=subprocess.STDOUT).returncode != 0:
-            print(f"weight export failed; see {out / f'reference_{tag}.log'}", flush=True)
-            return
-        env = dict(os.environ)
-        python = a.ref_python or sys.executable
-        if a.ref_env:
-            env["PYTHONPATH"] = a.ref_env  # the reference's own packages only, never voxstage's
-        else:
-            env.pop("PYTHONPATH", None)
-        cmd = [python, str(REPO / "bench" / "reference_qwen_tts.py"), "--weights", str(weights)]
-        cmd += ["--out", str(out / f"reference_{tag}.json"), "--device", a.device, "--frames", str(a.frames)]
-        cmd += ["--runs", str(prof.ref_runs), *(["--decoder-iters", "3"] if a.profile == "smoke" else [])]
-        log.write(f"$ PYTHONPATH={env.get('PYTHONPATH', '')} {' '.join(cmd)}\n".encode())
-        log.flush()
-        code = subprocess.run(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT).returncode
-    shutil.rmtree(weights, ignore_errors=True)  # up to 4 GB per model
-    print(f"reference_qwen_tts.py exited {code} (log: {out / f'reference_{tag}.log'})", flush=True)
+    log_path = out / f"reference_{tag}.log"
+    try:
+        with log_path.open("wb") as log:
+            if subprocess.run(export, cwd=REPO, stdout=log, stderr=subprocess.STDOUT).returncode != 0:
+                raise RuntimeError(f"weight export failed; see {log_path}")
+            env = dict(os.environ)
+            if a.ref_env:
+                env["PYTHONPATH"] = a.ref_env  # the reference's own packages only, never voxstage's
+            else:
+                env.pop("PYTHONPATH", None)
+            cmd = [a.ref_python or sys.executable, str(REPO / "bench" / "reference_qwen_tts.py")]
+            cmd += ["--weights", str(weights), "--out", str(out / f"reference_{tag}.json")]
+            cmd += ["--device", a.device, "--frames", str(a.frames), "--runs", str(prof.ref_runs)]
+            cmd += ["--decoder-iters", "3"] if a.profile == "smoke" else []
+            log.write(f"$ PYTHONPATH={env.get('PYTHONPATH', '')} {' '.join(cmd)}\n".encode())
+            log.flush()
+            code = subprocess.run(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT).returncode
+    finally:
+        shutil.rmtree(weights, ignore_errors=True)  # up to 4 GB per model
+    if code != 0:
+        raise RuntimeError(f"reference_qwen_tts.py exited {code}; see {log_path}")
 
 
 def environment(out: Path, device: str) -> None:
@@ -224,18 +234,34 @@ def main(argv: list[str] | None = None) -> int:
     a.out.mkdir(parents=True, exist_ok=True)
     environment(a.out, a.device)
     models = [m for m in a.models.split(",") if m]
+    failures: list[str] = []
+
+    def guarded(name: str, fn: Callable[[], None]) -> None:
+        # Device time is scarce: one phase failing must not cost the phases after it.
+        try:
+            fn()
+        except Exception:  # noqa: BLE001 - recorded and reported, the run goes on
+            failures.append(f"{name}:\n{traceback.format_exc()}")
+            print(f"phase {name} failed:\n{traceback.format_exc()}", flush=True)
+
     for model in models:
         if any(p in SERVE_PHASES for p in phases):
-            serve_phases(a, model, phases, a.out, prof)
+            guarded(f"serve {model}", lambda m=model: serve_phases(a, m, phases, a.out, prof))
         if "engine" in phases:
-            engine_phase(a, model, a.out, prof)
+            guarded(f"engine {model}", lambda m=model: engine_phase(a, m, a.out, prof))
         if "reference" in phases:
-            reference_phase(a, model, a.out, prof)
+            guarded(f"reference {model}", lambda m=model: reference_phase(a, m, a.out, prof))
     if "report" in phases:
         from bench.gpu_report import write_report
 
-        write_report(a.out)
-    return 0
+        def report() -> None:
+            write_report(a.out)
+
+        guarded("report", report)
+    if failures:
+        with (a.out / "failures.log").open("a") as f:
+            f.write("\n".join(failures) + "\n")
+    return 1 if failures else 0
 
 
 if __name__ == "__main__":

@@ -5,7 +5,7 @@
 #
 # The box has Python 3.12 and a CUDA torch but no internet, so everything else arrives as carried wheels
 # (bench/README.md: what to download and carry):
-#   build/vx_stage_wheels  voxstage's runtime packages the box lacks -> $VX_SITE
+#   build/bench_wheels     voxstage's runtime packages the box may lack (gateway included) -> $VX_SITE
 #   build/ref_wheels       qwen-tts 0.1.1 + transformers 4.57.3 and their pure deps -> $REF_ENV, which is
 #                          on PYTHONPATH only for the reference process (never next to voxstage)
 # voxstage itself is installed from this checkout into $VX_PKG (not editable: the stage processes import it).
@@ -14,7 +14,7 @@ set -euo pipefail
 OUT_DIR=${1:?usage: bench/run_gpu.sh OUT_DIR [run_gpu.py options]}
 shift
 PY=${PYTHON:-python3}
-VX_WHEELS=${VX_WHEELS:-build/vx_stage_wheels}
+VX_WHEELS=${VX_WHEELS:-build/bench_wheels}
 REF_WHEELS=${REF_WHEELS:-build/ref_wheels}
 VX_SITE=${VX_SITE:-/tmp/vx-site}
 VX_PKG=${VX_PKG:-/tmp/vx-pkg}

@@ -56,9 +56,10 @@ class StackSpec:
 
 
 class Stack:
-    def __init__(self, spec: StackSpec, log: Path) -> None:
+    def __init__(self, spec: StackSpec, log: Path, env: dict[str, str] | None = None) -> None:
         self.spec = spec
         self.log = log
+        self.env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
         self.grpc = f"127.0.0.1:{free_port()}"
         self.http = f"127.0.0.1:{free_port()}"
         self.proc: subprocess.Popen[bytes] | None = None
@@ -66,17 +67,8 @@ class Stack:
 
     def command(self) -> list[str]:
         s = self.spec
-        cmd = [
-            sys.executable,
-            "-m",
-            "voxstage",
-            "serve",
-            str(DEPLOY),
-            "--model",
-            s.model,
-            "--device",
-            s.device,
-        ]
+        cmd = [sys.executable, "-m", "voxstage", "serve", str(DEPLOY), "--model", s.model]
+        cmd += ["--device", s.device]
         cmd += ["--host", "127.0.0.1", "--grpc-port", self.grpc.rsplit(":", 1)[1]]
         cmd += ["--http-port", self.http.rsplit(":", 1)[1], "--start-timeout", "900", "--drain-grace", "10"]
         if s.threads is not None:
@@ -92,9 +84,8 @@ class Stack:
         with self.log.open("ab") as out:
             out.write(f"$ {' '.join(self.command())}\n".encode())
             out.flush()
-            env = {**os.environ, "PYTHONUNBUFFERED": "1"}
             self.proc = subprocess.Popen(
-                self.command(), cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT
+                self.command(), cwd=REPO, env=self.env, stdout=out, stderr=subprocess.STDOUT
             )
         while time.monotonic() - t0 < timeout_s:
             if self.proc.poll() is not None:

@@ -10,7 +10,7 @@ import dataclasses
 import logging
 from typing import Any
 
-from voxstage.stage_process import StageParts, register_stage, run_stage
+from voxstage.stage_process import StageParts, register_stage
 
 log = logging.getLogger(__name__)
 DEFAULT_PORT = 50062
@@ -23,12 +23,9 @@ def register(subparsers: Any) -> None:
         help="run the codec stage (codec frames -> PCM) as a gRPC server",
         description="Serve voxstage.internal.v1.Codec for the deploy file's codec stage (stage 1).",
         default_port=DEFAULT_PORT,
-        handler=run,
+        build=build,
+        logger=log,
     )
-
-
-def run(args: argparse.Namespace) -> int:
-    return run_stage(args, "codec", build, log)
 
 
 def build(args: argparse.Namespace) -> StageParts:

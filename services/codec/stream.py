@@ -11,11 +11,9 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import logging
 import math
 import time
 from collections import deque
-from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -27,16 +25,14 @@ from voxstage.audio import StreamingResampler
 from voxstage.codec.engine import CodecOutput
 from voxstage.codec.relay import TalkerRefused, TalkerRelay
 from voxstage.internal.v1 import stage_pb2
-from voxstage.loans import StreamLoans
 from voxstage.stage_errors import StageFailure
-from voxstage.transport.host import local_hello, verify_peer
-from voxstage.transport.payload import hello_from_proto, hello_to_proto, read_payload
+from voxstage.stage_stream import StageStream
+from voxstage.transport.payload import read_payload
 from voxstage.transport.shm_layout import InvalidShmReference
 
 if TYPE_CHECKING:
     from voxstage.codec.servicer import CodecServicer
 
-log = logging.getLogger(__name__)
 _keys = itertools.count(1)
 S = stage_pb2
 
@@ -48,15 +44,16 @@ class _Piece:
     frames: int
 
 
-class CodecStream:
+class CodecStream(StageStream):
+    role = "codec"
+    peer = "gateway"
+    outbox: asyncio.Queue[S.CodecStreamResponse]
+
     def __init__(self, servicer: CodecServicer, context: grpc.aio.ServicerContext) -> None:
+        super().__init__(f"cs{next(_keys)}")
         self.srv = servicer
         self.rt = servicer.worker.runtime
         self.context = context
-        self.key = f"cs{next(_keys)}"
-        self.request_id = ""
-        self.outbox: asyncio.Queue[S.CodecStreamResponse] = asyncio.Queue()
-        self.opened = self.end_of_input = self.cancel_requested = self.terminal_sent = False
         self.engine_open = False
         self.slot = -1
         self.fmt = S.PCM_FORMAT_S16LE
@@ -71,42 +68,9 @@ class CodecStream:
         self.decoded_all = False
         self.end_reason = S.END_REASON_EOS
         self.segment_done: S.SegmentDone | None = None
-        self.loans = StreamLoans(None)
         self.relay: TalkerRelay | None = None
-        self.t_open = time.perf_counter()
-        self.t_first: float | None = None
 
     # -- gateway -> codec ----------------------------------------------------------------------------------
-    async def read(self, requests: AsyncIterator[S.CodecStreamRequest]) -> None:
-        """Consume the gateway's messages until half-close. Protocol errors end the stream in-band; a bug
-        while handling one is reported as INTERNAL on this stream only; a broken call as UNAVAILABLE."""
-        messages = aiter(requests)
-        while True:
-            try:
-                msg = await anext(messages)
-            except StopAsyncIteration:
-                break
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # noqa: BLE001 - the call broke under us: the gateway is gone
-                self.fail("UNAVAILABLE", f"gateway stream broke: {exc}")
-                return
-            if self.terminal_sent:
-                if msg.WhichOneof("request") == "shm_ack":
-                    self.loans.late_ack(msg.shm_ack)  # frees slots the gateway copied out late
-                continue
-            try:
-                await self._handle(msg)
-            except StageFailure as exc:
-                self.fail(exc.code, exc.message)
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # noqa: BLE001 - one request's bug must not reach the others
-                log.exception("codec stream %s failed", self.request_id)
-                self.fail("INTERNAL", f"codec: {type(exc).__name__}: {exc}")
-        if not self.terminal_sent and not (self.end_of_input or self.cancel_requested):
-            self.fail("INVALID_ARGUMENT", "stream half-closed before end_of_input or cancel")
-
     async def _handle(self, msg: S.CodecStreamRequest) -> None:
         kind = msg.WhichOneof("request")
         if not self.opened:
@@ -142,13 +106,7 @@ class CodecStream:
 
     async def _open(self, op: S.StreamOpen) -> None:
         srv, rt = self.srv, self.rt
-        self.request_id = op.request_id
-        if srv.draining or not srv.ready:
-            raise StageFailure("UNAVAILABLE", f"codec is {'draining' if srv.draining else 'not ready'}")
-        if op.mode not in (S.STREAM_MODE_UNSPECIFIED, S.STREAM_MODE_TTS):
-            raise StageFailure("FAILED_PRECONDITION", f"mode: {rt.family} serves text-to-speech streams only")
-        if op.model and op.model != rt.model:
-            raise StageFailure("NOT_FOUND", f"model: this codec serves {rt.model!r}, not {op.model!r}")
+        self._admit(op, srv, model=rt.model, family=rt.family)
         if not op.talker_address:
             raise StageFailure("INVALID_ARGUMENT", "talker_address: required (host:port of the talker)")
         plan = srv.plan
@@ -185,9 +143,7 @@ class CodecStream:
             self.engine_open = False
             raise
         writer = srv.shm_writer
-        if writer is not None:
-            readable = writer.peer_can_read(op.transport.verified_peer_probe)
-            self.loans = StreamLoans(writer.sender(peer_readable=readable))
+        self._lend_shm(writer, op)
         timeout = self.context.time_remaining()
         self.relay = TalkerRelay(self, srv.pool, op.talker_address, timeout)
         talker_open = S.StreamOpen()
@@ -214,11 +170,7 @@ class CodecStream:
                 f"{rt.num_groups} (the two stages serve different models)",
             )
         self.opened = True
-        hello = local_hello(
-            probe_region=writer.probe_region if writer else "",
-            shm_threshold_bytes=writer.threshold_bytes if writer else 0,
-            verified_peer_probe=verify_peer(hello_from_proto(op.transport)),
-        )
+        hello = self._hello(writer, op)
         self.outbox.put_nowait(
             S.CodecStreamResponse(
                 opened=S.StreamOpened(
@@ -231,7 +183,7 @@ class CodecStream:
                     sample_rate_hz=self.rate,
                     channels=1,
                     chunk_schedule=sched,
-                    transport=hello_to_proto(hello),
+                    transport=hello,
                 )
             )
         )

@@ -10,7 +10,7 @@ import argparse
 import logging
 from typing import Any
 
-from voxstage.stage_process import StageParts, StageStartError, register_stage, run_stage
+from voxstage.stage_process import StageParts, StageStartError, register_stage
 
 log = logging.getLogger(__name__)
 DEFAULT_PORT = 50061
@@ -25,12 +25,9 @@ def register(subparsers: Any) -> None:
         help="run the talker stage (text -> codec frames) as a gRPC server",
         description="Serve voxstage.internal.v1.Talker for the deploy file's talker stage (stage 0).",
         default_port=DEFAULT_PORT,
-        handler=run,
+        build=build,
+        logger=log,
     )
-
-
-def run(args: argparse.Namespace) -> int:
-    return run_stage(args, "talker", build, log)
 
 
 def build(args: argparse.Namespace) -> StageParts:

@@ -11,22 +11,19 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import logging
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from voxstage import wire
 from voxstage.internal.v1 import stage_pb2
-from voxstage.loans import StreamLoans
 from voxstage.stage_errors import StageFailure
+from voxstage.stage_stream import StageStream
 from voxstage.talker.engine import Finish, TalkerOutput
 from voxstage.talker.request_params import request_params
 from voxstage.talker.worker import RequestParams, RequestSnapshot
-from voxstage.transport.host import local_hello, verify_peer
-from voxstage.transport.payload import hello_from_proto, hello_to_proto
 
 if TYPE_CHECKING:
     from voxstage.talker.servicer import TalkerServicer
@@ -38,7 +35,6 @@ _REASONS = {
     Finish.MAX_MODEL_LEN: stage_pb2.END_REASON_MAX_FRAMES,
     Finish.CANCELLED: stage_pb2.END_REASON_CANCELLED,
 }
-log = logging.getLogger(__name__)
 _keys = itertools.count(1)
 
 
@@ -54,13 +50,15 @@ def sendable(sent: int, avail: int, credit: int, initial: int, steady: int, fini
     return first + (limit - first) // steady * steady
 
 
-class TalkerStream:
+class TalkerStream(StageStream):
+    role = "talker"
+    peer = "codec"
+    outbox: asyncio.Queue[stage_pb2.TalkerStreamResponse]
+
     def __init__(self, servicer: TalkerServicer) -> None:
+        super().__init__(f"ts{next(_keys)}")
         self.servicer = servicer
         self.worker = servicer.worker
-        self.key = f"ts{next(_keys)}"  # engine id: unique even if two callers reuse a request_id
-        self.request_id = ""
-        self.outbox: asyncio.Queue[stage_pb2.TalkerStreamResponse] = asyncio.Queue()
         self.params = RequestParams()
         self.non_streaming = False
         self.initial = self.steady = 1
@@ -72,44 +70,10 @@ class TalkerStream:
         self.engine_error: str | None = None
         self.text: list[str] = []
         self.text_chars = 0
-        self.opened = self.submitted = self.end_of_input = self.cancel_requested = False
-        self.terminal_sent = False
+        self.submitted = False
         self.finished_tick = 0
-        self.loans = StreamLoans(None)
-        self.t_open = time.perf_counter()
-        self.t_first: float | None = None
 
     # -- codec -> talker ------------------------------------------------------------------------------------
-    async def read(self, requests: AsyncIterator[stage_pb2.TalkerStreamRequest]) -> None:
-        """Consume the codec's messages until half-close. Protocol errors end the stream in-band; a bug
-        while handling one is reported as INTERNAL on this stream only; a broken call as UNAVAILABLE."""
-        messages = aiter(requests)
-        while True:
-            try:
-                msg = await anext(messages)
-            except StopAsyncIteration:
-                break
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # noqa: BLE001 - the call broke under us: the codec is gone
-                self.fail("UNAVAILABLE", f"codec stream broke: {exc}")
-                return
-            if self.terminal_sent:
-                if msg.WhichOneof("request") == "shm_ack":
-                    self.loans.late_ack(msg.shm_ack)  # frees slots the codec copied out late
-                continue
-            try:
-                await self._handle(msg)
-            except StageFailure as exc:
-                self.fail(exc.code, exc.message)
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # noqa: BLE001 - one request's bug must not reach the others
-                log.exception("talker stream %s failed", self.request_id)
-                self.fail("INTERNAL", f"talker: {type(exc).__name__}: {exc}")
-        if not self.terminal_sent and not (self.end_of_input or self.cancel_requested):
-            self.fail("INVALID_ARGUMENT", "stream half-closed before end_of_input or cancel")
-
     async def _handle(self, msg: stage_pb2.TalkerStreamRequest) -> None:
         kind = msg.WhichOneof("request")
         if not self.opened:
@@ -155,15 +119,7 @@ class TalkerStream:
 
     async def _open(self, op: stage_pb2.StreamOpen) -> None:
         srv = self.servicer
-        self.request_id = op.request_id
-        if srv.draining or not srv.ready:
-            raise StageFailure("UNAVAILABLE", f"talker is {'draining' if srv.draining else 'not ready'}")
-        if op.mode not in (stage_pb2.STREAM_MODE_UNSPECIFIED, stage_pb2.STREAM_MODE_TTS):
-            raise StageFailure(
-                "FAILED_PRECONDITION", f"mode: {srv.family} serves text-to-speech streams only"
-            )
-        if op.model and op.model != srv.model:
-            raise StageFailure("NOT_FOUND", f"model: this talker serves {srv.model!r}, not {op.model!r}")
+        self._admit(op, srv, model=srv.model, family=srv.family)
         sched = wire.resolve_schedule(op.chunk_schedule, srv.plan.initial_frames, srv.plan.steady_frames, 0)
         self.initial, self.steady = sched.initial_chunk_frames, sched.steady_chunk_frames
         window = self.initial + self.steady
@@ -179,9 +135,7 @@ class TalkerStream:
         self.worker.check_voice(self.params)
         self.worker.build_request(self.key, self.params, "", False)  # validates sampling and seed now
         writer = srv.shm_writer
-        if writer is not None:
-            readable = writer.peer_can_read(op.transport.verified_peer_probe)
-            self.loans = StreamLoans(writer.sender(peer_readable=readable))
+        self._lend_shm(writer, op)
         self.opened = True
         self.outbox.put_nowait(
             stage_pb2.TalkerStreamResponse(
@@ -192,13 +146,7 @@ class TalkerStream:
                     num_code_groups=srv.num_groups,
                     frame_rate_hz=srv.frame_rate_hz,
                     chunk_schedule=sched,
-                    transport=hello_to_proto(
-                        local_hello(
-                            probe_region=writer.probe_region if writer else "",
-                            shm_threshold_bytes=writer.threshold_bytes if writer else 0,
-                            verified_peer_probe=verify_peer(hello_from_proto(op.transport)),
-                        )
-                    ),
+                    transport=self._hello(writer, op),
                 )
             )
         )

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import functools
 import logging
 import signal
 import time
@@ -66,12 +67,13 @@ def register_stage(
     help: str,
     description: str,
     default_port: int,
-    handler: Callable[[argparse.Namespace], int],
+    build: Callable[[argparse.Namespace], StageParts],
+    logger: logging.Logger,
 ) -> None:
-    """Add the ``voxstage <role>`` subcommand with the options every stage takes."""
+    """Add the ``voxstage <role>`` subcommand: the options every stage takes; it runs ``run_stage``."""
     parser = subparsers.add_parser(role, help=help, description=description)
     add_stage_options(parser, default_port=default_port)
-    parser.set_defaults(handler=handler)
+    parser.set_defaults(handler=functools.partial(run_stage, role=role, build=build, logger=logger))
 
 
 def run_stage(

@@ -11,51 +11,52 @@ never run model code and never re-raise ``asyncio.CancelledError`` (grpc/grpc#29
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any, Generic, Protocol, TypeVar
+from collections.abc import AsyncIterator, Mapping
+from typing import Any, Generic, TypeVar
 
 import grpc
 
+from voxstage.config import ChunkPlan
 from voxstage.internal.v1 import stage_pb2
-from voxstage.loans import StreamLoans
+from voxstage.stage_stream import StageStream
 from voxstage.transport.host import local_hello
 from voxstage.transport.payload import hello_to_proto
 from voxstage.transport.shm import ShmWriter
-
-
-class StageStream(Protocol):
-    """The per-call protocol state the Stream handler drives (``TalkerStream``, ``CodecStream``)."""
-
-    key: str
-    outbox: asyncio.Queue[Any]
-    loans: StreamLoans
-
-    def read(self, requests: AsyncIterator[Any]) -> Awaitable[None]: ...
-
-    def close(self) -> None: ...
-
-    def state(self, view: Any, tick: int) -> stage_pb2.RequestState: ...
-
 
 S = TypeVar("S", bound=StageStream)
 
 
 class StageServicer(Generic[S]):
-    def __init__(self, new_stream: Callable[[grpc.aio.ServicerContext], S], shm_writer: ShmWriter | None) -> None:
-        self._new_stream = new_stream
+    def __init__(
+        self, worker: Any, *, plan: ChunkPlan, shm_writer: ShmWriter | None, identity: Mapping[str, Any]
+    ) -> None:
+        self.worker = worker  # the stage's TalkerWorker / CodecWorker (a voxstage.stage_worker.StageWorker)
+        self.plan = plan
         self.shm_writer = shm_writer
+        self.identity = dict(identity)  # StageStatus fields fixed by the loaded model (model, family, ...)
         self.ready = False
         self.draining = False
         self.streams: dict[str, S] = {}
         self._idle = asyncio.Event()
         self._idle.set()
 
+    # -- hooks -------------------------------------------------------------------------------------------
+    def _new_stream(self, context: grpc.aio.ServicerContext) -> S:
+        """The protocol state of one new Stream call."""
+        raise NotImplementedError
+
+    def _snapshot_fields(self, status: stage_pb2.StageStatus, snap: Any) -> Any:
+        """Set the stage's own fields from the engine snapshot; return what ``stream.state`` reads."""
+        raise NotImplementedError
+
+    # -- drain -------------------------------------------------------------------------------------------
     def active(self) -> int:
         return len(self.streams)
 
     async def wait_idle(self) -> None:
         await self._idle.wait()
 
+    # -- handlers ----------------------------------------------------------------------------------------
     async def Stream(  # noqa: N802 - gRPC method name
         self, request_iterator: AsyncIterator[Any], context: grpc.aio.ServicerContext
     ) -> AsyncIterator[Any]:
@@ -79,18 +80,18 @@ class StageServicer(Generic[S]):
             if not self.streams:
                 self._idle.set()
 
-    async def _status(self, worker: Any, include_requests: bool, **identity: Any) -> stage_pb2.StageStatus:
-        """The StageStatus every stage reports: ``identity`` (model, family, ...) and, while the engine
-        lives, its slots, tick and (on request) each stream's state."""
+    async def _status(self, include_requests: bool) -> stage_pb2.StageStatus:
+        """The StageStatus of a Status call: the model's identity and, while the engine lives, its slots,
+        tick and (on request) each stream's state."""
         status = stage_pb2.StageStatus(
             ready=self.ready and not self.draining,
             active_streams=len(self.streams),
             transport=self.hello(),
-            **identity,
+            **self.identity,
         )
-        if worker.failed is not None:
+        if self.worker.failed is not None:
             return status
-        snap = await worker.snapshot()
+        snap = await self.worker.snapshot()
         status.slots_total = snap.slots_total
         status.slots_in_use = snap.slots_in_use
         status.tick = snap.ticks
@@ -98,10 +99,6 @@ class StageServicer(Generic[S]):
         if include_requests:
             status.requests.extend(s.state(view, snap.ticks) for s in list(self.streams.values()))
         return status
-
-    def _snapshot_fields(self, status: stage_pb2.StageStatus, snap: Any) -> Any:
-        """Hook: set the stage's own fields from the engine snapshot; return what ``stream.state`` reads."""
-        raise NotImplementedError
 
     def hello(self) -> stage_pb2.TransportHello:
         writer = self.shm_writer

@@ -8,58 +8,32 @@ FRAMES x 80 ms of audio on every face. Numbers are only checked for sanity: CPU 
 from __future__ import annotations
 
 import json
-import os
-import socket
-import subprocess
-import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from bench import loadgen
-from voxstage.health_probe import check
+from bench.stack import Stack, StackSpec
 
 pytestmark = pytest.mark.timeout(150)
 
-ROOT = Path(__file__).resolve().parents[2]
 FRAMES = 6
 SPF = 1920
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str]]:
     tmp = tmp_path_factory.mktemp("bench-smoke")
-    grpc_port, http_port = free_port(), free_port()
-    env = {**os.environ, "VOXSTAGE_CACHE": str(tmp / "cache"), "PYTHONUNBUFFERED": "1"}
-    cmd = [sys.executable, "-m", "voxstage", "serve", "deploy/qwen3_tts.yaml", "--model", "qwen3-tts-tiny"]
-    cmd += ["--device", "cpu", "--threads", "1", "--host", "127.0.0.1", "--drain-grace", "5"]
-    cmd += ["--grpc-port", str(grpc_port), "--http-port", str(http_port)]
-    cmd += ["--set", f"stages.0.default_sampling_params.min_tokens={FRAMES}"]
-    log = tmp / "serve.log"
-    with log.open("wb") as out:
-        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
+    # The launcher run_gpu.py uses: voxstage serve with min_tokens = FRAMES, ready on gRPC and HTTP.
+    spec = StackSpec("qwen3-tts-tiny", device="cpu", frames=FRAMES, threads=1)
+    stack = Stack(spec, tmp / "serve.log", env={"VOXSTAGE_CACHE": str(tmp / "cache")})
     try:
-        deadline = time.monotonic() + 100
-        while not check(f"127.0.0.1:{grpc_port}", timeout=1.0):
-            assert proc.poll() is None, log.read_text()[-3000:]
-            assert time.monotonic() < deadline, log.read_text()[-3000:]
-            time.sleep(0.3)
-        yield f"127.0.0.1:{grpc_port}", f"127.0.0.1:{http_port}"
+        assert stack.start(timeout_s=100), stack.tail()
+        yield stack.grpc, stack.http
     finally:
-        proc.terminate()
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        code = stack.stop()
+    assert code == 0, stack.tail()  # every stage drained and exited cleanly
 
 
 def run(tmp_path: Path, name: str, *args: str) -> dict:

@@ -1,0 +1,119 @@
+"""What one Stream call's protocol state has in common on the talker and the codec: the read loop over the
+upstream peer's messages (protocol errors in-band, a bug as INTERNAL on this stream only, a broken call as
+UNAVAILABLE, late shm acks after the terminal), the checks every ``open`` gets, and the transport
+negotiation of the ``opened`` reply (docs/protocol.md §2-§3).
+
+The stage's stream subclasses ``StageStream`` and supplies ``_handle`` (one message), ``fail`` (an in-band
+error terminal), ``close`` and ``state``. Lives on the event loop; imports no torch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator, Mapping
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from voxstage.internal.v1 import stage_pb2
+from voxstage.loans import StreamLoans
+from voxstage.stage_errors import StageFailure
+from voxstage.transport.host import local_hello, verify_peer
+from voxstage.transport.payload import hello_from_proto, hello_to_proto
+
+if TYPE_CHECKING:
+    from voxstage.stage_servicer import StageServicer
+    from voxstage.transport.shm import ShmWriter
+
+
+class StageStream:
+    role: ClassVar[str]  # "talker" / "codec": this stage, in error messages and as their origin
+    peer: ClassVar[str]  # who sends this stream's requests: "codec" / "gateway"
+
+    def __init__(self, key: str) -> None:
+        self.key = key  # engine id: unique even if two callers reuse a request_id
+        self.request_id = ""
+        self.outbox: asyncio.Queue[Any] = asyncio.Queue()
+        self.opened = self.end_of_input = self.cancel_requested = self.terminal_sent = False
+        self.loans = StreamLoans(None)
+        self.t_open = time.perf_counter()
+        self.t_first: float | None = None
+
+    # -- hooks -------------------------------------------------------------------------------------------
+    async def _handle(self, msg: Any) -> None:
+        """One request message; raises ``StageFailure`` for a protocol error."""
+        raise NotImplementedError
+
+    def fail(self, code: str, message: str) -> None:
+        """End the stream with an in-band error (no-op once the terminal is queued)."""
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """The handler is returning: free everything the stream holds."""
+        raise NotImplementedError
+
+    def state(self, view: Mapping[str, Any], tick: int) -> stage_pb2.RequestState:
+        """This stream in Status; ``view`` is the stage's per-stream part of the engine snapshot."""
+        raise NotImplementedError
+
+    # -- peer -> this stage ------------------------------------------------------------------------------
+    async def read(self, requests: AsyncIterator[Any]) -> None:
+        """Consume the peer's messages until half-close. Protocol errors end the stream in-band; a bug
+        while handling one is reported as INTERNAL on this stream only; a broken call as UNAVAILABLE."""
+        messages = aiter(requests)
+        while True:
+            try:
+                msg = await anext(messages)
+            except StopAsyncIteration:
+                break
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - the call broke under us: the peer is gone
+                self.fail("UNAVAILABLE", f"{self.peer} stream broke: {exc}")
+                return
+            if self.terminal_sent:
+                if msg.WhichOneof("request") == "shm_ack":
+                    self.loans.late_ack(msg.shm_ack)  # frees slots the peer copied out late
+                continue
+            try:
+                await self._handle(msg)
+            except StageFailure as exc:
+                self.fail(exc.code, exc.message)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - one request's bug must not reach the others
+                # On the stage's own logger (its name is in the log line), not this module's.
+                logging.getLogger(type(self).__module__).exception(
+                    "%s stream %s failed", self.role, self.request_id
+                )
+                self.fail("INTERNAL", f"{self.role}: {type(exc).__name__}: {exc}")
+        if not self.terminal_sent and not (self.end_of_input or self.cancel_requested):
+            self.fail("INVALID_ARGUMENT", "stream half-closed before end_of_input or cancel")
+
+    # -- open ----------------------------------------------------------------------------------------------
+    def _admit(self, op: stage_pb2.StreamOpen, srv: StageServicer[Any], *, model: str, family: str) -> None:
+        """The checks before anything else of an ``open``: the stage serves, the mode and the model."""
+        self.request_id = op.request_id
+        if srv.draining or not srv.ready:
+            raise StageFailure("UNAVAILABLE", f"{self.role} is {'draining' if srv.draining else 'not ready'}")
+        if op.mode not in (stage_pb2.STREAM_MODE_UNSPECIFIED, stage_pb2.STREAM_MODE_TTS):
+            raise StageFailure("FAILED_PRECONDITION", f"mode: {family} serves text-to-speech streams only")
+        if op.model and op.model != model:
+            raise StageFailure("NOT_FOUND", f"model: this {self.role} serves {model!r}, not {op.model!r}")
+
+    def _lend_shm(self, writer: ShmWriter | None, op: stage_pb2.StreamOpen) -> None:
+        """Payloads go through shared memory only where the peer proved it can read our regions."""
+        if writer is not None:
+            readable = writer.peer_can_read(op.transport.verified_peer_probe)
+            self.loans = StreamLoans(writer.sender(peer_readable=readable))
+
+    @staticmethod
+    def _hello(writer: ShmWriter | None, op: stage_pb2.StreamOpen) -> stage_pb2.TransportHello:
+        """Our side of the transport negotiation for ``opened``, with the verdict on the peer's probe."""
+        return hello_to_proto(
+            local_hello(
+                probe_region=writer.probe_region if writer else "",
+                shm_threshold_bytes=writer.threshold_bytes if writer else 0,
+                verified_peer_probe=verify_peer(hello_from_proto(op.transport)),
+            )
+        )
