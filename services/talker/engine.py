@@ -177,6 +177,11 @@ class TalkerEngine:
     def queue_depth(self) -> int:
         return len(self._waiting)
 
+    def slot_of(self, request_id: str) -> int:
+        """The slot a running request occupies (-1: waiting or absent); slots move when others leave."""
+        seq = self._by_id.get(request_id)
+        return -1 if seq is None else seq.slot
+
     def request_state(self, request_id: str) -> str:
         seq = self._by_id.get(request_id)
         if seq is None:

@@ -139,9 +139,7 @@ class _TrackedEngine:
         return outputs
 
     def slot_of(self, key: str) -> int:
-        # TalkerEngine has no public accessor for a request's slot index; Status shows it for diagnostics.
-        seq = self.engine._by_id.get(key)
-        return -1 if seq is None else seq.slot
+        return self.engine.slot_of(key)
 
 
 class TalkerWorker(StageWorker[TalkerOutput, OutputListener]):
