@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 import grpc
 
+from voxstage import metrics
 from voxstage.gateway.errors import GatewayError, code_from_number
 from voxstage.gateway.routing import Replica, ReplicaPool
 from voxstage.internal.v1 import stage_pb2
@@ -250,6 +251,7 @@ class CodecStream:
         msg = await self._receive(None, "")
         kind = msg.WhichOneof("response")
         if kind == "pcm":
+            metrics.observe_hop("codec", "gateway", msg.pcm.sent_unix_ns)
             return self._pcm(msg.pcm)
         if kind == "segment_done":
             self._segments_owed = max(self._segments_owed - 1, 0)

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 import grpc
 
-from voxstage import wire
+from voxstage import metrics, wire
 from voxstage.internal.v1 import stage_pb2 as S
 from voxstage.stage_errors import StageFailure
 from voxstage.transport.host import local_hello, verify_peer
@@ -147,6 +147,7 @@ class TalkerRelay:
                 if kind == "opened":
                     self._on_opened(resp.opened)
                 elif kind == "frames":
+                    metrics.observe_hop("talker", "codec", resp.frames.sent_unix_ns)
                     await self._frames(resp.frames)
                 elif kind == "segment_done":
                     self.segment_done = resp.segment_done

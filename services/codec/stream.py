@@ -262,6 +262,7 @@ class CodecStream(StageStream):
             segment_index=0,
             first_frame=piece.first_frame,
             frame_count=piece.frames,
+            sent_unix_ns=time.time_ns(),
         )
         self.outbox.put_nowait(S.CodecStreamResponse(pcm=chunk))
         self.pcm_credit -= n

@@ -228,6 +228,7 @@ class TalkerStream(StageStream):
                     num_groups=chunk.shape[1],
                     codes=self.loans.payload(wire.codes_to_bytes(chunk)),
                     segment_index=0,
+                    sent_unix_ns=time.time_ns(),
                 )
             )
         )

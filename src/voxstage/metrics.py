@@ -7,6 +7,8 @@ sent, because per-stage first-output times under-report what a user hears.
 
 from __future__ import annotations
 
+import time
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 REGISTRY = CollectorRegistry(auto_describe=True)
@@ -99,3 +101,11 @@ INPUT_STARVED = Counter(
     "Frame steps a talker slot skipped because streamed text had not arrived yet.",
     registry=REGISTRY,
 )
+
+
+def observe_hop(source: str, dest: str, sent_unix_ns: int) -> None:
+    """Record one inter-stage hop from the sender's stamp (skipped when unset or the clocks disagree)."""
+    if sent_unix_ns > 0:
+        delay = (time.time_ns() - sent_unix_ns) / 1e9
+        if delay >= 0:
+            STAGE_HOP.labels(source, dest).observe(delay)

@@ -7,10 +7,12 @@ tiny preset; the client is the Python SDK.
 from __future__ import annotations
 
 import asyncio
+import re
 import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,6 +46,8 @@ class Stack:
     codec: StageProc
     gateway: subprocess.Popen[bytes]
     gateway_addr: str
+    http_port: int
+    codec_metrics_port: int
     talker_port: int
     cache: Path
     logs: Path
@@ -56,10 +60,10 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     cache = tmp_path_factory.mktemp("gw-cache")
     logs = tmp_path_factory.mktemp("gw-logs")
     resolve_model("qwen3-tts-tiny", cache=cache)
-    tp, cp, gp, hp = (free_port() for _ in range(4))
+    tp, cp, gp, hp, cm = (free_port() for _ in range(5))
     sets = [RELAXED_STALL]
     talker = start_stage("talker", port=tp, cache=cache, logs=logs, sets=sets)
-    codec = start_stage("codec", port=cp, cache=cache, logs=logs, sets=sets)
+    codec = start_stage("codec", port=cp, cache=cache, logs=logs, sets=sets, metrics_port=cm)
     cmd = [
         sys.executable, "-m", "voxstage", "gateway", "--config", str(SEED_DEPLOY),
         "--codec", codec.address, "--talker", talker.address,
@@ -68,7 +72,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     ]  # fmt: skip
     with (logs / "gateway.log").open("wb") as out:
         gateway = subprocess.Popen(cmd, env=stage_env(cache), stdout=out, stderr=subprocess.STDOUT, cwd=ROOT)
-    st = Stack(talker, codec, gateway, f"127.0.0.1:{gp}", tp, cache, logs)
+    st = Stack(talker, codec, gateway, f"127.0.0.1:{gp}", hp, cm, tp, cache, logs)
     try:
         talker.wait_serving()
         codec.wait_serving()
@@ -91,6 +95,14 @@ def test_gateway_audio_equals_in_process_engines(stack: Stack) -> None:
     ref = in_process_reference(stack.cache, FRAMES, seed=42)
     assert got.shape == ref.shape == (FRAMES * 1920,)
     np.testing.assert_allclose(got, ref, atol=1e-5, rtol=0)
+    # Both inter-stage hops were timed (voxstage_stage_hop_seconds{from,to}).
+    for port, hop in (
+        (stack.codec_metrics_port, 'from="talker",to="codec"'),
+        (stack.http_port, 'from="codec",to="gateway"'),
+    ):
+        body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics").read().decode()
+        counts = re.findall(r"voxstage_stage_hop_seconds_count\{(.*?)\} (\S+)", body)
+        assert any(labels == hop and float(n) > 0 for labels, n in counts), counts
 
 
 def test_client_cancel_frees_the_talker_slot_and_codec_stream(stack: Stack) -> None:

@@ -227,7 +227,7 @@ class Cancel(_message.Message):
     def __init__(self, reason: _Optional[str] = ...) -> None: ...
 
 class CodecFrames(_message.Message):
-    __slots__ = ("first_frame", "frame_count", "num_groups", "codes", "segment_index", "text_tokens", "transcript_delta")
+    __slots__ = ("first_frame", "frame_count", "num_groups", "codes", "segment_index", "text_tokens", "transcript_delta", "sent_unix_ns")
     FIRST_FRAME_FIELD_NUMBER: _ClassVar[int]
     FRAME_COUNT_FIELD_NUMBER: _ClassVar[int]
     NUM_GROUPS_FIELD_NUMBER: _ClassVar[int]
@@ -235,6 +235,7 @@ class CodecFrames(_message.Message):
     SEGMENT_INDEX_FIELD_NUMBER: _ClassVar[int]
     TEXT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     TRANSCRIPT_DELTA_FIELD_NUMBER: _ClassVar[int]
+    SENT_UNIX_NS_FIELD_NUMBER: _ClassVar[int]
     first_frame: int
     frame_count: int
     num_groups: int
@@ -242,10 +243,11 @@ class CodecFrames(_message.Message):
     segment_index: int
     text_tokens: bytes
     transcript_delta: str
-    def __init__(self, first_frame: _Optional[int] = ..., frame_count: _Optional[int] = ..., num_groups: _Optional[int] = ..., codes: _Optional[_Union[Payload, _Mapping]] = ..., segment_index: _Optional[int] = ..., text_tokens: _Optional[bytes] = ..., transcript_delta: _Optional[str] = ...) -> None: ...
+    sent_unix_ns: int
+    def __init__(self, first_frame: _Optional[int] = ..., frame_count: _Optional[int] = ..., num_groups: _Optional[int] = ..., codes: _Optional[_Union[Payload, _Mapping]] = ..., segment_index: _Optional[int] = ..., text_tokens: _Optional[bytes] = ..., transcript_delta: _Optional[str] = ..., sent_unix_ns: _Optional[int] = ...) -> None: ...
 
 class PcmChunk(_message.Message):
-    __slots__ = ("sample_offset", "sample_count", "format", "data", "segment_index", "first_frame", "frame_count", "transcript_delta")
+    __slots__ = ("sample_offset", "sample_count", "format", "data", "segment_index", "first_frame", "frame_count", "transcript_delta", "sent_unix_ns")
     SAMPLE_OFFSET_FIELD_NUMBER: _ClassVar[int]
     SAMPLE_COUNT_FIELD_NUMBER: _ClassVar[int]
     FORMAT_FIELD_NUMBER: _ClassVar[int]
@@ -254,6 +256,7 @@ class PcmChunk(_message.Message):
     FIRST_FRAME_FIELD_NUMBER: _ClassVar[int]
     FRAME_COUNT_FIELD_NUMBER: _ClassVar[int]
     TRANSCRIPT_DELTA_FIELD_NUMBER: _ClassVar[int]
+    SENT_UNIX_NS_FIELD_NUMBER: _ClassVar[int]
     sample_offset: int
     sample_count: int
     format: PcmFormat
@@ -262,7 +265,8 @@ class PcmChunk(_message.Message):
     first_frame: int
     frame_count: int
     transcript_delta: str
-    def __init__(self, sample_offset: _Optional[int] = ..., sample_count: _Optional[int] = ..., format: _Optional[_Union[PcmFormat, str]] = ..., data: _Optional[_Union[Payload, _Mapping]] = ..., segment_index: _Optional[int] = ..., first_frame: _Optional[int] = ..., frame_count: _Optional[int] = ..., transcript_delta: _Optional[str] = ...) -> None: ...
+    sent_unix_ns: int
+    def __init__(self, sample_offset: _Optional[int] = ..., sample_count: _Optional[int] = ..., format: _Optional[_Union[PcmFormat, str]] = ..., data: _Optional[_Union[Payload, _Mapping]] = ..., segment_index: _Optional[int] = ..., first_frame: _Optional[int] = ..., frame_count: _Optional[int] = ..., transcript_delta: _Optional[str] = ..., sent_unix_ns: _Optional[int] = ...) -> None: ...
 
 class SegmentDone(_message.Message):
     __slots__ = ("segment_index", "frame_count", "sample_count")
