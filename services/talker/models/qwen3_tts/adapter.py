@@ -25,7 +25,7 @@ from .backbone import KVCache
 from .config import Qwen3TTSConfig
 from .frame import FrameState, frame_step
 from .model import Qwen3TTSTalker
-from .prompt import PromptError, PromptSpec, TalkerPrompt, _validate, build_prompt, icl_text_tokens_needed
+from .prompt import PromptError, PromptSpec, TalkerPrompt, build_prompt, icl_text_tokens_needed
 from .tokenizer import IncrementalEncoder, QwenTextTokenizer
 
 
@@ -132,13 +132,13 @@ class QwenPrepared:
         model = self._adapter.model
         self.prompt = build_prompt(model, spec)
         self._trailing = list(self.prompt.trailing_ids)
-        lang_id, speaker_vec = _validate(model, spec)
-        think = 3 if lang_id is None else 4
-        speaker = int(speaker_vec is not None)
-        self._prefix_len = len(spec.instruct_ids or []) + len(spec.role_ids) + think + speaker + 1
-        h = hashlib.sha256(repr((self._instruct, self._role, lang_id, self._spec.voice)).encode())
-        if speaker_vec is not None and self._spec.speaker_embedding is not None:
-            h.update(np.ascontiguousarray(self._spec.speaker_embedding, dtype=np.float32).tobytes())
+        # The prefix (instruction, role, codec think/language/speaker part) is a function of these inputs
+        # alone, so equal keys mean equal prefix embeddings and reusable KV.
+        self._prefix_len = self.prompt.prefix_len
+        s = self._spec
+        h = hashlib.sha256(repr((self._instruct, self._role, s.language.lower(), s.voice)).encode())
+        if s.speaker_embedding is not None:
+            h.update(np.ascontiguousarray(s.speaker_embedding, dtype=np.float32).tobytes())
         self._prefix_key = h.hexdigest()
 
 

@@ -276,4 +276,3 @@ def _icl_tail(
 
 
 # Kept for callers written against the earlier private name.
-_validate = validate_spec
