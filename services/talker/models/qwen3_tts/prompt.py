@@ -273,6 +273,3 @@ def _icl_tail(
         return text[:codec_len] + codec, ids[codec_len:]
     text = torch.cat([text, pad.expand(codec_len - len(ids), -1)], dim=0)
     return text + codec, []
-
-
-# Kept for callers written against the earlier private name.
