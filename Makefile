@@ -6,7 +6,14 @@ BIN := $(VENV)/bin
 # The CPU wheel of torch lies on this machine's disk; an unpinned torch would pull a multi-GB CUDA build.
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: install test lint demo protos clean promtool
+.PHONY: install test lint demo protos clean promtool buf
+
+# buf (from the npm registry) lints the protos (STANDARD rules); best effort, the test is skipped without it.
+BUF := $(CURDIR)/.tools/node_modules/.bin/buf
+buf:
+	@test -x $(BUF) || ! command -v npm >/dev/null 2>&1 || \
+	  npm install --silent --no-audit --no-fund --prefix .tools @bufbuild/buf@1.75.0 >/dev/null 2>&1 || \
+	  echo "note: buf not installed; the proto lint test will be skipped"
 
 # promtool (Debian's prometheus package) lints each process's /metrics; best effort, the check is skipped
 # where it cannot be installed (no root, no apt).
@@ -29,8 +36,8 @@ install: $(VENV)/.installed
 lint: install
 	$(BIN)/ruff check .
 
-test: install lint promtool
-	$(BIN)/python -m pytest -m "not gpu" -q
+test: install lint promtool buf
+	VOXSTAGE_BUF=$$(test -x $(BUF) && echo $(BUF)) $(BIN)/python -m pytest -m "not gpu" -q
 
 protos: install
 	$(BIN)/python scripts/gen_protos.py
@@ -39,4 +46,4 @@ demo: install
 	$(BIN)/python -m voxstage demo --out out/demo.wav
 
 clean:
-	rm -rf $(VENV) build *.egg-info out
+	rm -rf $(VENV) build *.egg-info out .tools
