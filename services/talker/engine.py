@@ -341,7 +341,7 @@ class TalkerEngine:
                 self._slots[hole] = mover
             self._slots.pop()
             seq.slot = -1
-        metrics.REQUESTS.labels(outcome=f"talker_{why.value}").inc()
+        metrics.STAGE_REQUESTS.labels(stage="talker", finish=why.value).inc()
         return TalkerOutput(rid, np.zeros((0, self.adapter.num_groups), np.int64), seq.frames, why, error)
 
     def _get(self, request_id: str) -> _Seq:

@@ -70,6 +70,12 @@ QUEUE_DEPTH = Gauge(
 REQUESTS = Counter(
     "voxstage_requests", "Requests finished, by outcome.", ["outcome"], registry=REGISTRY
 )  # exported as voxstage_requests_total
+STAGE_REQUESTS = Counter(
+    "voxstage_stage_requests",
+    "Requests a stage engine finished, by finish reason (eos, max_frames, cancelled, ...).",
+    ["stage", "finish"],
+    registry=REGISTRY,
+)  # exported as voxstage_stage_requests_total; voxstage_requests_total is the gateway's user-facing count
 STAGE_HOP = Histogram(
     "voxstage_stage_hop_seconds",
     "Time from a stage sending a message to the next stage receiving it (same-host clocks).",
