@@ -218,8 +218,9 @@ async def search(
     max_requests: int,
     settle_s: float,
 ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """Highest level that passes the gate: geometric steps up, then bisection. At most
-    ``log_factor(max/start) + 1 + refine`` levels run."""
+    """Highest level that passes the gate: geometric steps up (or down, when ``start`` already fails), then
+    bisection. At most ``log_factor(max/start) + 1 + refine`` levels run going up, 7 + ``refine`` going
+    down."""
     integer = kind == "closed"
     levels: list[dict[str, Any]] = []
     best: float | None = None
@@ -236,6 +237,19 @@ async def search(
         if value >= max_level:
             break
         value = min(max_level, float(max(int(value) + 1, int(value * factor))) if integer else value * factor)
+    # A start above capacity: step down the same way until a level passes (at most as far as start / 64).
+    floor = 1.0 if integer else start / 64
+    while best is None and failed is not None:
+        value = float(int(failed / factor)) if integer else round(failed / factor, 3)
+        if value < floor:
+            break
+        rep = await run_level(client, cfg, kind, value, duration_s, max_requests)
+        levels.append(rep)
+        await asyncio.sleep(settle_s)
+        if rep["verdict"]["pass"]:
+            best = value
+        else:
+            failed = value
     for _ in range(refine):
         if best is None or failed is None:
             break
@@ -251,7 +265,7 @@ async def search(
             failed = mid
     limited_by = "gate" if failed is not None else "max_level"
     if best is None:
-        limited_by = "first level failed"
+        limited_by = "no level passed"
     result = {"kind": kind, "best": best, "first_failure": failed, "limited_by": limited_by}
     print(f"search {kind}: best {best} (first failure {failed}, limited by {limited_by})", flush=True)
     return levels, result

@@ -50,6 +50,7 @@ class Profile:
     level_s: float
     rate_start: float
     rate_max: float
+    conc_start: float
     conc_max: float
     refine: int
     engine_quick: bool
@@ -58,11 +59,11 @@ class Profile:
 
 PROFILES = {
     # Nari-like durations (30 s warm-up, 2 min measured at 1 req/s); about an hour for two models.
-    "full": Profile(30, 120, 20, 10, 60, 1, 512, 512, 3, False, 5),
-    # Sized so each model's phases fit ~10-minute device sessions (bench/README.md).
-    "quick": Profile(10, 40, 8, 5, 15, 4, 256, 256, 2, True, 5),
+    "full": Profile(30, 120, 20, 10, 60, 1, 512, 1, 512, 3, False, 5),
+    # Sized so one model's serving phases fit a 10-minute device session (bench/README.md).
+    "quick": Profile(5, 30, 6, 3, 10, 4, 256, 16, 512, 1, True, 5),
     # CPU dry run of the orchestration on the tiny preset.
-    "smoke": Profile(0, 2, 2, 0, 2, 1, 2, 2, 0, True, 1),
+    "smoke": Profile(0, 2, 2, 0, 2, 1, 2, 1, 2, 0, True, 1),
 }
 
 
@@ -90,7 +91,7 @@ def serve_phases(a: argparse.Namespace, model: str, phases: list[str], out: Path
     stack = None
     slots = a.slots
     for _ in range(3):  # a stack that cannot start with this many slots is retried with half
-        spec = StackSpec(model, a.device, a.frames, slots, a.max_model_len, chunks, a.threads)
+        spec = StackSpec(model, a.device, a.frames, slots, a.max_model_len, chunks, a.threads, tuple(a.set))
         stack = Stack(spec, out / f"serve_{tag}.log")
         if stack.start():
             break
@@ -110,8 +111,10 @@ def serve_phases(a: argparse.Namespace, model: str, phases: list[str], out: Path
     common = ["--grpc", stack.grpc, "--http", stack.http, "--frames", str(a.frames), "--label", model]
     common += ["--ttfa-slo-ms", str(a.ttfa_slo_ms), "--settle", "1" if a.profile == "smoke" else "3"]
     try:
-        warm = min(slots or 8, 32)
-        for level in sorted({1, max(1, warm // 4), warm}):  # talker and codec batch buckets, graphs warm
+        # Graphs are captured on first use of a (batch, context) bucket: ramp through the batch sizes the
+        # searches will reach, so no measured level pays for a capture.
+        top = slots or 8
+        for level in sorted({1, min(4, top), min(16, top), min(64, top), top}):
             args = [*common, "--closed", str(level), "--requests", str(2 * level), "--duration", "600"]
             run_loadgen(out, f"warmup_{tag}_c{level}", args, runs)
         if "latency" in phases:
@@ -137,7 +140,17 @@ def serve_phases(a: argparse.Namespace, model: str, phases: list[str], out: Path
             run_loadgen(out, f"poisson_search_{tag}", [*args, "--search-max", str(prof.rate_max)], runs)
         if "closed" in phases:
             top = min(prof.conc_max, float(slots)) if slots else prof.conc_max
-            args = [*common, *level, "--search", "closed", "--search-start", "1", "--search-max", str(top)]
+            start = min(prof.conc_start, top)
+            args = [
+                *common,
+                *level,
+                "--search",
+                "closed",
+                "--search-start",
+                str(start),
+                "--search-max",
+                str(top),
+            ]
             run_loadgen(out, f"closed_search_{tag}", args, runs)
     finally:
         meta["exit_code"] = stack.stop()
@@ -149,6 +162,7 @@ def engine_phase(a: argparse.Namespace, model: str, out: Path, prof: Profile) ->
     tag = size_of(model)
     cmd = [sys.executable, str(REPO / "bench" / "engine_gpu.py"), "--out", str(out / f"engine_{tag}.json")]
     cmd += ["--size", tag, "--device", a.device, *(["--quick"] if prof.engine_quick else [])]
+    cmd += a.engine_args.split()
     print(f"\n== engine {tag}: {' '.join(cmd)}", flush=True)
     with (out / f"engine_{tag}.log").open("wb") as log:
         code = subprocess.run(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT).returncode
@@ -222,6 +236,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-model-len", type=int, default=1024, help="talker positions per slot")
     ap.add_argument("--chunk-schedule", default="2,4", help="I,S frames for every request; '' = deploy's")
     ap.add_argument("--ttfa-slo-ms", type=float, default=1000.0)
+    ap.add_argument("--set", action="append", default=[], help="extra `voxstage serve --set` (repeatable)")
+    ap.add_argument("--engine-args", default="", help="extra engine_gpu.py arguments, e.g. '--batches 1,64'")
     ap.add_argument("--ref-env", default=None, help="--target folder of the reference's packages")
     ap.add_argument("--ref-python", default=None, help="interpreter for the reference (default: this one)")
     ap.add_argument("--scratch", default="/tmp", help="where exported reference weights go (deleted after)")

@@ -2,6 +2,7 @@
 # The one command for the GPU benchmark on an offline H200 box, run from the repository root:
 #
 #   bench/run_gpu.sh OUT_DIR [bench/run_gpu.py options, e.g. --profile full --models qwen3-tts-0.6b]
+#   bench/run_gpu.sh --install-only; VX_INSTALLED=1 CUDA_VISIBLE_DEVICES=1 bench/run_gpu.sh OUT_DIR ...
 #
 # The box has Python 3.12 and a CUDA torch but no internet, so everything else arrives as carried wheels
 # (bench/README.md: what to download and carry):
@@ -11,7 +12,7 @@
 # voxstage itself is installed from this checkout into $VX_PKG (not editable: the stage processes import it).
 set -euo pipefail
 
-OUT_DIR=${1:?usage: bench/run_gpu.sh OUT_DIR [run_gpu.py options]}
+OUT_DIR=${1:?usage: bench/run_gpu.sh OUT_DIR|--install-only [run_gpu.py options]}
 shift
 PY=${PYTHON:-python3}
 VX_WHEELS=${VX_WHEELS:-build/bench_wheels}
@@ -26,18 +27,32 @@ export VOXSTAGE_CACHE=${VOXSTAGE_CACHE:-/tmp/vxcache}
 # Single-host NCCL/NVLink multicast stays off (the device notes ask for it; voxstage uses one GPU anyway).
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 
-if compgen -G "$VX_WHEELS/*.whl" >/dev/null; then
-  "${PIP[@]}" --target "$VX_SITE" "$VX_WHEELS"/*.whl
+# Several runs on one host (one per GPU, CUDA_VISIBLE_DEVICES set by the caller) share one install:
+# `bench/run_gpu.sh --install-only` once, then each run with VX_INSTALLED=1.
+if [[ "${VX_INSTALLED:-0}" != 1 ]]; then
+  if compgen -G "$VX_WHEELS/*.whl" >/dev/null; then
+    "${PIP[@]}" --target "$VX_SITE" "$VX_WHEELS"/*.whl
+  fi
+  if ! "${PIP[@]}" --no-build-isolation --target "$VX_PKG" . >/dev/null 2>&1; then
+    # An image without setuptools cannot build the checkout: lay the package out by hand (setup.py's map).
+    echo "pip could not install the checkout; linking its folders into $VX_PKG/voxstage" >&2
+    rm -rf "$VX_PKG" && mkdir -p "$VX_PKG" && cp -r src/voxstage "$VX_PKG/voxstage"
+    ln -s "$PWD/services/talker" "$VX_PKG/voxstage/talker"
+    ln -s "$PWD/services/codec" "$VX_PKG/voxstage/codec"
+    ln -s "$PWD/gateway" "$VX_PKG/voxstage/gateway"
+  fi
+  if compgen -G "$REF_WHEELS/*.whl" >/dev/null; then
+    "${PIP[@]}" --target "$REF_ENV" "$REF_WHEELS"/*.whl
+  fi
 fi
-"${PIP[@]}" --no-build-isolation --target "$VX_PKG" . >/dev/null
 export PYTHONPATH="$VX_PKG:$VX_SITE"
+[[ "$OUT_DIR" == --install-only ]] && exit 0
 
 ref_args=()
-if compgen -G "$REF_WHEELS/*.whl" >/dev/null; then
-  "${PIP[@]}" --target "$REF_ENV" "$REF_WHEELS"/*.whl
+if [[ -d "$REF_ENV/qwen_tts" ]]; then
   ref_args=(--ref-env "$REF_ENV")
 else
-  echo "no wheels in $REF_WHEELS: the reference phase will only work if qwen_tts is importable" >&2
+  echo "no qwen_tts in $REF_ENV: the reference phase will only work if qwen_tts is importable" >&2
 fi
 
 "$PY" -c "import torch, grpc, voxstage; print('torch', torch.__version__, 'cuda', torch.cuda.is_available())"

@@ -1,9 +1,10 @@
-"""Codec engine: per-stream streaming state, a chunk schedule, and one batched decode per tick.
+"""Codec engine: per-stream streaming state, a chunk schedule, and batched decodes each tick.
 
 Model-agnostic: it drives any ``StreamingCodec`` (a slot pool whose ``decode(codes [B,Q,T], slots [B],
 lengths [B])`` advances only the named slots). Streams that started at different times and have chunks of
-different sizes share one decode call: rows are right-padded to the tick's frame bucket and ``lengths`` says
-how many frames of each row are real, so padding never touches a stream's state.
+different sizes share a decode call: a tick groups its chunks by frame bucket (one call per bucket), rows
+are right-padded to the bucket and ``lengths`` says how many frames of each row are real, so padding never
+touches a stream's state.
 
 Chunk schedule (deploy file): the first chunk goes out once ``initial_codec_chunk_frames`` frames are
 buffered (per-request override allowed), then every ``codec_chunk_frames``; the remainder is flushed at end of
@@ -204,10 +205,28 @@ class CodecEngine:
         if not work:
             return outputs
         t0 = time.perf_counter()
-        longest = max(n for _, n in work)
-        t_bucket = next((b for b in self.frame_buckets if b >= longest), longest)
+        # One decode per frame bucket: a single batch padded to its longest chunk would make hundreds of
+        # 4-frame chunks pay for one stream's 100-frame catch-up.
+        groups: dict[int, list[tuple[_Stream, int]]] = {}
+        for stream, n in work:
+            groups.setdefault(next((b for b in self.frame_buckets if b >= n), n), []).append((stream, n))
+        for t_bucket, group in sorted(groups.items()):
+            self._decode_group(group, t_bucket, outputs)
+        self.ticks += 1
+        metrics.STAGE_TICK.labels(stage="codec").observe(time.perf_counter() - t0)
+        metrics.AUDIO_GENERATED.labels(stage="codec").inc(
+            sum(o.frames for o in outputs) * self.spf / self.sample_rate
+        )
+        return outputs
+
+    # -- internals -------------------------------------------------------------------------------------
+    def _decode_group(
+        self, work: list[tuple[_Stream, int]], t_bucket: int, outputs: list[CodecOutput]
+    ) -> None:
         b_real = len(work)
-        b_bucket = 1 << (b_real - 1).bit_length()
+        # Power-of-two batch buckets bound how many graphs exist; capping at max_streams keeps a full
+        # engine on its own (graphed) bucket instead of padding 300 rows to 512.
+        b_bucket = min(1 << (b_real - 1).bit_length(), self.max_streams)
         codes = np.zeros((b_bucket, self.num_groups, t_bucket), dtype=np.int64)
         lengths = np.zeros(b_bucket, dtype=np.int64)
         slots = np.empty(b_bucket, dtype=np.int64)
@@ -236,14 +255,7 @@ class CodecEngine:
                 stream.emitted_frames += real
             if final:
                 self._release(self._streams.pop(stream.stream_id))
-        self.ticks += 1
-        metrics.STAGE_TICK.labels(stage="codec").observe(time.perf_counter() - t0)
-        metrics.AUDIO_GENERATED.labels(stage="codec").inc(
-            sum(o.frames for o in outputs) * self.spf / self.sample_rate
-        )
-        return outputs
 
-    # -- internals -------------------------------------------------------------------------------------
     def _ready_frames(self, s: _Stream) -> int:
         if s.prefix_frames:  # reference prefix: decode it as soon as the stream opens
             return min(s.pending_frames, self.schedule.max_frames_per_decode)

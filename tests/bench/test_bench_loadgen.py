@@ -122,17 +122,24 @@ async def test_closed_loop_search_doubles_then_bisects_to_the_capacity() -> None
     assert all(lv["aggregate"]["peak_in_flight"] == lv["level"] for lv in levels)
 
 
-async def test_search_reports_the_cap_and_a_failing_first_level() -> None:
+async def test_search_reports_the_cap_and_steps_down_from_a_failing_start() -> None:
     _, capped = await search(
         FakeClient(capacity=100), cfg(), "closed", start=2, factor=2, max_level=4, refine=2,
         duration_s=0.02, max_requests=100, settle_s=0.0,
     )  # fmt: skip
     assert capped["best"] == 4 and capped["limited_by"] == "max_level"
-    _, none = await search(
-        FakeClient(capacity=1), cfg(), "closed", start=2, factor=2, max_level=4, refine=2,
+    levels, down = await search(
+        FakeClient(capacity=5), cfg(), "closed", start=16, factor=2, max_level=64, refine=2,
+        duration_s=0.03, max_requests=1000, settle_s=0.0,
+    )  # fmt: skip
+    assert [lv["level"] for lv in levels] == [16, 8, 4, 6, 5]
+    assert down == {"kind": "closed", "best": 5, "first_failure": 6, "limited_by": "gate"}
+    levels, none = await search(
+        FakeClient(capacity=0), cfg(), "closed", start=2, factor=2, max_level=4, refine=2,
         duration_s=0.02, max_requests=100, settle_s=0.0,
     )  # fmt: skip
-    assert none["best"] is None and none["limited_by"] == "first level failed"
+    assert [lv["level"] for lv in levels] == [2, 1]
+    assert none["best"] is None and none["limited_by"] == "no level passed"
 
 
 async def test_open_loop_level_follows_its_seeded_schedule_and_marks_warmup() -> None:

@@ -186,3 +186,42 @@ def test_bad_codes_are_rejected_before_they_reach_the_decoder(model: Qwen3Tokeni
     engine.finish("s")
     with pytest.raises(ValueError, match="already ended"):
         engine.push("s", codes_for(1, 1))
+
+
+def test_a_tick_decodes_once_per_frame_bucket_with_capped_batches(model: Qwen3TokenizerDecoder) -> None:
+    pool = StreamingDecoder(model, 6)
+    calls: list[tuple[int, int]] = []
+
+    def decode(codes: torch.Tensor, slots: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        calls.append((codes.shape[0], codes.shape[2]))
+        return pool.decode(codes, slots, lengths)
+
+    engine = CodecEngine(
+        pool,
+        max_streams=3,
+        schedule=SEED_SCHEDULE,
+        num_groups=GROUPS,
+        decode_fn=decode,
+        frame_buckets=(1, 25),
+    )
+    codes = {sid: codes_for(40 + i, 27 if sid == "a" else 26) for i, sid in enumerate("abc")}
+    out: dict[str, list[CodecOutput]] = {}
+    for sid in "abc":
+        engine.open(sid)
+        engine.push(sid, codes[sid][:1])
+    collect(engine.step(), out)  # three 1-frame first chunks: a batch of 3 (max_streams), not 4
+    engine.push("a", codes["a"][1:])
+    for sid in "bc":
+        engine.push(sid, codes[sid][1:2])
+    collect(engine.step(), out)  # a: 25 steady frames; b, c: 1 frame each, not yet a steady chunk
+    engine.push("b", codes["b"][2:])
+    engine.push("c", codes["c"][2:])
+    for sid in "abc":
+        engine.finish(sid)
+    collect(engine.step(), out)  # a: its 1-frame remainder; b, c: 25 frames each -> two calls, not (3, 25)
+    while engine.has_work():
+        collect(engine.step(), out)
+    assert calls[:3] == [(3, 1), (1, 25), (1, 1)] and calls[3] == (2, 25)
+    for sid in "abc":
+        pcm = np.concatenate([o.pcm for o in out[sid]])
+        np.testing.assert_allclose(pcm, offline(model, codes[sid]), atol=TOL, rtol=0)
