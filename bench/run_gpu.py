@@ -117,6 +117,7 @@ def serve_phases(a: argparse.Namespace, model: str, phases: list[str], out: Path
         for level in sorted({1, min(4, top), min(16, top), min(64, top), top}):
             args = [*common, "--closed", str(level), "--requests", str(2 * level), "--duration", "600"]
             run_loadgen(out, f"warmup_{tag}_c{level}", args, runs)
+        stack.scrape(out / f"metrics_{tag}_0warm")
         if "latency" in phases:
             args = [
                 *common,
@@ -133,11 +134,13 @@ def serve_phases(a: argparse.Namespace, model: str, phases: list[str], out: Path
             few = [*c1, "--requests", str(max(2, prof.c1_requests // 2))]
             run_loadgen(out, f"c1_seed_schedule_{tag}", [*few, "--chunk-schedule", SEED_SCHEDULE], runs)
             run_loadgen(out, f"c1_http_{tag}", [*few, "--api", "http"], runs)
+            stack.scrape(out / f"metrics_{tag}_1latency")
         level = ["--duration", str(prof.level_s), "--warmup", str(prof.level_warmup_s)]
         level += ["--search-refine", str(prof.refine)]
         if "poisson" in phases:
             args = [*common, *level, "--search", "poisson", "--search-start", str(prof.rate_start)]
             run_loadgen(out, f"poisson_search_{tag}", [*args, "--search-max", str(prof.rate_max)], runs)
+            stack.scrape(out / f"metrics_{tag}_2poisson")
         if "closed" in phases:
             top = min(prof.conc_max, float(slots)) if slots else prof.conc_max
             start = min(prof.conc_start, top)
@@ -152,6 +155,7 @@ def serve_phases(a: argparse.Namespace, model: str, phases: list[str], out: Path
                 str(top),
             ]
             run_loadgen(out, f"closed_search_{tag}", args, runs)
+            stack.scrape(out / f"metrics_{tag}_3closed")
     finally:
         meta["exit_code"] = stack.stop()
         meta["runs"] = runs

@@ -62,6 +62,7 @@ class Stack:
         self.env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
         self.grpc = f"127.0.0.1:{free_port()}"
         self.http = f"127.0.0.1:{free_port()}"
+        self.metrics = {"talker": free_port(), "codec": free_port()}
         self.proc: subprocess.Popen[bytes] | None = None
         self.start_s: float | None = None
 
@@ -71,6 +72,8 @@ class Stack:
         cmd += ["--device", s.device]
         cmd += ["--host", "127.0.0.1", "--grpc-port", self.grpc.rsplit(":", 1)[1]]
         cmd += ["--http-port", self.http.rsplit(":", 1)[1], "--start-timeout", "900", "--drain-grace", "10"]
+        cmd += ["--talker-metrics-port", str(self.metrics["talker"])]
+        cmd += ["--codec-metrics-port", str(self.metrics["codec"])]
         if s.threads is not None:
             cmd += ["--threads", str(s.threads)]
         for item in s.sets():
@@ -115,6 +118,18 @@ class Stack:
                 self.proc.kill()
                 self.proc.wait()
         return self.proc.returncode
+
+    def scrape(self, prefix: Path) -> None:
+        """Snapshot every process's Prometheus text to ``<prefix>_<process>.prom`` (counters are cumulative:
+        diff two snapshots for a phase's tick times and counts)."""
+        urls = {name: f"http://127.0.0.1:{port}/metrics" for name, port in self.metrics.items()}
+        urls["gateway"] = f"http://{self.http}/metrics"
+        for name, url in urls.items():
+            try:
+                with urllib.request.urlopen(url, timeout=5.0) as r:
+                    Path(f"{prefix}_{name}.prom").write_bytes(r.read())
+            except (urllib.error.URLError, OSError) as exc:
+                Path(f"{prefix}_{name}.prom").write_text(f"# scrape failed: {exc}\n")
 
     def tail(self, lines: int = 30) -> str:
         return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])

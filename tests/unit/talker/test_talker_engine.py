@@ -185,3 +185,23 @@ def test_max_model_len_stops_with_reason(
     assert out[-1].finish in (Finish.MAX_MODEL_LEN, Finish.EOS)
     if out[-1].finish is Finish.MAX_MODEL_LEN:
         assert frames_of(out).shape[0] + 1 <= 40
+
+
+def test_padded_prefill_equals_exact_length_prefill(
+    tiny_custom_voice: Qwen3TTSTalker, tiny_tokenizer: QwenTextTokenizer
+) -> None:
+    # The graphed prefill pads each chunk to a power of two (padding K/V lands at the slot's future
+    # positions). Checked here on the eager path: chunks of 13 tokens (the budget) padded to 16, with 3
+    # slots interleaving prefill and decode.
+    reqs = [request(i, frames=10) for i in range(5)]
+    outs = []
+    for padded in (False, True):
+        engine = make_engine(
+            tiny_custom_voice, tiny_tokenizer, 3, max_num_batched_tokens=13, max_model_len=48
+        )
+        engine.adapter.padded_prefill = padded  # type: ignore[attr-defined]
+        outs.append(drive(engine, reqs, stagger=1))
+    for r in reqs:
+        assert np.array_equal(frames_of(outs[0][r.request_id]), frames_of(outs[1][r.request_id])), (
+            r.request_id
+        )

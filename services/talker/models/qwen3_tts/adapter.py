@@ -28,6 +28,11 @@ from .model import Qwen3TTSTalker
 from .prompt import PromptError, PromptSpec, TalkerPrompt, build_prompt, icl_text_tokens_needed
 from .tokenizer import IncrementalEncoder, QwenTextTokenizer
 
+# Prefill chunks up to this many tokens run as a padded, graphed call (longer ones, eagerly): one graph per
+# (power-of-two length, context bucket) pair.
+MAX_PREFILL_GRAPH = 512
+MIN_PREFILL_BUCKET = 16
+
 
 def bucket(n: int, cap: int, floor: int = 1) -> int:
     """Smallest power of two >= max(n, floor), capped at ``cap``."""
@@ -176,8 +181,12 @@ class Qwen3TTSAdapter:
         self.dtype = model.codec_head.weight.dtype
         self.prefix_cache_bytes = prefix_cache_bytes
         self.min_attn_bucket = min_attn_bucket
+        # Padded (power-of-two) prefill chunks: what CUDA graphs need. On by default wherever graphs are; a
+        # test switches it on for the eager path to check padding changes nothing.
+        self.padded_prefill = False
         self._prefixes: OrderedDict[str, _PrefixEntry] = OrderedDict()
         self.graphs: GraphCache | None = None
+        self.prefill_graphs: GraphCache | None = None
 
     def kv_bytes_per_token(self) -> int:
         return KVCache.bytes_per_token(self.config.talker.backbone, self.dtype)
@@ -201,10 +210,20 @@ class Qwen3TTSAdapter:
         ]
         self._host_eos = [torch.zeros(num_slots, dtype=torch.bool, pin_memory=pin) for _ in range(3)]
         self._ring_next = 0
+        # Static inputs of the graphed prefill: one slot, a chunk padded up to a power-of-two length.
+        self.max_prefill_graph = min(max_len, MAX_PREFILL_GRAPH)
+        self._pf_x = torch.zeros(1, self.max_prefill_graph, m.hidden_size, device=dev, dtype=self.dtype)
+        self._pf_pos = torch.zeros(1, self.max_prefill_graph, device=dev, dtype=torch.int64)
+        self._pf_steps = torch.arange(self.max_prefill_graph, device=dev, dtype=torch.int64)
+        self._pf_slot = torch.zeros(1, device=dev, dtype=torch.int64)
 
     def enable_cuda_graphs(self) -> None:
         """Capture ``decode_core`` per (batch, context) bucket on first use (``enforce_eager: false``)."""
         self.graphs = GraphCache(self.decode_core, enabled=True, quiesce=self._all_inactive)
+        # Its own pool: a prefill and a decode graph are never replayed concurrently either, but separate
+        # pools keep one's capture from reusing memory the other's outputs still occupy.
+        self.prefill_graphs = GraphCache(self.prefill_core, enabled=True)
+        self.padded_prefill = True
 
     @contextlib.contextmanager
     def _all_inactive(self, key: tuple[int, ...]) -> Iterator[None]:
@@ -242,12 +261,33 @@ class Qwen3TTSAdapter:
     @torch.inference_mode()
     def prefill(self, slot: int, prepared: QwenPrepared, start: int, n: int) -> None:
         assert prepared.prompt is not None
-        x = prepared.prompt.prefill_embeds[start : start + n].to(self.dtype).unsqueeze(0)
-        positions = torch.arange(start, start + n, device=self.device).unsqueeze(0)
-        slot_ids = torch.tensor([slot], device=self.device)
-        self.model(x, positions, self.kv, slot_ids, start + n)
+        x = prepared.prompt.prefill_embeds[start : start + n].to(self.dtype)
+        t = bucket(n, self.max_prefill_graph, MIN_PREFILL_BUCKET)
+        if self.padded_prefill and n <= t and start + t <= self.max_len:
+            self._pf_x[0, :n].copy_(x)
+            self._pf_x[0, n:t].zero_()
+            torch.add(self._pf_steps[:t], start, out=self._pf_pos[0, :t])
+            self._pf_slot.fill_(slot)
+            length = bucket(start + t, self.max_len, self.min_attn_bucket)
+            if self.prefill_graphs is not None:
+                self.prefill_graphs.run(t, length)
+            else:
+                self.prefill_core(t, length)
+        else:
+            positions = torch.arange(start, start + n, device=self.device).unsqueeze(0)
+            slot_ids = torch.tensor([slot], device=self.device)
+            self.model(x.unsqueeze(0), positions, self.kv, slot_ids, start + n)
         # Parking position: a masked decode row writes its junk K/V here, which the next chunk overwrites.
         self.positions[slot] = start + n
+
+    def prefill_core(self, t: int, attn_len: int) -> None:
+        """The captured prefill: ``t`` tokens (the chunk, zero-padded) of slot ``_pf_slot``.
+
+        Padding tokens sit at the positions right after the chunk, so their K/V lands where this slot's
+        next chunk or first decode step writes before anything reads it (reads are masked to positions at
+        or before the query); they never touch real positions or another slot.
+        """
+        self.model(self._pf_x[:, :t], self._pf_pos[:, :t], self.kv, self._pf_slot, attn_len)
 
     def start_decode(self, slot: int, prepared: QwenPrepared) -> None:
         assert prepared.prompt is not None
