@@ -35,42 +35,56 @@ def _mix32(x: torch.Tensor) -> torch.Tensor:
     return x ^ (x >> 16)
 
 
-def row_keys(seed: torch.Tensor, step: torch.Tensor, stream: int | torch.Tensor) -> torch.Tensor:
-    """One 32-bit key per row from its 64-bit ``seed``, its ``step`` counter and a ``stream`` id."""
+def step_keys(seed: torch.Tensor, step: torch.Tensor) -> torch.Tensor:
+    """The ``(seed, step)`` part of each row's key, ``[B]``: computed once for all of a step's streams."""
     seed = seed.to(torch.int64)
     h = _mix32((seed & _M32) ^ _GOLDEN)
     h = _mix32(h ^ ((seed >> 32) & _M32))
-    h = _mix32(h ^ (step.to(torch.int64) & _M32))
+    return _mix32(h ^ (step.to(torch.int64) & _M32))
+
+
+def stream_keys(base: torch.Tensor, stream: int | torch.Tensor) -> torch.Tensor:
+    """Row keys for one stream id (``[B]``) or for several at once (``stream [S]`` -> ``[B, S]``)."""
     if isinstance(stream, int):
-        # Folded on the host: building a device tensor from a Python int would copy host->device, which a
-        # CUDA graph capture does not allow.
-        return _mix32(h ^ ((stream * _STREAM_MUL + _GOLDEN) & _M32))
-    return _mix32(h ^ ((stream.to(torch.int64) * _STREAM_MUL + _GOLDEN) & _M32))
+        return _mix32(base ^ ((stream * _STREAM_MUL + _GOLDEN) & _M32))
+    salt = (stream.to(torch.int64) * _STREAM_MUL + _GOLDEN) & _M32
+    if salt.dim() == 0:
+        return _mix32(base ^ salt)
+    return _mix32(base.unsqueeze(-1) ^ salt.unsqueeze(0))
+
+
+def row_keys(seed: torch.Tensor, step: torch.Tensor, stream: int | torch.Tensor) -> torch.Tensor:
+    """One 32-bit key per row from its 64-bit ``seed``, its ``step`` counter and a ``stream`` id."""
+    return stream_keys(step_keys(seed, step), stream)
 
 
 @functools.lru_cache(maxsize=32)
 def _column_keys(vocab_size: int, device: torch.device) -> torch.Tensor:
-    # Constant per (vocab, device): computed once, so a captured graph just reads it. Run one eager step
-    # before capturing (the usual warm-up) so this is filled outside the capture.
     col = torch.arange(vocab_size, device=device, dtype=torch.int64)
     return _mix32(((col * _MUL_A) & _M32) ^ _GOLDEN)
+
+
+def uniform_from_keys(keys: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """Uniforms in (0, 1), ``keys.shape + (V,)``, from row keys of any shape (one per key and column)."""
+    bits = _mix32(keys.unsqueeze(-1) ^ _column_keys(vocab_size, keys.device))
+    return ((bits >> 8).to(torch.float32) + 0.5) * (1.0 / (1 << 24))
+
+
+def gumbel_from_keys(keys: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    return -torch.log(-torch.log(uniform_from_keys(keys, vocab_size)))
 
 
 def uniform_noise(
     seed: torch.Tensor, step: torch.Tensor, stream: int | torch.Tensor, vocab_size: int
 ) -> torch.Tensor:
     """``[B, V]`` uniforms in (0, 1) that depend only on each row's (seed, step, stream) and the column."""
-    key = row_keys(seed, step, stream)
-    bits = _mix32(key.unsqueeze(-1) ^ _column_keys(vocab_size, seed.device).unsqueeze(0))
-    # 24 high bits -> exactly representable fp32 mantissa; the +0.5 keeps 0 and 1 out.
-    return ((bits >> 8).to(torch.float32) + 0.5) * (1.0 / (1 << 24))
+    return uniform_from_keys(row_keys(seed, step, stream), vocab_size)
 
 
 def gumbel_noise(
     seed: torch.Tensor, step: torch.Tensor, stream: int | torch.Tensor, vocab_size: int
 ) -> torch.Tensor:
-    u = uniform_noise(seed, step, stream, vocab_size)
-    return -torch.log(-torch.log(u))
+    return gumbel_from_keys(row_keys(seed, step, stream), vocab_size)
 
 
 @dataclass
@@ -165,6 +179,7 @@ def sample(
     seen: torch.Tensor | None = None,
     banned: torch.Tensor | None = None,
     all_greedy: bool = False,
+    noise: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Draw one token per row of ``logits [B, V]``; returns int64 ``[B]``.
 
@@ -172,7 +187,9 @@ def sample(
     separates independent draws at the same step (e.g. the codebook group). ``seen [B, V]`` (bool) drives
     the repetition penalty; ``banned`` (``[V]`` or ``[B, V]`` bool) tokens are never drawn.
     ``all_greedy`` is a host-side promise that every row is greedy (known from the requests, not from
-    device data); it skips the sort and the noise and gives the same tokens.
+    device data); it skips the sort and the noise and gives the same tokens. ``noise [B, V]``, when given,
+    is ``gumbel_noise(seed, step, stream, V)`` computed by the caller (a frame's groups draw theirs in one
+    batched call instead of one hash chain each).
     """
     scores = logits.float()
     if seen is not None:
@@ -185,5 +202,7 @@ def sample(
     greedy = params.temperature <= 0
     temp = torch.where(greedy, torch.ones_like(params.temperature), params.temperature).to(scores.dtype)
     scaled = filter_top_k_top_p(scores / temp.unsqueeze(-1), params.top_k, params.top_p)
-    drawn = (scaled + gumbel_noise(seed, step, stream, scores.shape[-1])).argmax(dim=-1)
+    if noise is None:
+        noise = gumbel_noise(seed, step, stream, scores.shape[-1])
+    drawn = (scaled + noise).argmax(dim=-1)
     return torch.where(greedy, greedy_tok, drawn)

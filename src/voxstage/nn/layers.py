@@ -26,6 +26,39 @@ class RMSNorm(nn.Module):
         return self.weight * x32.to(dtype)
 
 
+class FusedLinears:
+    """Bias-free linears on one input whose weights are row blocks of a single tensor: one GEMM instead of
+    several (on a GPU each launch counts: these run ~100 times per frame).
+
+    The modules keep their own ``weight`` parameters (checkpoint names, strict loading, state dicts and
+    in-place initialisation all work unchanged): they are views into the concatenated tensor. If something
+    replaces or moves a parameter afterwards (``module.to(...)`` after construction), the views are no
+    longer intact and ``weight()`` returns ``None``: callers fall back to the separate projections.
+    """
+
+    def __init__(self, *linears: nn.Linear) -> None:
+        if any(lin.bias is not None for lin in linears):
+            raise ValueError("only bias-free linears can be fused")
+        fused = torch.cat([lin.weight.detach() for lin in linears])
+        start = 0
+        for lin in linears:
+            n = lin.out_features
+            lin.weight = nn.Parameter(fused[start : start + n], requires_grad=lin.weight.requires_grad)
+            start += n
+        self._fused = fused
+        self._linears = linears
+
+    def weight(self) -> torch.Tensor | None:
+        ptr, size = self._fused.data_ptr(), self._fused.element_size()
+        start = 0
+        for lin in self._linears:
+            w = lin.weight
+            if w.data_ptr() != ptr + start * w.shape[1] * size or w.dtype != self._fused.dtype:
+                return None
+            start += w.shape[0]
+        return self._fused
+
+
 class SwiGLU(nn.Module):
     """gate/up/down MLP with SiLU gating (checkpoint names ``gate_proj``, ``up_proj``, ``down_proj``)."""
 
@@ -34,9 +67,14 @@ class SwiGLU(nn.Module):
         self.gate_proj = nn.Linear(dim, hidden, bias=bias)
         self.up_proj = nn.Linear(dim, hidden, bias=bias)
         self.down_proj = nn.Linear(hidden, dim, bias=bias)
+        self._gate_up = None if bias else FusedLinears(self.gate_proj, self.up_proj)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(nn.functional.silu(self.gate_proj(x)) * self.up_proj(x))
+        fused = self._gate_up.weight() if self._gate_up is not None else None
+        if fused is None:
+            return self.down_proj(nn.functional.silu(self.gate_proj(x)) * self.up_proj(x))
+        gate, up = nn.functional.linear(x, fused).chunk(2, dim=-1)
+        return self.down_proj(nn.functional.silu(gate) * up)
 
 
 def rope_inv_freq(head_dim: int, theta: float, device: torch.device | str | None = None) -> torch.Tensor:

@@ -12,7 +12,11 @@ from voxstage.talker.sampling import (
     SamplingTensors,
     apply_repetition_penalty,
     filter_top_k_top_p,
+    gumbel_from_keys,
+    gumbel_noise,
     sample,
+    step_keys,
+    stream_keys,
     uniform_noise,
 )
 
@@ -182,3 +186,14 @@ def test_sampling_params_validation_names_the_field() -> None:
         SamplingParams(repetition_penalty=0.0)
     assert SamplingParams(do_sample=False, temperature=0.9).effective_temperature == 0.0
     assert math.isclose(SamplingParams(temperature=0.9).effective_temperature, 0.9)
+
+
+def test_batched_stream_noise_equals_per_stream_noise() -> None:
+    seed, step = torch.tensor([7, -3, 2**40 + 5]), torch.tensor([0, 11, 4])
+    batched = gumbel_from_keys(stream_keys(step_keys(seed, step), torch.arange(1, 16)), 300)
+    assert batched.shape == (3, 15, 300)
+    for g in range(1, 16):
+        assert torch.equal(batched[:, g - 1], gumbel_noise(seed, step, g, 300))
+    assert torch.equal(
+        gumbel_from_keys(stream_keys(step_keys(seed, step), 0), 300), gumbel_noise(seed, step, 0, 300)
+    )

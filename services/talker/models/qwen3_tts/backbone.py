@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from voxstage.nn.layers import RMSNorm, SwiGLU, apply_rope, rope_cos_sin, rope_inv_freq
+from voxstage.nn.layers import FusedLinears, RMSNorm, SwiGLU, apply_rope, rope_cos_sin, rope_inv_freq
 
 from .config import BackboneConfig
 
@@ -81,6 +81,7 @@ class Qwen3Attention(nn.Module):
         self.o_proj = nn.Linear(cfg.num_heads * cfg.head_dim, cfg.hidden_size, bias=False)
         self.q_norm = RMSNorm(cfg.head_dim, eps=cfg.rms_norm_eps)
         self.k_norm = RMSNorm(cfg.head_dim, eps=cfg.rms_norm_eps)
+        self._qkv = FusedLinears(self.q_proj, self.k_proj, self.v_proj)
 
     def forward(
         self,
@@ -95,11 +96,18 @@ class Qwen3Attention(nn.Module):
         mask: torch.Tensor,
     ) -> torch.Tensor:
         b, t, _ = x.shape
-        q = self.q_norm(self.q_proj(x).view(b, t, self.num_heads, self.head_dim))
-        k = self.k_norm(self.k_proj(x).view(b, t, self.num_kv_heads, self.head_dim))
-        v = self.v_proj(x).view(b, t, self.num_kv_heads, self.head_dim)
-        q = apply_rope(q, cos, sin)
-        k = apply_rope(k, cos, sin)
+        nh, nkv = self.num_heads, self.num_kv_heads
+        fused = self._qkv.weight()
+        if fused is None:
+            q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        else:
+            sizes = [nh * self.head_dim, nkv * self.head_dim, nkv * self.head_dim]
+            q, k, v = nn.functional.linear(x, fused).split(sizes, dim=-1)
+        q = self.q_norm(q.view(b, t, nh, self.head_dim))
+        k = self.k_norm(k.view(b, t, nkv, self.head_dim))
+        v = v.view(b, t, nkv, self.head_dim)
+        # One rotary pass over q and k together (it is elementwise per head): half the kernels.
+        q, k = apply_rope(torch.cat([q, k], dim=2), cos, sin).split([nh, nkv], dim=2)
         # (slot [B,1], :, pos [B,T]) addresses a [B, T, kv_heads, head_dim] block (an index_put, no sync).
         rows, cols = write_index
         k_pool[rows, :, cols] = k.to(k_pool.dtype)
@@ -111,10 +119,9 @@ class Qwen3Attention(nn.Module):
         # GQA without repeating K/V: fold each KV head's query group into the query-length axis, so the
         # call is plain multi-head SDPA over kv_heads (any backend that takes a mask can run it).
         rep = self.num_heads // self.num_kv_heads
-        qg = q.view(b, t, self.num_kv_heads, rep, self.head_dim).permute(0, 2, 3, 1, 4)
+        qg = q.reshape(b, t, self.num_kv_heads, rep, self.head_dim).permute(0, 2, 3, 1, 4)
         qg = qg.reshape(b, self.num_kv_heads, rep * t, self.head_dim)
-        mg = mask.unsqueeze(1).expand(b, rep, t, attn_len).reshape(b, 1, rep * t, attn_len)
-        out = F.scaled_dot_product_attention(qg, keys.to(q.dtype), values.to(q.dtype), attn_mask=mg)
+        out = F.scaled_dot_product_attention(qg, keys.to(q.dtype), values.to(q.dtype), attn_mask=mask)
         out = out.view(b, self.num_kv_heads, rep, t, self.head_dim).permute(0, 3, 1, 2, 4)
         return self.o_proj(out.reshape(b, t, self.num_heads * self.head_dim))
 
@@ -186,6 +193,9 @@ class Qwen3Backbone(nn.Module):
         cos, sin = cos.unsqueeze(2), sin.unsqueeze(2)  # broadcast over heads: [B, T, 1, head_dim]
         key_pos = torch.arange(attn_len, device=x.device)
         mask = key_pos.view(1, 1, attn_len) <= positions.unsqueeze(-1)  # [B, T, attn_len]
+        # In the grouped-query layout the attention call uses (see Qwen3Attention), built once for all layers.
+        rep = self.cfg.num_heads // self.cfg.num_kv_heads
+        mask = mask.unsqueeze(1).expand(b, rep, *mask.shape[1:]).reshape(b, 1, rep * mask.shape[1], attn_len)
         for i, layer in enumerate(self.layers):
             x = layer(x, cos, sin, cache.k[i], cache.v[i], write_index, slot_ids, attn_len, mask)
         return self.norm(x)

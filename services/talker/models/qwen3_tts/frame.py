@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ...sampling import SamplingParams, SamplingTable, sample
+from ...sampling import SamplingParams, SamplingTable, gumbel_from_keys, sample, step_keys, stream_keys
 from .backbone import KVCache
 from .model import Qwen3TTSTalker
 
@@ -153,6 +153,10 @@ def frame_step(
     eos_too_early = (vocab_ids == cfg.codec_eos_id).unsqueeze(0) & (
         t < state.min_new_tokens[slot_ids]
     ).unsqueeze(1)
+    # The random draws of all G samples of this frame in two batched calls (c0's vocabulary, then the
+    # code predictor's for groups 1..G-1) instead of one hash chain per group: the same numbers, ~1/8 of
+    # the kernels.
+    base = step_keys(seed, t)
     c0 = sample(
         model.logits(hidden),
         state.talker.tensors.index(slot_ids),
@@ -162,6 +166,7 @@ def frame_step(
         seen=state.seen_c0[slot_ids],
         banned=model.c0_banned.unsqueeze(0) | eos_too_early,
         all_greedy=greedy[0],
+        noise=None if greedy[0] else gumbel_from_keys(stream_keys(base, 0), cfg.vocab_size),
     )
     state.seen_c0.index_put_((slot_ids, c0), torch.ones_like(c0, dtype=torch.bool))
 
@@ -170,13 +175,22 @@ def frame_step(
     x = cp.small_to_mtp_projection(torch.stack([hidden, parts[0]], dim=1))
     positions = torch.arange(2, device=device).expand(b, 2)
     h = cp.model(x, positions, predictor_cache, None, groups)
-    codes = [c0, sample(cp.lm_head[0](h[:, -1]), sub, seed, t, stream=1, all_greedy=greedy[1])]
+    noise = None
+    if not greedy[1]:
+        streams = torch.arange(1, groups, device=device)
+        noise = gumbel_from_keys(stream_keys(base, streams), cp.lm_head[0].out_features)  # [B, G-1, V]
+
+    def draw(logits: torch.Tensor, g: int) -> torch.Tensor:
+        n = None if noise is None else noise[:, g - 1]
+        return sample(logits, sub, seed, t, stream=g, all_greedy=greedy[1], noise=n)
+
+    codes = [c0, draw(cp.lm_head[0](h[:, -1]), 1)]
     for g in range(2, groups):
         parts.append(cp.model.codec_embedding[g - 2](codes[g - 1]))
         x = cp.small_to_mtp_projection(parts[-1]).unsqueeze(1)
         positions = torch.full((b, 1), g, dtype=torch.int64, device=device)
         h = cp.model(x, positions, predictor_cache, None, groups)
-        codes.append(sample(cp.lm_head[g - 1](h[:, 0]), sub, seed, t, stream=g, all_greedy=greedy[1]))
+        codes.append(draw(cp.lm_head[g - 1](h[:, 0]), g))
     parts.append(cp.model.codec_embedding[groups - 2](codes[groups - 1]))
 
     text_len = state.text_len[slot_ids]
