@@ -115,7 +115,8 @@ def serve_phases(a: argparse.Namespace, model: str, phases: list[str], out: Path
         # searches will reach, so no measured level pays for a capture.
         top = slots or 8
         for level in sorted({1, min(4, top), min(16, top), min(64, top), top}):
-            args = [*common, "--closed", str(level), "--requests", str(2 * level), "--duration", "600"]
+            n = 2 * level if level <= 16 else level
+            args = [*common, "--closed", str(level), "--requests", str(n), "--duration", "600"]
             run_loadgen(out, f"warmup_{tag}_c{level}", args, runs)
         stack.scrape(out / f"metrics_{tag}_0warm")
         if "latency" in phases:
