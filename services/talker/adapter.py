@@ -48,6 +48,7 @@ class PreparedPrompt(Protocol):
 
 class TalkerAdapter(Protocol):
     num_groups: int
+    codebook_size: int  # every emitted code lies in [0, codebook_size) (EOS rows carry no codes)
 
     def kv_bytes_per_token(self) -> int: ...
 

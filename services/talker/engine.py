@@ -18,6 +18,7 @@ decode input, so every frame, including the first, comes from the same frame ste
 from __future__ import annotations
 
 import enum
+import logging
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -28,6 +29,8 @@ import numpy as np
 from voxstage import metrics
 from voxstage.talker.adapter import PreparedPrompt, TalkerAdapter
 from voxstage.talker.sampling import SamplingParams
+
+log = logging.getLogger(__name__)
 
 
 class AdmissionError(RuntimeError):
@@ -304,20 +307,27 @@ class TalkerEngine:
         handle, rows = launched
         codes, eos = self.adapter.collect(handle)
         outputs = []
-        finished: list[tuple[_Seq, Finish]] = []
+        finished: list[tuple[_Seq, Finish, str | None]] = []
+        limit = self.adapter.codebook_size
         for i, seq in enumerate(rows):
             if seq is None or seq.done:
                 continue  # inactive row, or a request that ended while this step was in flight
             if eos[i]:
-                finished.append((seq, Finish.EOS))
+                finished.append((seq, Finish.EOS, None))
+                continue
+            if codes[i].min() < 0 or codes[i].max() >= limit:
+                # Never forwarded: a codec would reject the whole stream anyway. An engine bug, so say where.
+                why = f"frame {seq.frames} has codes outside [0, {limit}): {codes[i].tolist()}"
+                log.error("request %s (slot %d, row %d): %s", seq.request.request_id, seq.slot, i, why)
+                finished.append((seq, Finish.ERROR, why))
                 continue
             seq.frames += 1
             outputs.append(TalkerOutput(seq.request.request_id, codes[i : i + 1], seq.frames - 1))
             if seq.frames >= seq.request.max_frames:
-                finished.append((seq, Finish.MAX_FRAMES))
+                finished.append((seq, Finish.MAX_FRAMES, None))
             elif seq.prepared.length + seq.frames > self.cfg.max_model_len:
-                finished.append((seq, Finish.MAX_MODEL_LEN))
-        outputs += [self._finish(seq, why) for seq, why in finished]
+                finished.append((seq, Finish.MAX_MODEL_LEN, None))
+        outputs += [self._finish(seq, why, error) for seq, why, error in finished]
         return outputs
 
     # -- slot bookkeeping ----------------------------------------------------------------------------

@@ -149,8 +149,11 @@ def _write_tokenizer_checkpoint(
         state["decoder.pre_conv.conv.weight"] = torch.randn(4, 4, 3)  # decoder keys are someone else's
     save_file(state, str(st / "model.safetensors"))
     top = {
-        "model_type": "qwen3_tts_tokenizer_12hz", "encoder_config": enc_cfg,
-        "encoder_valid_num_quantizers": 16, "input_sample_rate": SR, "encode_downsample_rate": 1920,
+        "model_type": "qwen3_tts_tokenizer_12hz",
+        "encoder_config": enc_cfg,
+        "encoder_valid_num_quantizers": 16,
+        "input_sample_rate": SR,
+        "encode_downsample_rate": 1920,
     }
     (st / "config.json").write_text(json.dumps(top))
     return root
@@ -246,8 +249,12 @@ def _write_main_checkpoint(root: Path, kind: str, spk: torch.nn.Module | None, h
     if spk is not None:
         state |= {f"speaker_encoder.{k}": v.contiguous() for k, v in spk.state_dict().items()}
     save_file(state, str(root / "model.safetensors"))
-    cfg = {"model_type": "qwen3_tts", "tts_model_type": kind, "talker_config": {"hidden_size": hidden},
-           "speaker_encoder_config": tiny_speaker_encoder_config(32)}
+    cfg = {
+        "model_type": "qwen3_tts",
+        "tts_model_type": kind,
+        "talker_config": {"hidden_size": hidden},
+        "speaker_encoder_config": tiny_speaker_encoder_config(32),
+    }
     (root / "config.json").write_text(json.dumps(cfg))
     return root
 
@@ -281,8 +288,6 @@ def test_speaker_loader_checks_enc_dim_against_talker(tiny_speaker: torch.nn.Mod
     root = _write_main_checkpoint(tmp_path / "b", "base", tiny_speaker, hidden=64)
     with pytest.raises(CheckpointError, match="talker_config.hidden_size"):
         load_qwen3_tts_speaker_encoder(root)
-
-
 
 
 # ----------------------------------------------------------------------------- golden parity (qwen-tts 0.1.1)

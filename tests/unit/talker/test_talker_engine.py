@@ -205,3 +205,27 @@ def test_padded_prefill_equals_exact_length_prefill(
         assert np.array_equal(frames_of(outs[0][r.request_id]), frames_of(outs[1][r.request_id])), (
             r.request_id
         )
+
+
+def test_out_of_range_codes_end_only_their_request(
+    tiny_custom_voice: Qwen3TTSTalker, tiny_tokenizer: QwenTextTokenizer
+) -> None:
+    engine = make_engine(tiny_custom_voice, tiny_tokenizer, 2)
+    adapter = engine.adapter
+    collect = adapter.collect
+    calls = 0
+
+    def corrupt(handle: object) -> tuple[np.ndarray, np.ndarray]:
+        nonlocal calls
+        codes, eos = collect(handle)
+        calls += 1
+        if calls == 3:  # a stand-in for a device-side fault in row 0
+            codes[0, 5] = adapter.codebook_size  # type: ignore[attr-defined]
+        return codes, eos
+
+    adapter.collect = corrupt  # type: ignore[method-assign]
+    out = drive(engine, [request(0, frames=6), request(1, frames=6)], stagger=1)
+    bad, good = out["r0"][-1], out["r1"][-1]
+    assert bad.finish is Finish.ERROR and "outside [0, 2048)" in (bad.error or "")
+    assert frames_of(out["r0"]).max() < 2048  # the bad frame is never emitted
+    assert good.finish is Finish.MAX_FRAMES and frames_of(out["r1"]).shape == (6, 16)

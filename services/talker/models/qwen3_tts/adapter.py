@@ -177,6 +177,7 @@ class Qwen3TTSAdapter:
         self.config: Qwen3TTSConfig = model.config
         self.tokenizer = tokenizer
         self.num_groups = model.num_code_groups
+        self.codebook_size = model.code_predictor.lm_head[0].out_features
         self.device = model.codec_head.weight.device
         self.dtype = model.codec_head.weight.dtype
         self.prefix_cache_bytes = prefix_cache_bytes
