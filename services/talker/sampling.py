@@ -64,10 +64,19 @@ def _column_keys(vocab_size: int, device: torch.device) -> torch.Tensor:
     return _mix32(((col * _MUL_A) & _M32) ^ _GOLDEN)
 
 
+def unit_from_bits(bits: torch.Tensor) -> torch.Tensor:
+    """32-bit hashes -> float32 strictly inside (0, 1).
+
+    23 bits, not 24: ``(2**24 - 0.5) / 2**24`` rounds to exactly 1.0 in float32, whose Gumbel noise is +inf,
+    and ``-inf`` (a banned token) + inf is NaN, which argmax picks. With 23 bits the largest value is
+    ``1 - 2**-24`` and the smallest ``2**-24``.
+    """
+    return ((bits >> 9).to(torch.float32) + 0.5) * (1.0 / (1 << 23))
+
+
 def uniform_from_keys(keys: torch.Tensor, vocab_size: int) -> torch.Tensor:
     """Uniforms in (0, 1), ``keys.shape + (V,)``, from row keys of any shape (one per key and column)."""
-    bits = _mix32(keys.unsqueeze(-1) ^ _column_keys(vocab_size, keys.device))
-    return ((bits >> 8).to(torch.float32) + 0.5) * (1.0 / (1 << 24))
+    return unit_from_bits(_mix32(keys.unsqueeze(-1) ^ _column_keys(vocab_size, keys.device)))
 
 
 def gumbel_from_keys(keys: torch.Tensor, vocab_size: int) -> torch.Tensor:

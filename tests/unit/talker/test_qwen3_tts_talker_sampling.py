@@ -18,6 +18,7 @@ from voxstage.talker.sampling import (
     step_keys,
     stream_keys,
     uniform_noise,
+    unit_from_bits,
 )
 
 
@@ -197,3 +198,20 @@ def test_batched_stream_noise_equals_per_stream_noise() -> None:
     assert torch.equal(
         gumbel_from_keys(stream_keys(step_keys(seed, step), 0), 300), gumbel_noise(seed, step, 0, 300)
     )
+
+
+def test_noise_is_finite_at_the_extreme_hashes() -> None:
+    u = unit_from_bits(torch.tensor([0, 0xFFFFFFFF, 0x7FFFFFFF], dtype=torch.int64))
+    assert bool(((u > 0) & (u < 1)).all())
+    assert bool(torch.isfinite(-torch.log(-torch.log(u))).all())
+    # The draw that found it: seed 19, frame 60, stream 0 hashed column 2765 to the top 24-bit value, whose
+    # noise was +inf; that column is a banned c0 id, so -inf + inf = NaN won the argmax.
+    noise = gumbel_noise(torch.tensor([19]), torch.tensor([60]), 0, 3072)
+    assert bool(torch.isfinite(noise).all())
+    logits = torch.zeros(1, 3072)
+    banned = torch.zeros(3072, dtype=torch.bool)
+    banned[2048:] = True
+    token = sample(
+        logits, rows(1, temperature=0.9, top_k=50), torch.tensor([19]), torch.tensor([60]), banned=banned
+    )
+    assert int(token) < 2048
