@@ -182,9 +182,10 @@ class Qwen3TTSAdapter:
         self.dtype = model.codec_head.weight.dtype
         self.prefix_cache_bytes = prefix_cache_bytes
         self.min_attn_bucket = min_attn_bucket
-        # Padded (power-of-two) prefill chunks: what CUDA graphs need. On by default wherever graphs are; a
-        # test switches it on for the eager path to check padding changes nothing.
-        self.padded_prefill = False
+        # Prefill chunks padded to a power of two (what CUDA graphs need) on every path, so eager and graphed
+        # runs compute the same shapes and, in bf16, the same numbers. A test turns it off to check that
+        # padding changes nothing in fp32.
+        self.padded_prefill = True
         self._prefixes: OrderedDict[str, _PrefixEntry] = OrderedDict()
         self.graphs: GraphCache | None = None
         self.prefill_graphs: GraphCache | None = None
@@ -224,7 +225,6 @@ class Qwen3TTSAdapter:
         # Its own pool: a prefill and a decode graph are never replayed concurrently either, but separate
         # pools keep one's capture from reusing memory the other's outputs still occupy.
         self.prefill_graphs = GraphCache(self.prefill_core, enabled=True)
-        self.padded_prefill = True
 
     @contextlib.contextmanager
     def _all_inactive(self, key: tuple[int, ...]) -> Iterator[None]:
