@@ -208,6 +208,8 @@ def environment(out: Path, device: str) -> None:
     info: dict[str, object] = {"date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "python": sys.version}
     for key, cmd in (
         ("git", ["git", "rev-parse", "HEAD"]),
+        # A copied working tree can differ from HEAD (uncommitted or unpushed work): say so.
+        ("git_changed_files", ["git", "status", "--porcelain", "--untracked-files=no"]),
         ("nvidia_smi", ["nvidia-smi", "--query-gpu=name,memory.total,driver_version", "--format=csv"]),
         ("cpus", ["nproc"]),
     ):
