@@ -152,7 +152,7 @@ class Synthesizer:
             budget = job.sampling.max_frames if job.sampling.HasField("max_frames") else None
             frames = budget or self.config.talker.default_sampling_params.max_tokens or WHOLE_TAKE_FRAMES
             return frames + initial + steady, frames
-        # After the first chunk every chunk is a steady one: the stall clock needs room for one of those.
+        # Later chunks are at most steady ones (the ramp starts smaller): the stall clock needs room for one.
         return initial + 2 * steady, steady
 
     def _open_msg(

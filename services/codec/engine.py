@@ -6,10 +6,11 @@ different sizes share a decode call: a tick groups its chunks by frame bucket (o
 are right-padded to the bucket and ``lengths`` says how many frames of each row are real, so padding never
 touches a stream's state.
 
-Chunk schedule (deploy file): the first chunk goes out once ``initial_codec_chunk_frames`` frames are
-buffered (per-request override allowed), then every ``codec_chunk_frames``; the remainder is flushed at end of
-stream. When the talker runs ahead (the usual case), several steady chunks' worth is decoded in one go so the
-codec never falls behind its producer.
+Chunk schedule (deploy file, ``voxstage.chunking``): the first chunk goes out once
+``initial_codec_chunk_frames`` frames are buffered (per-request override allowed); later ones double up to
+``codec_chunk_frames`` (or are all ``codec_chunk_frames`` with the ramp off); the remainder is flushed at end
+of stream. When the talker runs ahead (the usual case), every whole chunk that is ready decodes in one go so
+the codec never falls behind its producer.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import numpy as np
 import torch
 
 from voxstage import metrics
+from voxstage.chunking import next_boundary, whole_chunks
 
 
 class CodecAdmissionError(RuntimeError):
@@ -45,6 +47,7 @@ class ChunkSchedule:
     initial_frames: int
     steady_frames: int
     max_frames_per_decode: int = 100
+    ramp: bool = True  # chunks double from the first up to steady_frames (voxstage.chunking)
 
     def __post_init__(self) -> None:
         if not 1 <= self.initial_frames <= self.steady_frames:
@@ -58,15 +61,16 @@ class ChunkSchedule:
         """Frames to decode now for a stream that has ``emitted`` frames out and ``available`` buffered."""
         if available <= 0:
             return 0
-        need = initial if emitted == 0 else self.steady_frames
+        need = next_boundary(emitted, initial, self.steady_frames, self.ramp) - emitted
         if available < need:
             return available if ended else 0
         if emitted == 0:
-            return need
-        whole = (available // self.steady_frames) * self.steady_frames
+            return need  # the first chunk alone: first audio as early as possible
         if ended and available <= self.max_frames_per_decode:
-            whole = available
-        return min(whole, self.max_frames_per_decode)
+            return available
+        # Behind the producer: every whole chunk that is ready, in one decode.
+        limit = min(available, self.max_frames_per_decode)
+        return whole_chunks(emitted, limit, initial, self.steady_frames, self.ramp)
 
 
 @dataclass

@@ -29,6 +29,7 @@ def register(subparsers: Any) -> None:
 
 
 def build(args: argparse.Namespace) -> StageParts:
+    from voxstage.chunking import chunk_sizes
     from voxstage.codec.engine import ChunkSchedule, CodecEngine
     from voxstage.codec.models import load_codec
     from voxstage.codec.servicer import SERVICE_NAME, CodecServicer
@@ -63,7 +64,8 @@ def build(args: argparse.Namespace) -> StageParts:
 
         # Chunks are padded up to the next bucket; the chunk sizes in force always get one of their own.
         sizes = config.stream.decode_cudagraph_capture_sizes or []
-        buckets = tuple(sorted({*sizes, plan.initial_frames, plan.steady_frames}))
+        chunks = chunk_sizes(plan.initial_frames, plan.steady_frames, plan.ramp)
+        buckets = tuple(sorted({*sizes, *chunks}))
         decode_fn = GraphedDecode(
             runtime.decoder,
             num_groups=runtime.num_groups,
@@ -76,7 +78,9 @@ def build(args: argparse.Namespace) -> StageParts:
     engine = CodecEngine(
         runtime.decoder,
         max_streams=stage.max_num_seqs,
-        schedule=ChunkSchedule(plan.initial_frames, plan.steady_frames, max(100, plan.steady_frames)),
+        schedule=ChunkSchedule(
+            plan.initial_frames, plan.steady_frames, max(100, plan.steady_frames), ramp=plan.ramp
+        ),
         num_groups=runtime.num_groups,
         device=device,
         decode_fn=decode_fn,
@@ -91,9 +95,9 @@ def build(args: argparse.Namespace) -> StageParts:
     pool = TalkerPool(reader)
     servicer = CodecServicer(worker, plan=plan, stream_config=config.stream, shm_writer=writer, pool=pool)
     log.info(
-        "codec: %s (%s) on %s/%s: %d streams, chunks %d then %d frames, %s, voice clone %s, shm %s",
+        "codec: %s (%s) on %s/%s: %d streams, chunks %d then %s%d frames, %s, voice clone %s, shm %s",
         runtime.model, runtime.family, device, str(dtype).removeprefix("torch."), stage.max_num_seqs,
-        plan.initial_frames, plan.steady_frames,
+        plan.initial_frames, "doubling up to " if plan.ramp else "", plan.steady_frames,
         f"CUDA graphs for {buckets} frames" if decode_fn else "eager",
         "on" if runtime.voice_clone else "off",
         f"above {writer.threshold_bytes} B" if writer else "off",

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from voxstage import wire
+from voxstage.chunking import whole_chunks
 from voxstage.internal.v1 import stage_pb2
 from voxstage.stage_errors import StageFailure
 from voxstage.stage_stream import StageStream
@@ -40,16 +41,14 @@ _keys = itertools.count(1)
 log = logging.getLogger(__name__)
 
 
-def sendable(sent: int, avail: int, credit: int, initial: int, steady: int, finished: bool) -> int:
+def sendable(
+    sent: int, avail: int, credit: int, initial: int, steady: int, finished: bool, ramp: bool = True
+) -> int:
     """Frames to put in the next CodecFrames: whole chunks of the schedule that fit the credit, or the
     whole remainder once generation has finished (never split to fit: the codec's window holds a chunk)."""
-    limit = min(avail, credit)
     if finished and avail <= credit:
         return avail
-    first = initial - sent if sent < initial else steady - (sent - initial) % steady
-    if first > limit:
-        return 0
-    return first + (limit - first) // steady * steady
+    return whole_chunks(sent, min(avail, credit), initial, steady, ramp)
 
 
 class TalkerStream(StageStream):
@@ -64,6 +63,7 @@ class TalkerStream(StageStream):
         self.params = RequestParams()
         self.non_streaming = False
         self.initial = self.steady = 1
+        self.ramp = True
         self.credit = 0
         self.sent_frames = 0
         self.pending: list[np.ndarray] = []
@@ -124,6 +124,7 @@ class TalkerStream(StageStream):
         self._admit(op, srv, model=srv.model, family=srv.family)
         sched = wire.resolve_schedule(op.chunk_schedule, srv.plan.initial_frames, srv.plan.steady_frames, 0)
         self.initial, self.steady = sched.initial_chunk_frames, sched.steady_chunk_frames
+        self.ramp = srv.plan.ramp
         window = self.initial + self.steady
         if op.initial_credit.unit != stage_pb2.CREDIT_UNIT_FRAMES or op.initial_credit.amount < window:
             raise StageFailure(
@@ -205,7 +206,7 @@ class TalkerStream(StageStream):
             return
         done = self.finish is not None
         while n := sendable(
-            self.sent_frames, self.pending_frames, self.credit, self.initial, self.steady, done
+            self.sent_frames, self.pending_frames, self.credit, self.initial, self.steady, done, self.ramp
         ):
             self._send_frames(n)
         if done and not self.pending_frames:

@@ -13,6 +13,7 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from voxstage.chunking import next_boundary
 from voxstage.config.base import StrictModel
 
 # Connector kinds voxstage implements. Cross-host streams need none: they are plain inline gRPC, which is why
@@ -33,6 +34,8 @@ class ConnectorExtra(StrictModel):
     codec_chunk_frames: int = Field(default=25, ge=1)
     codec_left_context_frames: int = Field(default=0, ge=0)
     initial_codec_chunk_frames: int | None = Field(default=None, ge=1)
+    # voxstage: chunks double from the first one up to codec_chunk_frames (voxstage.chunking says why).
+    codec_chunk_ramp: bool = True
     decode_cudagraph_capture_sizes: list[int] | None = None
     audio8_tts_codec_dtype: CodecDType | None = None
 
@@ -108,21 +111,23 @@ class ConnectorConfig(StrictModel):
 class ChunkPlan:
     """The effective chunk settings of the talker -> codec stream, with every default resolved.
 
-    A take's codec frames become audio in chunks: the first after ``initial_frames`` frames, later ones every
-    ``steady_frames``; the remainder is flushed when the take ends. ``whole_take`` (``async_chunk: false``)
-    means a single chunk at the end. The codec engine's own schedule object is built from these numbers.
+    A take's codec frames become audio in chunks: the first after ``initial_frames`` frames, later ones
+    doubling up to ``steady_frames`` (``ramp``) or every ``steady_frames``; the remainder is flushed when the
+    take ends (``voxstage.chunking``). ``whole_take`` (``async_chunk: false``) means a single chunk at the
+    end. The codec engine's own schedule object is built from these numbers.
     """
 
     initial_frames: int
     steady_frames: int
     left_context_frames: int
     whole_take: bool
+    ramp: bool = True
 
     def chunk_due(self, frames: int) -> bool:
         """True when a chunk boundary falls after a take's ``frames``-th frame (before the take ends)."""
-        if self.whole_take or frames < self.initial_frames:
+        if self.whole_take or frames < 1:
             return False
-        return (frames - self.initial_frames) % self.steady_frames == 0
+        return next_boundary(frames - 1, self.initial_frames, self.steady_frames, self.ramp) == frames
 
     @classmethod
     def from_extra(cls, extra: ConnectorExtra, *, whole_take: bool) -> ChunkPlan:
@@ -132,4 +137,5 @@ class ChunkPlan:
             steady_frames=extra.codec_chunk_frames,
             left_context_frames=extra.codec_left_context_frames,
             whole_take=whole_take,
+            ramp=extra.codec_chunk_ramp,
         )

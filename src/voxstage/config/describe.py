@@ -32,7 +32,8 @@ def summary(cfg: DeployConfig) -> str:
         parts.append("whole-take decode (async_chunk: false)")
     else:
         parts.append(
-            f"chunks {chunks.initial_frames} then {chunks.steady_frames} frames"
+            f"chunks {chunks.initial_frames} then {'doubling up to ' if chunks.ramp else ''}"
+            f"{chunks.steady_frames} frames"
             f" (left context {chunks.left_context_frames})"
         )
     parts.append(
@@ -76,6 +77,7 @@ def _derived(cfg: DeployConfig) -> dict[str, Any]:
                 "steady_frames": chunks.steady_frames,
                 "left_context_frames": chunks.left_context_frames,
                 "whole_take": chunks.whole_take,
+                "ramp": chunks.ramp,
             },
         },
         "admission_limit": cfg.admission_limit,

@@ -1,8 +1,8 @@
 """Codec engine on the real tiny decoder: batched streaming equals the offline decode, slots are recycled.
 
-The seed schedule (first chunk 1 frame, then 25) is what the deploy files use; streams start at different
-ticks so every decode batch mixes first chunks, steady chunks and end-of-stream remainders of different
-lengths in one padded call.
+The seed schedule (first chunk 1 frame, then doubling up to 25) is what the deploy files give; streams
+start at different ticks so every decode batch mixes first chunks, steady chunks and end-of-stream
+remainders of different lengths in one padded call.
 """
 
 from __future__ import annotations
@@ -96,6 +96,24 @@ def test_staggered_streams_equal_offline_decode(model: Qwen3TokenizerDecoder) ->
 
 def test_steady_chunks_follow_the_schedule(model: Qwen3TokenizerDecoder) -> None:
     engine = make_engine(model, streams=1)
+    engine.open("s")
+    sizes: list[int] = []
+    for i in range(60):
+        engine.push("s", codes_for(100 + i, 1))
+        sizes += [o.frames for o in engine.step()]
+    engine.finish("s")
+    while engine.has_work():
+        sizes += [o.frames for o in engine.step()]
+    assert sizes == [1, 2, 4, 8, 16, 25, 4]  # the ramp: doubling up to the steady 25, then the remainder
+
+
+def test_fixed_steady_chunks_without_the_ramp(model: Qwen3TokenizerDecoder) -> None:
+    engine = CodecEngine(
+        StreamingDecoder(model, 2),
+        max_streams=1,
+        schedule=ChunkSchedule(1, 25, ramp=False),
+        num_groups=GROUPS,
+    )
     engine.open("s")
     sizes: list[int] = []
     for i in range(60):
@@ -199,7 +217,7 @@ def test_a_tick_decodes_once_per_frame_bucket_with_capped_batches(model: Qwen3To
     engine = CodecEngine(
         pool,
         max_streams=3,
-        schedule=SEED_SCHEDULE,
+        schedule=ChunkSchedule(1, 25, ramp=False),  # fixed 25-frame chunks keep the tick arithmetic plain
         num_groups=GROUPS,
         decode_fn=decode,
         frame_buckets=(1, 25),
