@@ -66,7 +66,7 @@ def build(args: argparse.Namespace) -> StageParts:
     if graphs and enable_graphs is None:
         log.warning("talker: family %s has no CUDA-graph frame step; running eager", info.family)
     elif graphs:
-        enable_graphs()  # captured per (batch, context) bucket on first use
+        enable_graphs()  # every bucket is captured by the warm-up, before SERVING
     adapter.prefix_cache_bytes = prefix_bytes  # type: ignore[attr-defined]
     engine = TalkerEngine(
         adapter,

@@ -156,7 +156,8 @@ class TalkerWorker(StageWorker[TalkerOutput, OutputListener]):
 
     # -- lifecycle (event loop) -------------------------------------------------------------------------
     async def warm_up(self, spec: SpeechSpec) -> float:
-        """One short synthetic request through the engine (on its thread); returns the seconds it took."""
+        """One short synthetic request through the engine (on its thread), then every CUDA graph captured
+        (adapters that have them); returns the seconds it all took."""
 
         def run() -> float:
             t0 = time.perf_counter()
@@ -165,6 +166,12 @@ class TalkerWorker(StageWorker[TalkerOutput, OutputListener]):
             self.engine.submit(req)
             while self.engine.has_work():
                 self.engine.step()
+            capture = getattr(self.engine.adapter, "capture_all_graphs", None)
+            if capture is not None:
+                t1 = time.perf_counter()
+                n = capture()
+                if n:
+                    log.info("talker: captured %d CUDA graphs in %.1f s", n, time.perf_counter() - t1)
             return time.perf_counter() - t0
 
         return await self._call(run)

@@ -44,6 +44,13 @@ class GraphCache:
     def keys(self) -> list[Hashable]:
         return list(self._graphs)
 
+    def capture(self, *key: int) -> bool:
+        """Capture ``key`` now if it is not yet (start-up pre-capture); True if a graph was captured."""
+        if not self.enabled or key in self._graphs:
+            return False
+        self._graphs[key] = self._capture(key)
+        return True
+
     def run(self, *key: int) -> None:
         if not self.enabled:
             self._fn(*key)

@@ -229,3 +229,23 @@ def test_out_of_range_codes_end_only_their_request(
     assert bad.finish is Finish.ERROR and "outside [0, 2048)" in (bad.error or "")
     assert frames_of(out["r0"]).max() < 2048  # the bad frame is never emitted
     assert good.finish is Finish.MAX_FRAMES and frames_of(out["r1"]).shape == (6, 16)
+
+
+def test_startup_capture_covers_every_key_the_engine_can_use(
+    tiny_custom_voice: Qwen3TTSTalker, tiny_tokenizer: QwenTextTokenizer
+) -> None:
+    from voxstage.talker.models.qwen3_tts.adapter import MIN_PREFILL_BUCKET, bucket
+
+    adapter = Qwen3TTSAdapter(tiny_custom_voice, tiny_tokenizer)
+    adapter.allocate(6, 300)
+    decode, prefill = map(set, adapter.graph_keys())
+    for n in range(1, 7):
+        for attn in range(1, 301):
+            assert (bucket(n, 6), bucket(attn, 300, adapter.min_attn_bucket)) in decode
+    for n in range(1, adapter.max_prefill_graph + 1):
+        t = bucket(n, adapter.max_prefill_graph, MIN_PREFILL_BUCKET)
+        for start in range(0, 301 - t):  # the graphed path needs start + t <= max_len
+            assert (t, bucket(start + t, 300, adapter.min_attn_bucket)) in prefill
+    assert (
+        len(decode) == 4 * 4 and adapter.capture_all_graphs() == 0
+    )  # (1, 2, 4, 6) x (64, 128, 256, 300); CPU

@@ -226,6 +226,32 @@ class Qwen3TTSAdapter:
         # pools keep one's capture from reusing memory the other's outputs still occupy.
         self.prefill_graphs = GraphCache(self.prefill_core, enabled=True)
 
+    def graph_keys(self) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
+        """Every (batch, context) decode key and (length, context) prefill key the engine can reach."""
+        batches = sorted({bucket(n, self.num_slots) for n in range(1, self.num_slots + 1)})
+        contexts = sorted({bucket(n, self.max_len, self.min_attn_bucket) for n in range(1, self.max_len + 1)})
+        lengths = sorted(
+            {
+                bucket(n, self.max_prefill_graph, MIN_PREFILL_BUCKET)
+                for n in range(1, self.max_prefill_graph + 1)
+            }
+        )
+        decode = [(b, c) for b in batches for c in contexts]
+        prefill = [(t, c) for t in lengths for c in contexts if c >= t]
+        return decode, prefill
+
+    def capture_all_graphs(self) -> int:
+        """Capture every graph before serving (call with no request in flight): a lazily captured bucket
+        stalls every running stream for the capture, which showed as first-audio outliers and cold
+        underruns. Returns how many graphs were captured."""
+        if self.graphs is None or self.prefill_graphs is None:
+            return 0
+        decode, prefill = self.graph_keys()
+        n = sum(self.graphs.capture(*key) for key in decode)
+        # Prefill warm-up runs write junk K/V into slot _pf_slot's first positions; no request holds a slot
+        # yet, and a slot's prefill rewrites every position it later reads.
+        return n + sum(self.prefill_graphs.capture(*key) for key in prefill)
+
     @contextlib.contextmanager
     def _all_inactive(self, key: tuple[int, ...]) -> Iterator[None]:
         # Warm-up runs execute for real: with every row inactive they leave all slot state as it was (the
