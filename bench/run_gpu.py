@@ -241,7 +241,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--frames", type=int, default=100, help="fixed length of every request (100 = 8 s)")
     ap.add_argument("--slots", type=int, default=64, help="max_num_seqs of both stages (halved if no start)")
     ap.add_argument("--max-model-len", type=int, default=1024, help="talker positions per slot")
-    ap.add_argument("--chunk-schedule", default="2,4", help="I,S frames for every request; '' = deploy's")
+    ap.add_argument("--chunk-schedule", default="", help="I,S frames for every request; '' = deploy's")
     ap.add_argument("--ttfa-slo-ms", type=float, default=1000.0)
     ap.add_argument("--set", action="append", default=[], help="extra `voxstage serve --set` (repeatable)")
     ap.add_argument("--engine-args", default="", help="extra engine_gpu.py arguments, e.g. '--batches 1,64'")
