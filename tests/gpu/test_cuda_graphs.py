@@ -20,7 +20,9 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
 SAMPLED = SamplingParams(do_sample=True, temperature=0.9, top_k=50, repetition_penalty=1.05)
 
 
-def run_engine(graphs: bool, async_scheduling: bool = False) -> dict[str, np.ndarray]:
+def run_engine(
+    graphs: bool, async_scheduling: bool = False, capture_all: bool = False
+) -> dict[str, np.ndarray]:
     adapter, _ = load_talker(resolve_model("qwen3-tts-tiny"), device="cuda", dtype=torch.float32)
     if graphs:
         adapter.enable_cuda_graphs()
@@ -28,6 +30,9 @@ def run_engine(graphs: bool, async_scheduling: bool = False) -> dict[str, np.nda
         max_num_seqs=4, max_model_len=256, max_num_batched_tokens=32, async_scheduling=async_scheduling
     )
     eng = TalkerEngine(adapter, cfg)
+    if capture_all:  # what the talker stage does after its warm-up request
+        decode, prefill = adapter.graph_keys()
+        assert adapter.capture_all_graphs() == len(decode) + len(prefill)
     out: dict[str, list[np.ndarray]] = {}
     reqs = [
         TalkerRequest(
@@ -50,9 +55,9 @@ def run_engine(graphs: bool, async_scheduling: bool = False) -> dict[str, np.nda
     return {k: np.concatenate(v) for k, v in out.items()}
 
 
-@pytest.mark.parametrize("async_scheduling", [False, True])
-def test_talker_graph_equals_eager(async_scheduling: bool) -> None:
-    eager, graph = run_engine(False), run_engine(True, async_scheduling)
+@pytest.mark.parametrize("async_scheduling,capture_all", [(False, False), (True, False), (True, True)])
+def test_talker_graph_equals_eager(async_scheduling: bool, capture_all: bool) -> None:
+    eager, graph = run_engine(False), run_engine(True, async_scheduling, capture_all)
     assert eager.keys() == graph.keys()
     for k in eager:
         assert np.array_equal(eager[k], graph[k]), k
