@@ -54,6 +54,9 @@ BASE_MODEL = "qwen3-tts-tiny-base"  # pair B serves voice cloning
 # the tiny models on a shared 2-core box can be slower, so the normal pairs allow 30 s and one codec keeps
 # a 0.2 s stall timeout to prove the timeout fires.
 RELAXED_STALL = "connectors.connector_of_shared_memory.extra.connector_get_max_wait=3000"
+# Pair A cuts fixed chunks (1, then 25): the stall test needs the talker to hold frames 2..24 for a long,
+# predictable gap, and the shm test counts bytes per chunk. Pair B keeps the default ramp.
+NO_RAMP = "connectors.connector_of_shared_memory.extra.codec_chunk_ramp=false"
 STRICT_STALL = "connectors.connector_of_shared_memory.extra.connector_get_max_wait=20"
 
 
@@ -111,12 +114,12 @@ def deployment(cache: Path, logs: Path) -> Iterator[Deployment]:
     h, how = make_hosts()
     print(f"multi-host via {how}")
     tp, cp, sp, tm, cm, btp, bcp = (free_port() for _ in range(7))
-    kw_a = {"cache": cache, "logs": logs, "sets": [SMALL_SHM, MAX_TOKENS, RELAXED_STALL]}
+    kw_a = {"cache": cache, "logs": logs, "sets": [SMALL_SHM, MAX_TOKENS, RELAXED_STALL, NO_RAMP]}
     kw_b = {"cache": cache, "logs": logs, "sets": [HUGE_SHM, MAX_TOKENS, RELAXED_STALL], "model": BASE_MODEL}
     procs = [
         start_stage("talker", port=tp, metrics_port=tm, **kw_a),  # type: ignore[arg-type]
         start_stage("codec", port=cp, metrics_port=cm, **kw_a),  # type: ignore[arg-type]
-        start_stage("codec", port=sp, cache=cache, logs=logs, sets=[STRICT_STALL], tag="-strict"),
+        start_stage("codec", port=sp, cache=cache, logs=logs, sets=[STRICT_STALL, NO_RAMP], tag="-strict"),
         start_stage(
             "talker",
             port=btp,
@@ -232,9 +235,8 @@ async def test_c_frames_go_through_shm_above_the_threshold(pair_a: Pair) -> None
     res = await synthesize(pair_a.codec.address, pair_a.talker_address, TEXT)
     assert res.eos is not None and res.eos.reason == S.END_REASON_MAX_FRAMES
     after = metric(pair_a.talker_metrics, "voxstage_transport_bytes_total", 'path="shm"')
-    # Chunks of 1, 2, 4, 8 frames, then the 9-frame remainder: the first two (32 and 64 bytes) are not above
-    # the 64-byte threshold and go inline; the other 21 frames travel through shared memory.
-    assert after - before == (FRAMES - 3) * 16 * 2
+    # 23 of the 24 frames travel in chunks above 64 bytes (the 1-frame first chunk is 32 bytes, inline).
+    assert after - before == (FRAMES - 1) * 16 * 2
     assert any(name.endswith("-probe") for name in shm_files(pair_a.talker.pid))
 
 
