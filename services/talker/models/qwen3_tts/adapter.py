@@ -220,7 +220,8 @@ class Qwen3TTSAdapter:
         self._pf_slot = torch.zeros(1, device=dev, dtype=torch.int64)
 
     def enable_cuda_graphs(self) -> None:
-        """Capture ``decode_core`` per (batch, context) bucket on first use (``enforce_eager: false``)."""
+        """Graph ``decode_core`` per (batch, context) and ``prefill_core`` per (length, context) bucket
+        (``enforce_eager: false``): all at once with ``capture_all_graphs``, else each on first use."""
         self.graphs = GraphCache(self.decode_core, enabled=True, quiesce=self._all_inactive)
         # Its own pool: a prefill and a decode graph are never replayed concurrently either, but separate
         # pools keep one's capture from reusing memory the other's outputs still occupy.
