@@ -183,6 +183,8 @@ class TalkerRelay:
         self.opened.set_result(opened)
 
     async def _frames(self, f: S.CodecFrames) -> None:
+        if self.done:
+            return  # sent before our cancel reached the talker: dropped unread (its slots went back too)
         if not self.opened.done():
             raise StageFailure("INVALID_ARGUMENT", f"talker {self.address} sent frames before opened")
         n = f.frame_count

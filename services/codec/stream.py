@@ -96,6 +96,7 @@ class CodecStream(StageStream):
             self.loans.ack(msg.shm_ack)
         elif kind == "cancel":
             self.cancel_requested = True
+            self.loans.forfeit()
             self._stop_engine()
             relay.cancel(msg.cancel.reason or "gateway cancelled")
             self._terminal(S.END_REASON_CANCELLED)

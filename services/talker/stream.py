@@ -106,6 +106,7 @@ class TalkerStream(StageStream):
             self.loans.ack(msg.shm_ack)
         elif kind == "cancel":
             self.cancel_requested = True
+            self.loans.forfeit()
             if self.submitted and self.finish is None:
                 self.worker.cancel(self.key)  # CANCELLED output -> terminal
             else:

@@ -25,6 +25,7 @@ class StreamLoans:
     def __init__(self, sender: ShmSender | None) -> None:
         self.sender = sender
         self._acked = asyncio.Event()
+        self._forfeited = False
 
     @property
     def lent(self) -> int:
@@ -39,6 +40,8 @@ class StreamLoans:
         return to_payload(placed)
 
     def ack(self, ack: stage_pb2.ShmAck) -> None:
+        if self._forfeited:
+            return  # an ack that crossed our cancel-time reclaim: the slots are already back
         if self.sender is None:
             raise StageFailure("INVALID_ARGUMENT", "shm_ack: this stream never lent shared memory")
         try:
@@ -62,6 +65,16 @@ class StreamLoans:
         if self.lent:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._acked.wait(), grace)
+
+    def forfeit(self) -> None:
+        """The reader sent ``cancel``: it reads none of this stream's regions after that (it copies a chunk
+        out while handling the message that carries it), so no ack will come for what is still lent. Take
+        it back now rather than hold the stream open for ``settle``'s grace; anything sent later is inline."""
+        if self.sender is not None:
+            self.sender.close()
+            self.sender = None
+        self._forfeited = True
+        self._acked.set()
 
     def close(self) -> None:
         """Reclaim whatever is still lent (the reader is done or gone)."""

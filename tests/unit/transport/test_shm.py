@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import array
+import asyncio
 import dataclasses
 import hashlib
 import json
@@ -357,3 +358,17 @@ def test_sweep_spares_a_probe_being_created(tmp_path: Path) -> None:
     temp.write_bytes(b"")
     assert sweep_dead_regions(tmp_path) == [] and temp.exists()  # young: its writer may be mid-creation
     assert sweep_dead_regions(tmp_path, temp_grace_s=0.0) == [temp.name] and not temp.exists()
+
+
+async def test_a_cancel_forfeits_the_loans_of_its_stream(writer: ShmWriter) -> None:
+    from voxstage.internal.v1 import stage_pb2
+    from voxstage.loans import StreamLoans
+
+    loans = StreamLoans(writer.sender(peer_readable=True))
+    assert loans.payload(b"x" * (THRESHOLD + 1)).WhichOneof("body") == "shm" and loans.lent == 1
+    loans.forfeit()  # the reader cancelled: it will never ack
+    assert loans.lent == 0
+    await asyncio.wait_for(loans.settle(grace=30.0), 1.0)  # nothing left to wait for
+    assert loans.payload(b"y" * (THRESHOLD + 1)).WhichOneof("body") == "inline"
+    loans.ack(stage_pb2.ShmAck())  # an ack that crossed the cancel is ignored, not an error
+    loans.close()
