@@ -32,6 +32,10 @@ SERVER_OPTIONS: list[tuple[str, Any]] = [
     ("grpc.keepalive_permit_without_calls", 1),
     ("grpc.http2.min_recv_ping_interval_without_data_ms", 10_000),
     ("grpc.http2.max_ping_strikes", 0),
+    # gRPC's default SO_REUSEPORT lets a second server bind a port already in use, and the kernel then splits
+    # connections between the two (a client of one gets UNIMPLEMENTED from the other). A port clash must fail
+    # at start-up instead.
+    ("grpc.so_reuseport", 0),
 ]
 CHANNEL_OPTIONS: list[tuple[str, Any]] = [
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
@@ -98,9 +102,12 @@ async def start_stage_server(
     for name in ("", *names):
         await health_servicer.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
     reflection.enable_server_reflection((*names, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
-    bound = server.add_insecure_port(f"{host}:{port}")
+    try:
+        bound = server.add_insecure_port(f"{host}:{port}")
+    except RuntimeError:  # grpc raises this when the bind fails (port in use, no permission)
+        bound = 0
     if bound == 0:
-        raise OSError(f"cannot bind gRPC port {host}:{port}")
+        raise OSError(f"cannot bind gRPC port {host}:{port} (in use, or not permitted)")
     await server.start()
     if metrics_port is not None:
         start_http_server(metrics_port, addr=host, registry=REGISTRY)
