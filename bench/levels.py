@@ -225,12 +225,16 @@ async def search(
     levels: list[dict[str, Any]] = []
     best: float | None = None
     failed: float | None = None
-    value = start
-    while True:
-        rep = await run_level(client, cfg, kind, value, duration_s, max_requests)
+
+    async def passes(level: float) -> bool:
+        rep = await run_level(client, cfg, kind, level, duration_s, max_requests)
         levels.append(rep)
         await asyncio.sleep(settle_s)
-        if not rep["verdict"]["pass"]:
+        return bool(rep["verdict"]["pass"])
+
+    value = start
+    while True:
+        if not await passes(value):
             failed = value
             break
         best = value
@@ -243,10 +247,7 @@ async def search(
         value = float(int(failed / factor)) if integer else round(failed / factor, 3)
         if value < floor:
             break
-        rep = await run_level(client, cfg, kind, value, duration_s, max_requests)
-        levels.append(rep)
-        await asyncio.sleep(settle_s)
-        if rep["verdict"]["pass"]:
+        if await passes(value):
             best = value
         else:
             failed = value
@@ -256,10 +257,7 @@ async def search(
         mid = _midpoint(best, failed, integer)
         if mid is None:
             break
-        rep = await run_level(client, cfg, kind, mid, duration_s, max_requests)
-        levels.append(rep)
-        await asyncio.sleep(settle_s)
-        if rep["verdict"]["pass"]:
+        if await passes(mid):
             best = mid
         else:
             failed = mid

@@ -94,34 +94,27 @@ def test_staggered_streams_equal_offline_decode(model: Qwen3TokenizerDecoder) ->
         np.testing.assert_allclose(pcm, ref, atol=TOL, rtol=0)
 
 
-def test_steady_chunks_follow_the_schedule(model: Qwen3TokenizerDecoder) -> None:
-    engine = make_engine(model, streams=1)
+def chunk_sizes_for_one_frame_per_tick(engine: CodecEngine, frames: int = 60) -> list[int]:
     engine.open("s")
     sizes: list[int] = []
-    for i in range(60):
+    for i in range(frames):
         engine.push("s", codes_for(100 + i, 1))
         sizes += [o.frames for o in engine.step()]
     engine.finish("s")
     while engine.has_work():
         sizes += [o.frames for o in engine.step()]
+    return sizes
+
+
+def test_steady_chunks_follow_the_schedule(model: Qwen3TokenizerDecoder) -> None:
+    sizes = chunk_sizes_for_one_frame_per_tick(make_engine(model, streams=1))
     assert sizes == [1, 2, 4, 8, 16, 25, 4]  # the ramp: doubling up to the steady 25, then the remainder
 
 
 def test_fixed_steady_chunks_without_the_ramp(model: Qwen3TokenizerDecoder) -> None:
-    engine = CodecEngine(
-        StreamingDecoder(model, 2),
-        max_streams=1,
-        schedule=ChunkSchedule(1, 25, ramp=False),
-        num_groups=GROUPS,
-    )
-    engine.open("s")
-    sizes: list[int] = []
-    for i in range(60):
-        engine.push("s", codes_for(100 + i, 1))
-        sizes += [o.frames for o in engine.step()]
-    engine.finish("s")
-    while engine.has_work():
-        sizes += [o.frames for o in engine.step()]
+    fixed = ChunkSchedule(1, 25, ramp=False)
+    engine = CodecEngine(StreamingDecoder(model, 2), max_streams=1, schedule=fixed, num_groups=GROUPS)
+    sizes = chunk_sizes_for_one_frame_per_tick(engine)
     assert sizes == [1, 25, 25, 9]
 
 
