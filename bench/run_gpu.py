@@ -111,8 +111,8 @@ def serve_phases(a: argparse.Namespace, model: str, phases: list[str], out: Path
     common = ["--grpc", stack.grpc, "--http", stack.http, "--frames", str(a.frames), "--label", model]
     common += ["--ttfa-slo-ms", str(a.ttfa_slo_ms), "--settle", "1" if a.profile == "smoke" else "3"]
     try:
-        # Graphs are captured on first use of a (batch, context) bucket: ramp through the batch sizes the
-        # searches will reach, so no measured level pays for a capture.
+        # Both stages capture their CUDA graphs at start-up; this ramp through the batch sizes the searches
+        # will reach still warms what is lazy (allocator growth, channels, oversize codec buckets).
         top = slots or 8
         for level in sorted({1, min(4, top), min(16, top), min(64, top), top}):
             n = 2 * level if level <= 16 else level

@@ -106,6 +106,11 @@ class _Stream:
 DecodeFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
 
+def batch_bucket(n: int, cap: int) -> int:
+    """The batch size ``n`` streams are padded to: the next power of two, at most ``cap``."""
+    return min(1 << (n - 1).bit_length(), cap)
+
+
 class CodecEngine:
     """Owned by one thread (see ``voxstage.engine_loop``); call methods only from it."""
 
@@ -134,6 +139,7 @@ class CodecEngine:
         self.spf = codec.samples_per_frame
         self.sample_rate = sample_rate
         self.codebook_size = codebook_size
+        self.decode_fn = decode_fn  # GraphedDecode on CUDA: the worker captures its graphs at start-up
         self._decode = decode_fn or (lambda c, s, n: codec.decode(c, s, n))
         self.frame_buckets = tuple(sorted(set(frame_buckets)))
         self._free = list(range(max_streams - 1, -1, -1))
@@ -230,7 +236,7 @@ class CodecEngine:
         b_real = len(work)
         # Power-of-two batch buckets bound how many graphs exist; capping at max_streams keeps a full
         # engine on its own (graphed) bucket instead of padding 300 rows to 512.
-        b_bucket = min(1 << (b_real - 1).bit_length(), self.max_streams)
+        b_bucket = batch_bucket(b_real, self.max_streams)
         codes = np.zeros((b_bucket, self.num_groups, t_bucket), dtype=np.int64)
         lengths = np.zeros(b_bucket, dtype=np.int64)
         slots = np.empty(b_bucket, dtype=np.int64)

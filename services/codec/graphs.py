@@ -12,7 +12,7 @@ from collections.abc import Iterator, Sequence
 
 import torch
 
-from voxstage.codec.engine import StreamingCodec
+from voxstage.codec.engine import StreamingCodec, batch_bucket
 from voxstage.cudagraphs import GraphCache
 
 
@@ -56,6 +56,18 @@ class GraphedDecode:
         finally:
             self._lengths.copy_(saved)
             self._slots.copy_(saved_slots)
+
+    def batch_buckets(self) -> list[int]:
+        """The batch sizes ``CodecEngine`` pads to: powers of two, capped at ``max_batch``."""
+        return sorted({batch_bucket(n, self.max_batch) for n in range(1, self.max_batch + 1)})
+
+    def capture_all(self, max_frames: int | None = None) -> int:
+        """Capture the (batch, frames) graphs with at most ``max_frames`` frames in all before serving (no
+        stream may be decoding): a bucket captured on first use stalls every stream due in that tick.
+        Larger buckets (a full engine far behind its talkers) stay lazy: their activations would be
+        reserved at start-up for a case that is already overload. Returns how many were captured."""
+        keys = [(b, t) for b in self.batch_buckets() for t in self.frame_buckets]
+        return sum(self.graphs.capture(b, t) for b, t in keys if max_frames is None or b * t <= max_frames)
 
     def __call__(self, codes: torch.Tensor, slots: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
         b, _, t = codes.shape

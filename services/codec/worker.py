@@ -64,6 +64,13 @@ class CodecWorker(StageWorker[CodecOutput, PcmListener]):
             self.engine.finish("__warmup__")
             while self.engine.has_work():
                 self.engine.step()
+            capture = getattr(self.engine.decode_fn, "capture_all", None)
+            if capture is not None:
+                t1 = time.perf_counter()
+                # Steady state at worst: every stream due with one whole chunk in the same tick.
+                n = capture(self.engine.max_streams * self.engine.schedule.steady_frames)
+                if n:
+                    log.info("codec: captured %d CUDA graphs in %.1f s", n, time.perf_counter() - t1)
             if rt.voice_clone:
                 noise = np.random.default_rng(0).standard_normal(rt.sample_rate).astype(np.float32) * 0.1
                 rt.encode_reference(noise, rt.sample_rate)

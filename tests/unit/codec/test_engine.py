@@ -236,3 +236,17 @@ def test_a_tick_decodes_once_per_frame_bucket_with_capped_batches(model: Qwen3To
     for sid in "abc":
         pcm = np.concatenate([o.pcm for o in out[sid]])
         np.testing.assert_allclose(pcm, offline(model, codes[sid]), atol=TOL, rtol=0)
+
+
+def test_start_up_capture_covers_every_batch_the_engine_pads_to() -> None:
+    from voxstage.codec.engine import batch_bucket
+    from voxstage.codec.graphs import GraphedDecode
+
+    model = random_init(decoder_preset("qwen3-tts-tiny"), 0)
+    graphed = GraphedDecode(
+        StreamingDecoder(model, 640), num_groups=16, max_batch=320, frame_buckets=(25, 1), device="cpu",
+        enabled=False,
+    )  # fmt: skip
+    assert graphed.batch_buckets() == [1, 2, 4, 8, 16, 32, 64, 128, 256, 320]
+    assert {batch_bucket(n, 320) for n in range(1, 321)} == set(graphed.batch_buckets())
+    assert graphed.capture_all() == 0  # CPU: nothing to capture, every call runs eagerly
