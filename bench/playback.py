@@ -23,6 +23,8 @@ class Playback:
     stall_total_s: float  # sum of those deficits: how long the listener heard nothing mid-stream
     stall_max_s: float  # the longest single stall
     max_lag_s: float  # worst deficit without re-buffering (vLLM-Omni audio_underrun); 0 when always early
+    # Audio position (s) where the first stall hit: 0.08 is the chunk after a one-frame first chunk.
+    first_stall_at_s: float | None = None
 
 
 NO_AUDIO = Playback(0, 0.0, 0.0, 0.0)
@@ -47,18 +49,20 @@ def simulate_playback(
     base_t, base_played = start, 0
     played = 0
     stalls, total, worst, lag = 0, 0.0, 0.0, 0.0
+    first: float | None = None
     for t, n in events:
         due = base_t + (played - base_played) / sample_rate
         if t > due:
             deficit = t - due
             if deficit > tolerance_s:
                 stalls += 1
+                first = played / sample_rate if first is None else first
                 total += deficit
                 worst = max(worst, deficit)
             base_t, base_played = t, played  # the player waited; it resumes on arrival
         lag = max(lag, t - (start + played / sample_rate))
         played += n
-    return Playback(stalls, total, worst, lag)
+    return Playback(stalls, total, worst, lag, first)
 
 
 class UniformSource(Protocol):

@@ -56,6 +56,7 @@ class RequestRecord:
     stall_total_s: float = 0.0
     stall_max_s: float = 0.0
     max_lag_s: float = 0.0
+    first_stall_audio_s: float | None = None
     server_ttfa_s: float | None = None
 
 
@@ -114,6 +115,7 @@ def build_record(
         play.stall_max_s,
         play.max_lag_s,
     )
+    rec.first_stall_audio_s = play.first_stall_at_s
     return rec
 
 
@@ -162,6 +164,10 @@ def summarize(
         "stall_total_s": sum(r.stall_total_s for r in ok),
         "stall_max_s": max((r.stall_max_s for r in ok), default=0.0),
         "max_lag_s": _dist([r.max_lag_s for r in ok]),
+        # Where in the audio underruns start: early (the chunk ramp) or late (the steady state).
+        "first_stall_audio_s": _dist(
+            [r.first_stall_audio_s for r in underrun if r.first_stall_audio_s is not None]
+        ),
         "length_mismatches": sum(1 for r in ok if r.length_ok is False),
     }
 

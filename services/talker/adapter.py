@@ -71,8 +71,9 @@ class TalkerAdapter(Protocol):
 
     def append_text(self, slot: int, queued: int, ids: Sequence[int], complete: bool) -> None: ...
 
-    def prefill(self, slot: int, prepared: PreparedPrompt, start: int, n: int) -> None:
-        """Write KV for prompt positions ``[start, start + n)`` of ``slot``."""
+    def prefill_many(self, chunks: Sequence[tuple[int, PreparedPrompt, int, int]]) -> None:
+        """Write KV for each ``(slot, prompt, start, n)``: prompt positions ``[start, start + n)`` of
+        ``slot`` (distinct slots; one tick's prefill work, which the adapter may batch)."""
         ...
 
     def start_decode(self, slot: int, prepared: PreparedPrompt) -> None:

@@ -41,6 +41,8 @@ def test_late_chunks_stall_and_shift_the_rest_of_playback() -> None:
     arrivals = [(1.0, 80), (1.2, 80), (1.25, 80), (1.5, 80)]
     # Without re-buffering, chunk 4 was due at 1.24: the worst lag is 260 ms.
     approx(simulate_playback(arrivals, 1000), 2, 0.26, 0.14, 0.26)
+    assert simulate_playback(arrivals, 1000).first_stall_at_s == pytest.approx(0.08)  # chunk 2
+    assert simulate_playback(arrivals[:1], 1000).first_stall_at_s is None
 
 
 def test_the_first_chunk_defines_the_start_whatever_its_absolute_time() -> None:

@@ -199,7 +199,7 @@ def test_padded_prefill_equals_exact_length_prefill(
         engine = make_engine(
             tiny_custom_voice, tiny_tokenizer, 3, max_num_batched_tokens=13, max_model_len=48
         )
-        engine.adapter.padded_prefill = padded  # type: ignore[attr-defined]
+        engine.adapter.prefill_runner.padded = padded  # type: ignore[attr-defined]
         outs.append(drive(engine, reqs, stagger=1))
     for r in reqs:
         assert np.array_equal(frames_of(outs[0][r.request_id]), frames_of(outs[1][r.request_id])), (
@@ -234,7 +234,8 @@ def test_out_of_range_codes_end_only_their_request(
 def test_startup_capture_covers_every_key_the_engine_can_use(
     tiny_custom_voice: Qwen3TTSTalker, tiny_tokenizer: QwenTextTokenizer
 ) -> None:
-    from voxstage.talker.models.qwen3_tts.adapter import MIN_PREFILL_BUCKET, bucket
+    from voxstage.talker.models.qwen3_tts.adapter import bucket
+    from voxstage.talker.models.qwen3_tts.prefill import PrefillChunk
 
     adapter = Qwen3TTSAdapter(tiny_custom_voice, tiny_tokenizer)
     adapter.allocate(6, 300)
@@ -242,10 +243,42 @@ def test_startup_capture_covers_every_key_the_engine_can_use(
     for n in range(1, 7):
         for attn in range(1, 301):
             assert (bucket(n, 6), bucket(attn, 300, adapter.min_attn_bucket)) in decode
-    for n in range(1, adapter.max_prefill_graph + 1):
-        t = bucket(n, adapter.max_prefill_graph, MIN_PREFILL_BUCKET)
-        for start in range(0, 301 - t):  # the graphed path needs start + t <= max_len
-            assert (t, bucket(start + t, 300, adapter.min_attn_bucket)) in prefill
-    assert (
-        len(decode) == 4 * 4 and adapter.capture_all_graphs() == 0
-    )  # (1, 2, 4, 6) x (64, 128, 256, 300); CPU
+    assert len(decode) == 4 * 4  # (1, 2, 4, 6) x (64, 128, 256, 300)
+    # Every padded forward the prefill runs (random ticks of up to 6 chunks) uses a key in the list.
+    runner = adapter.prefill_runner
+    used: list[tuple[int, int, int]] = []
+    runner.core = lambda rows, t, ctx: used.append((rows, t, ctx))  # type: ignore[method-assign]
+    rng = np.random.default_rng(0)
+    hidden = tiny_custom_voice.hidden_size
+    for _ in range(300):
+        slots = rng.permutation(6)[: rng.integers(1, 7)]
+        chunks = []
+        for slot in slots:
+            n = int(rng.choice([1, 7, 16, 17, 40, 100, 250]))
+            start = int(rng.integers(0, 300 - n))
+            chunks.append(PrefillChunk(int(slot), torch.zeros(n, hidden), start))
+        runner.run(chunks)
+    assert used and set(used) <= prefill
+    assert any(rows > 1 for rows, _, _ in used)
+    assert adapter.capture_all_graphs() == 0  # CPU: nothing is captured
+
+
+def test_one_tick_of_arrivals_prefills_in_one_forward_with_the_same_codes(
+    tiny_custom_voice: Qwen3TTSTalker, tiny_tokenizer: QwenTextTokenizer
+) -> None:
+    # Five requests admitted in one tick: batched into one padded forward (rows padded 5 -> 8 by repeating
+    # row 0) they must produce exactly what one exact-length forward per request produces.
+    reqs = [request(i, frames=6) for i in range(5)]
+    outs, forwards = [], []
+    for padded in (False, True):
+        engine = make_engine(tiny_custom_voice, tiny_tokenizer, 5, max_num_batched_tokens=512)
+        engine.adapter.prefill_runner.padded = padded  # type: ignore[attr-defined]
+        for r in reqs:
+            engine.submit(r)
+        outs.append(drive(engine, []))
+        forwards.append(engine.adapter.prefill_runner.forwards)  # type: ignore[attr-defined]
+    assert forwards == [5, 1]
+    for r in reqs:
+        assert np.array_equal(frames_of(outs[0][r.request_id]), frames_of(outs[1][r.request_id])), (
+            r.request_id
+        )

@@ -25,18 +25,9 @@ from .backbone import KVCache
 from .config import Qwen3TTSConfig
 from .frame import FrameState, frame_step
 from .model import Qwen3TTSTalker
+from .prefill import Prefill, PrefillChunk, bucket
 from .prompt import PromptError, PromptSpec, TalkerPrompt, build_prompt, icl_text_tokens_needed
 from .tokenizer import IncrementalEncoder, QwenTextTokenizer
-
-# Prefill chunks up to this many tokens run as a padded, graphed call (longer ones, eagerly): one graph per
-# (power-of-two length, context bucket) pair.
-MAX_PREFILL_GRAPH = 512
-MIN_PREFILL_BUCKET = 16
-
-
-def bucket(n: int, cap: int, floor: int = 1) -> int:
-    """Smallest power of two >= max(n, floor), capped at ``cap``."""
-    return min(cap, 1 << (max(n, floor) - 1).bit_length())
 
 
 class QwenPrepared:
@@ -182,13 +173,8 @@ class Qwen3TTSAdapter:
         self.dtype = model.codec_head.weight.dtype
         self.prefix_cache_bytes = prefix_cache_bytes
         self.min_attn_bucket = min_attn_bucket
-        # Prefill chunks padded to a power of two (what CUDA graphs need) on every path, so eager and graphed
-        # runs compute the same shapes and, in bf16, the same numbers. A test turns it off to check that
-        # padding changes nothing in fp32.
-        self.padded_prefill = True
         self._prefixes: OrderedDict[str, _PrefixEntry] = OrderedDict()
         self.graphs: GraphCache | None = None
-        self.prefill_graphs: GraphCache | None = None
 
     def kv_bytes_per_token(self) -> int:
         return KVCache.bytes_per_token(self.config.talker.backbone, self.dtype)
@@ -212,46 +198,34 @@ class Qwen3TTSAdapter:
         ]
         self._host_eos = [torch.zeros(num_slots, dtype=torch.bool, pin_memory=pin) for _ in range(3)]
         self._ring_next = 0
-        # Static inputs of the graphed prefill: one slot, a chunk padded up to a power-of-two length.
-        self.max_prefill_graph = min(max_len, MAX_PREFILL_GRAPH)
-        self._pf_x = torch.zeros(1, self.max_prefill_graph, m.hidden_size, device=dev, dtype=self.dtype)
-        self._pf_pos = torch.zeros(1, self.max_prefill_graph, device=dev, dtype=torch.int64)
-        self._pf_steps = torch.arange(self.max_prefill_graph, device=dev, dtype=torch.int64)
-        self._pf_slot = torch.zeros(1, device=dev, dtype=torch.int64)
+        self.prefill_runner = Prefill(m, self.kv, max_len=max_len, min_attn_bucket=self.min_attn_bucket)
 
     def enable_cuda_graphs(self) -> None:
-        """Graph ``decode_core`` per (batch, context) and ``prefill_core`` per (length, context) bucket
+        """Graph ``decode_core`` per (batch, context) and the prefill per (rows, length, context) bucket
         (``enforce_eager: false``): all at once with ``capture_all_graphs``, else each on first use."""
         self.graphs = GraphCache(self.decode_core, enabled=True, quiesce=self._all_inactive)
-        # Its own pool: a prefill and a decode graph are never replayed concurrently either, but separate
-        # pools keep one's capture from reusing memory the other's outputs still occupy.
-        self.prefill_graphs = GraphCache(self.prefill_core, enabled=True)
+        # The prefill keeps its own pool: a prefill and a decode graph are never replayed concurrently
+        # either, but separate pools keep one's capture from reusing memory the other's outputs occupy.
+        self.prefill_runner.enable_cuda_graphs()
 
-    def graph_keys(self) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
-        """Every (batch, context) decode key and (length, context) prefill key the engine can reach."""
+    def graph_keys(self) -> tuple[list[tuple[int, int]], list[tuple[int, int, int]]]:
+        """Every (batch, context) decode key and (rows, length, context) prefill key the engine can reach."""
         batches = sorted({bucket(n, self.num_slots) for n in range(1, self.num_slots + 1)})
         contexts = sorted({bucket(n, self.max_len, self.min_attn_bucket) for n in range(1, self.max_len + 1)})
-        lengths = sorted(
-            {
-                bucket(n, self.max_prefill_graph, MIN_PREFILL_BUCKET)
-                for n in range(1, self.max_prefill_graph + 1)
-            }
-        )
-        decode = [(b, c) for b in batches for c in contexts]
-        prefill = [(t, c) for t in lengths for c in contexts if c >= t]
-        return decode, prefill
+        return [(b, c) for b in batches for c in contexts], self.prefill_runner.graph_keys()
 
     def capture_all_graphs(self) -> int:
         """Capture every graph before serving (call with no request in flight): a lazily captured bucket
         stalls every running stream for the capture, which showed as first-audio outliers and cold
         underruns. Returns how many graphs were captured."""
-        if self.graphs is None or self.prefill_graphs is None:
+        prefill_graphs = self.prefill_runner.graphs
+        if self.graphs is None or prefill_graphs is None:
             return 0
         decode, prefill = self.graph_keys()
         n = sum(self.graphs.capture(*key) for key in decode)
-        # Prefill warm-up runs write junk K/V into slot _pf_slot's first positions; no request holds a slot
-        # yet, and a slot's prefill rewrites every position it later reads.
-        return n + sum(self.prefill_graphs.capture(*key) for key in prefill)
+        # Prefill warm-up runs write junk K/V into the first positions of the slots in its static input;
+        # no request holds a slot yet, and a slot's prefill rewrites every position it later reads.
+        return n + sum(prefill_graphs.capture(*key) for key in prefill)
 
     @contextlib.contextmanager
     def _all_inactive(self, key: tuple[int, ...]) -> Iterator[None]:
@@ -286,36 +260,21 @@ class Qwen3TTSAdapter:
     def append_text(self, slot: int, queued: int, ids: Sequence[int], complete: bool) -> None:
         self.state.append_text(slot, queued, ids, complete)
 
-    @torch.inference_mode()
     def prefill(self, slot: int, prepared: QwenPrepared, start: int, n: int) -> None:
-        assert prepared.prompt is not None
-        x = prepared.prompt.prefill_embeds[start : start + n].to(self.dtype)
-        t = bucket(n, self.max_prefill_graph, MIN_PREFILL_BUCKET)
-        if self.padded_prefill and n <= t and start + t <= self.max_len:
-            self._pf_x[0, :n].copy_(x)
-            self._pf_x[0, n:t].zero_()
-            torch.add(self._pf_steps[:t], start, out=self._pf_pos[0, :t])
-            self._pf_slot.fill_(slot)
-            length = bucket(start + t, self.max_len, self.min_attn_bucket)
-            if self.prefill_graphs is not None:
-                self.prefill_graphs.run(t, length)
-            else:
-                self.prefill_core(t, length)
-        else:
-            positions = torch.arange(start, start + n, device=self.device).unsqueeze(0)
-            slot_ids = torch.tensor([slot], device=self.device)
-            self.model(x.unsqueeze(0), positions, self.kv, slot_ids, start + n)
-        # Parking position: a masked decode row writes its junk K/V here, which the next chunk overwrites.
-        self.positions[slot] = start + n
+        self.prefill_many([(slot, prepared, start, n)])
 
-    def prefill_core(self, t: int, attn_len: int) -> None:
-        """The captured prefill: ``t`` tokens (the chunk, zero-padded) of slot ``_pf_slot``.
-
-        Padding tokens sit at the positions right after the chunk, so their K/V lands where this slot's
-        next chunk or first decode step writes before anything reads it (reads are masked to positions at
-        or before the query); they never touch real positions or another slot.
-        """
-        self.model(self._pf_x[:, :t], self._pf_pos[:, :t], self.kv, self._pf_slot, attn_len)
+    @torch.inference_mode()
+    def prefill_many(self, chunks: Sequence[tuple[int, QwenPrepared, int, int]]) -> None:
+        """One tick's prefill chunks ``(slot, prompt, start, n)``, batched where they fit (``prefill.py``)."""
+        work = []
+        for slot, prepared, start, n in chunks:
+            assert prepared.prompt is not None
+            embeds = prepared.prompt.prefill_embeds[start : start + n].to(self.dtype)
+            work.append(PrefillChunk(slot, embeds, start))
+        self.prefill_runner.run(work)
+        for slot, _, start, n in chunks:
+            # Parking position: a masked decode row writes its junk K/V here, which the next chunk overwrites.
+            self.positions[slot] = start + n
 
     def start_decode(self, slot: int, prepared: QwenPrepared) -> None:
         assert prepared.prompt is not None
