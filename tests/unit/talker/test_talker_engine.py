@@ -282,3 +282,13 @@ def test_one_tick_of_arrivals_prefills_in_one_forward_with_the_same_codes(
         assert np.array_equal(frames_of(outs[0][r.request_id]), frames_of(outs[1][r.request_id])), (
             r.request_id
         )
+
+
+def test_graphs_enabled_before_the_slots_exist_reach_the_prefill(
+    tiny_custom_voice: Qwen3TTSTalker, tiny_tokenizer: QwenTextTokenizer
+) -> None:
+    # The talker stage enables graphs, then the engine allocates the slots: the prefill must be graphed too.
+    adapter = Qwen3TTSAdapter(tiny_custom_voice, tiny_tokenizer)
+    adapter.enable_cuda_graphs()
+    adapter.allocate(2, 64)
+    assert adapter.graphs is not None and adapter.prefill_runner.graphs is not None

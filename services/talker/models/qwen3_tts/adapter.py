@@ -199,6 +199,8 @@ class Qwen3TTSAdapter:
         self._host_eos = [torch.zeros(num_slots, dtype=torch.bool, pin_memory=pin) for _ in range(3)]
         self._ring_next = 0
         self.prefill_runner = Prefill(m, self.kv, max_len=max_len, min_attn_bucket=self.min_attn_bucket)
+        if self.graphs is not None:  # graphs were enabled before the slots existed (the stage's order)
+            self.prefill_runner.enable_cuda_graphs()
 
     def enable_cuda_graphs(self) -> None:
         """Graph ``decode_core`` per (batch, context) and the prefill per (rows, length, context) bucket
@@ -206,7 +208,8 @@ class Qwen3TTSAdapter:
         self.graphs = GraphCache(self.decode_core, enabled=True, quiesce=self._all_inactive)
         # The prefill keeps its own pool: a prefill and a decode graph are never replayed concurrently
         # either, but separate pools keep one's capture from reusing memory the other's outputs occupy.
-        self.prefill_runner.enable_cuda_graphs()
+        if hasattr(self, "prefill_runner"):
+            self.prefill_runner.enable_cuda_graphs()
 
     def graph_keys(self) -> tuple[list[tuple[int, int]], list[tuple[int, int, int]]]:
         """Every (batch, context) decode key and (rows, length, context) prefill key the engine can reach."""
