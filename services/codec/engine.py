@@ -7,7 +7,7 @@ are right-padded to the bucket and ``lengths`` says how many frames of each row 
 touches a stream's state.
 
 Chunk schedule (deploy file, ``voxstage.chunking``): the first chunk goes out once
-``initial_codec_chunk_frames`` frames are buffered (per-request override allowed); later ones double up to
+``initial_codec_chunk_frames`` frames are buffered (per-request override allowed); later ones grow up to
 ``codec_chunk_frames`` (or are all ``codec_chunk_frames`` with the ramp off); the remainder is flushed at end
 of stream. When the talker runs ahead (the usual case), every whole chunk that is ready decodes in one go so
 the codec never falls behind its producer.
@@ -47,7 +47,7 @@ class ChunkSchedule:
     initial_frames: int
     steady_frames: int
     max_frames_per_decode: int = 100
-    ramp: bool = True  # chunks double from the first up to steady_frames (voxstage.chunking)
+    ramp: bool = True  # chunks grow from the first up to steady_frames (voxstage.chunking)
 
     def __post_init__(self) -> None:
         if not 1 <= self.initial_frames <= self.steady_frames:

@@ -97,7 +97,7 @@ def build(args: argparse.Namespace) -> StageParts:
     log.info(
         "codec: %s (%s) on %s/%s: %d streams, chunks %d then %s%d frames, %s, voice clone %s, shm %s",
         runtime.model, runtime.family, device, str(dtype).removeprefix("torch."), stage.max_num_seqs,
-        plan.initial_frames, "doubling up to " if plan.ramp else "", plan.steady_frames,
+        plan.initial_frames, "growing to " if plan.ramp else "", plan.steady_frames,
         f"CUDA graphs for {buckets} frames" if decode_fn else "eager",
         "on" if runtime.voice_clone else "off",
         f"above {writer.threshold_bytes} B" if writer else "off",

@@ -1,13 +1,16 @@
 """Where a take's codec frames are cut into audio chunks: the one rule the talker, codec and config share.
 
 The first chunk holds ``initial`` frames. With the ramp (``codec_chunk_ramp: true``, the default) each later
-chunk doubles the previous one until it reaches ``steady``; without it every later chunk is ``steady``.
-Seed schedule 1 then 25: chunks of 1, 2, 4, 8, 16, 25, 25, ... frames.
+chunk is as long as all the audio before it (so the total doubles) until it reaches ``steady``; without it
+every later chunk is ``steady``. Seed schedule 1 then 25: chunks of 1, 1, 2, 4, 8, 16, 25, 25, ... frames.
 
 Why the ramp: with immediate playback a chunk must be ready before the audio already out has played. A jump
 from 1 frame straight to 25 needs the talker to make 25 frames in the 80 ms the first frame plays (a 3.2 ms
-frame step); doubling only needs each chunk made while the previous ones play, which holds for any frame
-step up to 40 ms. Later chunks are still the large steady ones, so the codec's per-call cost is amortised.
+frame step). A chunk no longer than the audio before it is made while that audio plays for any frame step up
+to about 40 ms, and the riskiest one, right after the first audio, needs a single frame within 80 ms: a
+frame step plus any jitter between the first two chunks. (Doubling each chunk instead, 1, 2, 4, ..., asked
+two frames of that first gap; under load the H200 serving runs underran exactly there.) Later chunks are
+still the large steady ones, so the codec's per-call cost is amortised.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ def next_boundary(done: int, initial: int, steady: int, ramp: bool = True) -> in
         raise ValueError(f"chunk schedule needs 1 <= initial ({initial}) <= steady ({steady})")
     boundary, size = initial, initial
     while boundary <= done and size < steady:
-        size = min(steady, 2 * size) if ramp else steady
+        size = min(steady, boundary) if ramp else steady
         boundary += size
     if boundary <= done:  # past the ramp: a boundary every `steady` frames
         boundary += ((done - boundary) // steady + 1) * steady

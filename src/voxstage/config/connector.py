@@ -111,10 +111,10 @@ class ConnectorConfig(StrictModel):
 class ChunkPlan:
     """The effective chunk settings of the talker -> codec stream, with every default resolved.
 
-    A take's codec frames become audio in chunks: the first after ``initial_frames`` frames, later ones
-    doubling up to ``steady_frames`` (``ramp``) or every ``steady_frames``; the remainder is flushed when the
-    take ends (``voxstage.chunking``). ``whole_take`` (``async_chunk: false``) means a single chunk at the
-    end. The codec engine's own schedule object is built from these numbers.
+    A take's codec frames become audio in chunks: the first after ``initial_frames`` frames, each later one
+    as long as the audio before it up to ``steady_frames`` (``ramp``) or every ``steady_frames``; the
+    remainder is flushed when the take ends (``voxstage.chunking``). ``whole_take`` (``async_chunk: false``)
+    means a single chunk at the end. The codec engine's own schedule object is built from these numbers.
     """
 
     initial_frames: int

@@ -108,7 +108,8 @@ def chunk_sizes_for_one_frame_per_tick(engine: CodecEngine, frames: int = 60) ->
 
 def test_steady_chunks_follow_the_schedule(model: Qwen3TokenizerDecoder) -> None:
     sizes = chunk_sizes_for_one_frame_per_tick(make_engine(model, streams=1))
-    assert sizes == [1, 2, 4, 8, 16, 25, 4]  # the ramp: doubling up to the steady 25, then the remainder
+    # The ramp: each chunk as long as the audio before it, up to the steady 25, then the remainder.
+    assert sizes == [1, 1, 2, 4, 8, 16, 25, 3]
 
 
 def test_fixed_steady_chunks_without_the_ramp(model: Qwen3TokenizerDecoder) -> None:

@@ -54,8 +54,8 @@ def test_qwen3_values_and_npu_overlay() -> None:
     assert cuda.talker.default_sampling_params.repetition_penalty == pytest.approx(1.05)
     schedule = cuda.chunk_plan
     assert (schedule.initial_frames, schedule.steady_frames, schedule.left_context_frames) == (1, 25, 72)
-    # The ramp (default): chunks of 1, 2, 4, 8, 16 frames, then 25.
-    assert schedule.ramp and [n for n in range(1, 80) if schedule.chunk_due(n)] == [1, 3, 7, 15, 31, 56]
+    # The ramp (default): chunks of 1, 1, 2, 4, 8, 16 frames, then 25.
+    assert schedule.ramp and [n for n in range(1, 80) if schedule.chunk_due(n)] == [1, 2, 4, 8, 16, 32, 57]
     fixed = dataclasses.replace(schedule, ramp=False)
     assert [n for n in range(1, 80) if fixed.chunk_due(n)] == [1, 26, 51, 76]
     assert cuda.session_mode == "turn" and cuda.duplex_max_sessions is None
@@ -74,7 +74,7 @@ def test_audio8_values() -> None:
     (warning,) = cfg.warnings
     assert "at most 1 run at once and 3 talker slots stay idle" in warning.message
     assert cfg.codec.default_sampling_params.greedy
-    assert [n for n in range(1, 60) if cfg.chunk_plan.chunk_due(n)] == [4, 12, 28, 53]  # 4, 8, 16, 25
+    assert [n for n in range(1, 60) if cfg.chunk_plan.chunk_due(n)] == [4, 8, 16, 32, 57]  # 4, 4, 8, 16, 25
 
 
 def test_personaplex_values() -> None:

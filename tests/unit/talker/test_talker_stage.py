@@ -58,16 +58,16 @@ def test_frames_are_sent_in_whole_chunks_within_credit(
 @pytest.mark.parametrize(
     "sent,avail,credit,finished,expected",
     [
-        (0, 1, 51, False, 1),  # 1, then chunks of 2, 4, 8, 16, then 25: boundaries 1, 3, 7, 15, 31, 56
-        (1, 1, 50, False, 0),
-        (1, 2, 50, False, 2),
-        (1, 13, 50, False, 6),  # two whole chunks (2 + 4); the 8-frame one is not complete
-        (3, 40, 30, False, 28),  # 4 + 8 + 16 fit the credit; the next (25) would not
-        (31, 30, 50, False, 25),
-        (7, 5, 50, True, 5),  # the take ended: the remainder goes out
+        (0, 1, 51, False, 1),  # 1, then chunks of 1, 2, 4, 8, 16, then 25: boundaries 1, 2, 4, 8, 16, 32, 57
+        (1, 1, 50, False, 1),  # the chunk after the first audio is a single frame too
+        (1, 2, 50, False, 1),
+        (1, 13, 50, False, 7),  # three whole chunks (1 + 2 + 4); the 8-frame one is not complete
+        (4, 40, 30, False, 28),  # 4 + 8 + 16 fit the credit; the next (25) would not
+        (32, 30, 50, False, 25),
+        (8, 5, 50, True, 5),  # the take ended: the remainder goes out
     ],
 )
-def test_ramped_chunks_double_up_to_the_steady_size(
+def test_ramped_chunks_grow_to_the_steady_size(
     sent: int, avail: int, credit: int, finished: bool, expected: int
 ) -> None:
     assert sendable(sent, avail, credit, 1, 25, finished) == expected
