@@ -140,9 +140,6 @@ class CodecEngine:
         self.sample_rate = sample_rate
         self.codebook_size = codebook_size
         self.decode_fn = decode_fn  # GraphedDecode on CUDA: the worker captures its graphs at start-up
-        # Where a tick hands the outputs of each frame bucket but the last as soon as they are decoded (the
-        # stage worker's thread-safe sink); None: everything is returned by ``step``.
-        self.on_partial: Callable[[list[CodecOutput]], None] | None = None
         self._decode = decode_fn or (lambda c, s, n: codec.decode(c, s, n))
         self.frame_buckets = tuple(sorted(set(frame_buckets)))
         self._free = list(range(max_streams - 1, -1, -1))
@@ -223,20 +220,13 @@ class CodecEngine:
         groups: dict[int, list[tuple[_Stream, int]]] = {}
         for stream, n in work:
             groups.setdefault(next((b for b in self.frame_buckets if b >= n), n), []).append((stream, n))
-        frames = 0
-        ordered = sorted(groups.items())
-        for i, (t_bucket, group) in enumerate(ordered):
+        for t_bucket, group in sorted(groups.items()):
             self._decode_group(group, t_bucket, outputs)
-            if self.on_partial is not None and i < len(ordered) - 1:
-                # Smallest chunks first, and out at once: a young stream's next chunk (its playback has the
-                # least audio in hand) must not wait for the tick's bulk decode of steady chunks.
-                frames += sum(o.frames for o in outputs)
-                self.on_partial(outputs)
-                outputs = []
         self.ticks += 1
         metrics.STAGE_TICK.labels(stage="codec").observe(time.perf_counter() - t0)
-        frames += sum(o.frames for o in outputs)
-        metrics.AUDIO_GENERATED.labels(stage="codec").inc(frames * self.spf / self.sample_rate)
+        metrics.AUDIO_GENERATED.labels(stage="codec").inc(
+            sum(o.frames for o in outputs) * self.spf / self.sample_rate
+        )
         return outputs
 
     # -- internals -------------------------------------------------------------------------------------

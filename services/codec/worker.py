@@ -50,7 +50,6 @@ class CodecWorker(StageWorker[CodecOutput, PcmListener]):
         self.runtime = runtime
         self.engine = engine
         super().__init__(engine)
-        engine.on_partial = self._sink
 
     # -- lifecycle ---------------------------------------------------------------------------------------
     async def warm_up(self) -> float:

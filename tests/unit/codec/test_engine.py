@@ -251,28 +251,3 @@ def test_start_up_capture_covers_every_batch_the_engine_pads_to() -> None:
     assert graphed.batch_buckets() == [1, 2, 4, 8, 16, 32, 64, 128, 256, 320]
     assert {batch_bucket(n, 320) for n in range(1, 321)} == set(graphed.batch_buckets())
     assert graphed.capture_all() == 0  # CPU: nothing to capture, every call runs eagerly
-
-
-def test_small_chunks_go_out_before_the_ticks_bulk_decode(model: Qwen3TokenizerDecoder) -> None:
-    # One tick with a stream at its 1-frame first chunk and one with whole steady chunks ready: with a
-    # partial sink the first chunk is handed over as soon as its bucket is decoded, the rest on return.
-    ticks: list[tuple[list[CodecOutput], list[CodecOutput]]] = []
-    for partial in (False, True):
-        engine = make_engine(model, streams=2)
-        early: list[CodecOutput] = []
-        if partial:
-            engine.on_partial = early.extend
-        engine.open("steady")
-        engine.push("steady", codes_for(1, 8))
-        while engine.step():  # the 8-frame stream through its ramp: 1, 1, 2, 4
-            pass
-        engine.push("steady", codes_for(2, 40))
-        engine.open("young")
-        engine.push("young", codes_for(3, 1))
-        ticks.append((early, engine.step()))
-    (none, whole), (early, rest) = ticks
-    assert none == [] and [o.stream_id for o in whole] == ["young", "steady"]
-    assert [o.stream_id for o in early] == ["young"] and [o.stream_id for o in rest] == ["steady"]
-    assert early[0].frames == 1 and rest[0].frames == whole[1].frames == 24  # chunks 8 + 16, up to frame 32
-    np.testing.assert_array_equal(early[0].pcm, whole[0].pcm)
-    np.testing.assert_array_equal(rest[0].pcm, whole[1].pcm)
