@@ -58,6 +58,13 @@ def frames_of(outs: list[TalkerOutput]) -> np.ndarray:
     return np.concatenate([o.codes for o in outs])
 
 
+def assert_same_frames(
+    a: dict[str, list[TalkerOutput]], b: dict[str, list[TalkerOutput]], reqs: list[TalkerRequest]
+) -> None:
+    for r in reqs:
+        assert np.array_equal(frames_of(a[r.request_id]), frames_of(b[r.request_id])), r.request_id
+
+
 @pytest.mark.parametrize(
     "sampling,async_scheduling",
     [(SAMPLED, False), (GREEDY, False), (SAMPLED, True)],
@@ -139,8 +146,7 @@ def test_prefix_cache_hit_equals_miss(
     hit = drive(cached, reqs)
     assert cached.prefix_hits == 2 and cached.prefill_tokens_saved > 2 * 10
     miss = drive(make_engine(tiny_custom_voice, tiny_tokenizer, 1), reqs)
-    for r in reqs:
-        assert np.array_equal(frames_of(hit[r.request_id]), frames_of(miss[r.request_id]))
+    assert_same_frames(hit, miss, reqs)
 
 
 def test_streamed_text_waits_instead_of_padding(
@@ -201,10 +207,7 @@ def test_padded_prefill_equals_exact_length_prefill(
         )
         engine.adapter.prefill_runner.padded = padded  # type: ignore[attr-defined]
         outs.append(drive(engine, reqs, stagger=1))
-    for r in reqs:
-        assert np.array_equal(frames_of(outs[0][r.request_id]), frames_of(outs[1][r.request_id])), (
-            r.request_id
-        )
+    assert_same_frames(outs[0], outs[1], reqs)
 
 
 def test_out_of_range_codes_end_only_their_request(
@@ -278,10 +281,7 @@ def test_one_tick_of_arrivals_prefills_in_one_forward_with_the_same_codes(
         outs.append(drive(engine, []))
         forwards.append(engine.adapter.prefill_runner.forwards)  # type: ignore[attr-defined]
     assert forwards == [5, 1]
-    for r in reqs:
-        assert np.array_equal(frames_of(outs[0][r.request_id]), frames_of(outs[1][r.request_id])), (
-            r.request_id
-        )
+    assert_same_frames(outs[0], outs[1], reqs)
 
 
 def test_graphs_enabled_before_the_slots_exist_reach_the_prefill(
