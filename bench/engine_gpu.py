@@ -63,24 +63,26 @@ def timed_ms(fn: Callable[[], object], iters: int, warmup: int = 3) -> dict[str,
     }
 
 
-def setup_slots(adapter, batch: int, tokenizer_text: str = TEXT) -> None:  # type: ignore[no-untyped-def]
+def admit_prompts(adapter, batch: int, text: str = TEXT) -> list:  # type: ignore[no-untyped-def]
+    """Slots ``0..batch-1`` admitted with a prompt each; returns their whole-prompt prefill chunks."""
+    chunks = []
     for slot in range(batch):
-        spec = SpeechSpec(text=f"{tokenizer_text} {slot}", voice="ryan", language="english")
-        p = adapter.prepare(spec)
+        p = adapter.prepare(SpeechSpec(text=f"{text} {slot}", voice="ryan", language="english"))
         adapter.admit(slot, p, seed=slot, sampling=SAMPLING, subtalker=SAMPLING, min_frames=2)
         adapter.append_text(slot, 0, list(p.trailing_ids), True)
-        adapter.prefill_many([(slot, p, 0, p.length - 1)])
-        adapter.start_decode(slot, p)
+        chunks.append((slot, p, 0, p.length - 1))
+    return chunks
+
+
+def setup_slots(adapter, batch: int) -> None:  # type: ignore[no-untyped-def]
+    for chunk in admit_prompts(adapter, batch):
+        adapter.prefill_many([chunk])
+        adapter.start_decode(chunk[0], chunk[1])
 
 
 def bench_prefill(adapter, iters: int) -> dict[str, object]:  # type: ignore[no-untyped-def]
     """One tick's prefill of 8 arrivals: one call per prompt (as before batching) vs one batched call."""
-    chunks = []
-    for slot in range(8):
-        p = adapter.prepare(SpeechSpec(text=f"{TEXT} {slot}", voice="ryan", language="english"))
-        adapter.admit(slot, p, seed=slot, sampling=SAMPLING, subtalker=SAMPLING, min_frames=2)
-        adapter.append_text(slot, 0, list(p.trailing_ids), True)
-        chunks.append((slot, p, 0, p.length - 1))
+    chunks = admit_prompts(adapter, 8)
     return {
         "tokens": [c[3] for c in chunks],
         "one_ms": timed_ms(lambda: adapter.prefill_many(chunks[:1]), iters),

@@ -208,7 +208,7 @@ class Qwen3TTSAdapter:
         self.graphs = GraphCache(self.decode_core, enabled=True, quiesce=self._all_inactive)
         # The prefill keeps its own pool: a prefill and a decode graph are never replayed concurrently
         # either, but separate pools keep one's capture from reusing memory the other's outputs occupy.
-        if hasattr(self, "prefill_runner"):
+        if hasattr(self, "prefill_runner"):  # else allocate() enables it once the slots exist
             self.prefill_runner.enable_cuda_graphs()
 
     def graph_keys(self) -> tuple[list[tuple[int, int]], list[tuple[int, int, int]]]:
@@ -262,9 +262,6 @@ class Qwen3TTSAdapter:
 
     def append_text(self, slot: int, queued: int, ids: Sequence[int], complete: bool) -> None:
         self.state.append_text(slot, queued, ids, complete)
-
-    def prefill(self, slot: int, prepared: QwenPrepared, start: int, n: int) -> None:
-        self.prefill_many([(slot, prepared, start, n)])
 
     @torch.inference_mode()
     def prefill_many(self, chunks: Sequence[tuple[int, QwenPrepared, int, int]]) -> None:

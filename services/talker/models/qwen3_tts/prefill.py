@@ -76,7 +76,7 @@ class Prefill:
         """Every (rows, length, context) key ``run`` can reach."""
         lengths = sorted({self.length_bucket(n) for n in range(1, self.max_length + 1)})
         contexts = sorted({self.context_bucket(n) for n in range(1, self.max_len + 1)})
-        rows = [p for p in (1 << i for i in range(MAX_ROWS.bit_length())) if p <= MAX_ROWS]
+        rows = sorted({bucket(k, MAX_ROWS) for k in range(1, MAX_ROWS + 1)})  # as ``_run_padded`` pads
         return [
             (p, t, c) for p in rows for t in lengths if p * t <= self.max_tokens for c in contexts if c >= t
         ]
