@@ -12,12 +12,13 @@ and record its outputs. The reference is never a voxstage dependency. Reruns giv
 from __future__ import annotations
 
 import argparse
-import hashlib
 import os
 import subprocess
 import sys
-import venv
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import golden_venv  # noqa: E402  (a sibling script, importable once the folder is on the path)
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_VENV = Path("/tmp/voxstage-golden-venv")
@@ -39,26 +40,9 @@ REQUIREMENTS = [
 REFERENCE = "qwen-tts==0.1.1"
 
 
-def _venv_python(venv_dir: Path) -> Path:
-    return venv_dir / "bin" / "python"
-
-
 def ensure_venv(venv_dir: Path) -> Path:
-    """Create the venv if needed; reinstall only when the requirement list changed."""
-    python = _venv_python(venv_dir)
-    stamp = venv_dir / ".voxstage-golden-requirements"
-    wanted = hashlib.sha256("\n".join([*REQUIREMENTS, REFERENCE]).encode()).hexdigest()
-    if python.exists() and stamp.exists() and stamp.read_text().strip() == wanted:
-        return python
-    if not python.exists():
-        print(f"creating venv {venv_dir}", flush=True)
-        venv.EnvBuilder(with_pip=True, clear=False).create(venv_dir)
-    pip = [str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
-    subprocess.run([*pip, *REQUIREMENTS], check=True)
     # --no-deps: qwen-tts pins gradio, torchaudio, sox and onnxruntime, none of which the 12 Hz paths use.
-    subprocess.run([*pip, "--no-deps", REFERENCE], check=True)
-    stamp.write_text(wanted + "\n")
-    return python
+    return golden_venv.ensure_venv(venv_dir, REQUIREMENTS, [REFERENCE])
 
 
 def stub_unused_modules() -> None:

@@ -110,6 +110,11 @@ class SamplingTensors:
             self.temperature[rows], self.top_k[rows], self.top_p[rows], self.repetition_penalty[rows]
         )
 
+    def head(self, b: int) -> SamplingTensors:
+        """Rows ``[0, b)`` as views (no gather: engines keep their slots packed)."""
+        t = self
+        return SamplingTensors(t.temperature[:b], t.top_k[:b], t.top_p[:b], t.repetition_penalty[:b])
+
 
 @dataclass(frozen=True)
 class SamplingParams:

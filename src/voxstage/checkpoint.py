@@ -50,11 +50,14 @@ def load_state_dict_strict(
     *,
     source: str,
     ignore: Iterable[str] = (),
+    assign: bool = False,
 ) -> None:
     """Copy ``state`` into ``module``; any missing, unexpected or mis-shaped key raises ``CheckpointError``.
 
     ``ignore`` lists checkpoint keys that are known to carry nothing the module needs (buffers the
-    reference recomputes, say); they are dropped before the comparison.
+    reference recomputes, say); they are dropped before the comparison. ``assign`` makes the module take the
+    checkpoint's tensors (cast to the module's dtypes) instead of copying into its own: a module built on the
+    ``meta`` device then never holds a second copy of a multi-GB checkpoint.
     """
     ignored = set(ignore)
     state = {k: v for k, v in state.items() if k not in ignored}
@@ -75,6 +78,9 @@ def load_state_dict_strict(
         problems.append("shape mismatches: " + "; ".join(shapes[:8]))
     if problems:
         raise CheckpointError(f"{source} does not match the model: " + " | ".join(problems))
+    if assign:
+        module.load_state_dict({k: state[k].to(dtype=v.dtype) for k, v in expected.items()}, assign=True)
+        return
     with torch.no_grad():
         for k, v in expected.items():
             v.copy_(state[k].to(dtype=v.dtype))

@@ -27,7 +27,10 @@ QWEN3_TTS_PRESETS: dict[str, tuple[str, str]] = {
     "qwen3-tts-1.7b-base": ("qwen3-tts-1.7b", "base"),
     "qwen3-tts-1.7b-voice-design": ("qwen3-tts-1.7b", "voice_design"),
 }
-FAMILIES = {"qwen3_tts": "qwen3_tts"}  # config.json model_type -> family folder
+PERSONAPLEX_PRESETS: tuple[str, ...] = ("personaplex-tiny", "personaplex-7b")
+# config.json model_type -> family folder. moshi checkpoints say "moshi" or nothing at all (PersonaPlex ships
+# an empty config.json): their layout, a Mimi ``tokenizer-*.safetensors`` beside the LM, identifies them.
+FAMILIES = {"qwen3_tts": "qwen3_tts", "moshi": "personaplex", "personaplex": "personaplex"}
 PRESET_MARKER = "voxstage_preset.json"
 PRESET_SEED = 0
 
@@ -58,12 +61,22 @@ def resolve_model(spec: str, *, cache: Path | None = None) -> ModelSource:
             _materialize_qwen3_tts(spec, out)
         info = read_json(marker)
         return ModelSource(spec, out, "qwen3_tts", random_init=bool(info["random_init"]), seed=PRESET_SEED)
-    known = ", ".join(QWEN3_TTS_PRESETS)
+    if spec in PERSONAPLEX_PRESETS:
+        out = (cache or cache_dir()) / "presets" / spec
+        if not (out / PRESET_MARKER).is_file():
+            _materialize_personaplex(spec, out)
+        info = read_json(out / PRESET_MARKER)
+        return ModelSource(spec, out, "personaplex", random_init=bool(info["random_init"]), seed=PRESET_SEED)
+    known = ", ".join((*QWEN3_TTS_PRESETS, *PERSONAPLEX_PRESETS))
     raise CheckpointError(f"model: {spec!r} is neither a checkpoint directory nor a preset ({known})")
 
 
 def _family_of(path: Path) -> str:
-    model_type = read_json(path / "config.json").get("model_type")
+    config = path / "config.json"
+    moshi_layout = any(path.glob("tokenizer-*.safetensors"))
+    if moshi_layout and (not config.is_file() or "model_type" not in read_json(config)):
+        return "personaplex"
+    model_type = read_json(config).get("model_type")
     if model_type not in FAMILIES:
         raise CheckpointError(
             f"{path / 'config.json'}: model_type {model_type!r} is not served by voxstage "
@@ -75,6 +88,52 @@ def _family_of(path: Path) -> str:
 def _write_json(path: Path, data: object) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(data, indent=2) + "\n")
+
+
+def _publish(tmp: Path, out: Path) -> None:
+    """Move a finished preset directory into place; a concurrent builder's identical copy may win."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        tmp.rename(out)
+    except OSError:
+        import shutil
+
+        shutil.rmtree(tmp, ignore_errors=True)
+        if not (out / PRESET_MARKER).is_file():
+            raise
+
+
+def _materialize_personaplex(name: str, out: Path) -> None:
+    """The released directory layout: ``config.json`` (moshi kwargs; ``{}`` for the 7B, as shipped),
+    ``model.safetensors``, the SentencePiece tokenizer, ``voices/`` and Mimi's ``tokenizer-*.safetensors`` +
+    ``mimi_config.json``. Only the tiny preset carries weights; the 7B draws them on its device at load."""
+    import torch
+
+    from voxstage.codec.models.mimi.loader import random_init as random_mimi
+    from voxstage.codec.models.mimi.loader import write_mimi_checkpoint
+    from voxstage.codec.models.mimi.presets import tiny_config
+    from voxstage.talker.models.personaplex.config import parse_lm_config
+    from voxstage.talker.models.personaplex.loader import random_init, save_checkpoint
+    from voxstage.talker.models.personaplex.presets import PRESET_VOICES, preset_config, voice_codes
+    from voxstage.talker.models.personaplex.tokenizer import tiny_tokenizer_model
+    from voxstage.talker.models.personaplex.voices import voice_from_codes
+
+    tmp = out.with_name(out.name + f".tmp{os.getpid()}")
+    lm_kwargs = preset_config(name)
+    tiny = name == "personaplex-tiny"
+    tmp.mkdir(parents=True, exist_ok=True)
+    if tiny:
+        with torch.no_grad():
+            model = random_init(parse_lm_config(lm_kwargs, source=name), seed=PRESET_SEED)
+            voices = {v: voice_from_codes(model, voice_codes(v)) for v in PRESET_VOICES}
+            save_checkpoint(tmp, model, lm_kwargs, tokenizer_model=tiny_tokenizer_model(), voices=voices)
+            write_mimi_checkpoint(
+                random_mimi(tiny_config(), seed=PRESET_SEED + 1), tmp, "tokenizer-tiny.safetensors"
+            )
+    else:
+        _write_json(tmp / "config.json", lm_kwargs)
+    _write_json(tmp / PRESET_MARKER, {"preset": name, "random_init": not tiny, "seed": PRESET_SEED})
+    _publish(tmp, out)
 
 
 def _materialize_qwen3_tts(name: str, out: Path) -> None:
@@ -129,13 +188,4 @@ def _materialize_qwen3_tts(name: str, out: Path) -> None:
             st |= {f"encoder.{k}": v.contiguous() for k, v in encoder.state_dict().items()}
             save_file(st, str(tmp / "speech_tokenizer" / "model.safetensors"))
     _write_json(tmp / PRESET_MARKER, {"preset": name, "random_init": not tiny, "seed": PRESET_SEED})
-    out.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        tmp.rename(out)
-    except OSError:
-        # Another process materialized it first; its copy is identical (same seed).
-        import shutil
-
-        shutil.rmtree(tmp, ignore_errors=True)
-        if not (out / PRESET_MARKER).is_file():
-            raise
+    _publish(tmp, out)

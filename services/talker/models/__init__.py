@@ -36,6 +36,8 @@ def load_talker(
     dtype: torch.dtype = torch.float32,
     prefix_cache_bytes: int = 256 * 1024 * 1024,
 ) -> tuple[TalkerAdapter, TalkerInfo]:
+    if source.family == "personaplex":
+        return _load_personaplex(source, device=device, dtype=dtype)  # type: ignore[return-value]
     if source.family != "qwen3_tts":
         raise ValueError(f"talker: model family {source.family!r} is not implemented")
     from voxstage.talker.models.qwen3_tts.adapter import Qwen3TTSAdapter
@@ -74,3 +76,36 @@ def load_talker(
         max_new_frames=gen.max_new_tokens,
     )
     return Qwen3TTSAdapter(model, tokenizer, prefix_cache_bytes=prefix_cache_bytes), info
+
+
+def _load_personaplex(
+    source: ModelSource, *, device: str | torch.device, dtype: torch.dtype
+) -> tuple[object, TalkerInfo]:
+    from voxstage.talker.models.personaplex.adapter import PersonaPlexAdapter
+    from voxstage.talker.models.personaplex.loader import load_personaplex_lm, random_init, read_config
+    from voxstage.talker.models.personaplex.presets import PRESET_VOICES, voice_codes
+    from voxstage.talker.models.personaplex.tokenizer import PersonaTokenizer, tiny_tokenizer_model
+    from voxstage.talker.models.personaplex.voices import VoiceLibrary, voice_from_codes
+
+    if source.random_init:
+        # Size-true preset: weights drawn on the device; its stored voices are made from seeded codes.
+        model = random_init(read_config(source.path), seed=source.seed, device=device, dtype=dtype)
+        tokenizer = PersonaTokenizer(tiny_tokenizer_model())
+        made = {name: voice_from_codes(model, voice_codes(name)) for name in PRESET_VOICES}
+        voices = VoiceLibrary.of(made, source=source.name)
+    else:
+        model, tokenizer, voices = load_personaplex_lm(source.path, device=device, dtype=dtype)
+    info = TalkerInfo(
+        family="personaplex",
+        model=source.name,
+        num_code_groups=8,
+        frame_rate_hz=12.5,
+        voices=voices.names,
+        languages=("auto",),
+        variant="duplex",
+        # moshi's server defaults (text 0.7 / top-k 25, audio 0.8 / top-k 250); deploy files override them.
+        default_sampling=SamplingParams(temperature=0.7, top_k=25),
+        default_subtalker_sampling=SamplingParams(temperature=0.8, top_k=250),
+        max_new_frames=model.config.context,
+    )
+    return PersonaPlexAdapter(model, tokenizer, voices), info

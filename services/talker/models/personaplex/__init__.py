@@ -1,0 +1,1 @@
+"""PersonaPlex (Moshi finetune): Helium temporal transformer + depformer, full-duplex."""

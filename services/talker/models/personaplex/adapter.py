@@ -1,0 +1,229 @@
+"""PersonaPlex sessions over a fixed pool of packed slots: prefill of the prompt, then one frame per tick.
+
+Owns every device tensor (the ring KV pool, per-slot ``DuplexState``, the depformer's frame scratch) and
+the session life cycle a duplex engine drives, all on the engine thread:
+
+``admit`` (sampling, seed) -> ``prefill`` chunks of the prompt -> ``start_decode`` -> per tick
+``set_user`` + ``launch`` / ``collect`` -> ``move_slot`` when another session leaves.
+
+``decode_core(b, attn_len, greedy)`` is the unit a CUDA graph captures: the whole frame (temporal step,
+text sampling, 8 depformer steps with sampling, state update) for slots ``[0, b)``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from voxstage.cudagraphs import GraphCache
+
+from ...sampling import SamplingParams
+from .config import AGENT_STREAMS, LMConfig
+from .frame import OUT_ROWS, DepformerScratch, DuplexState, frame_step
+from .model import PersonaPlexLM, RingKV
+from .prompt import Prompt, PromptError, build_prompt
+from .tokenizer import PersonaTokenizer
+from .voices import VoiceLibrary
+
+MIN_ATTN_BUCKET = 64
+
+
+def bucket(n: int, cap: int, minimum: int = 1) -> int:
+    """The next power of two >= ``max(n, minimum)``, at most ``cap``."""
+    return min(1 << (max(n, minimum) - 1).bit_length(), cap)
+
+
+@dataclass
+class _Pending:
+    tokens: torch.Tensor  # host [n, 9]
+    valid: torch.Tensor  # host [n]
+    event: torch.cuda.Event | None
+
+
+class PersonaPlexAdapter:
+    def __init__(
+        self,
+        model: PersonaPlexLM,
+        tokenizer: PersonaTokenizer | None = None,
+        voices: VoiceLibrary | None = None,
+    ) -> None:
+        self.model = model
+        self.tokenizer = tokenizer
+        self.voices = voices
+        self.config: LMConfig = model.config
+        self.device = model.device
+        self.dtype = model.dtype
+        self.num_groups = AGENT_STREAMS
+        self.codebook_size = self.config.card
+        self.graphs: GraphCache | None = None
+
+    def kv_bytes_per_position(self) -> int:
+        return RingKV.bytes_per_position(self.config, self.dtype)
+
+    def allocate(self, num_slots: int, window: int) -> None:
+        """The pool: ``num_slots`` sessions with a ``window``-position ring each (at most the model's
+        context; a longer call keeps going, attending to its last ``window`` positions)."""
+        c = self.config
+        if not 2 <= window <= c.context:
+            raise ValueError(f"window must lie in [2, {c.context}] (the model's context), got {window}")
+        self.num_slots, self.window = num_slots, window
+        shape = (c.num_layers, num_slots, c.num_heads, window, c.head_dim)
+        kw = {"device": self.device, "dtype": self.dtype}
+        self.kv = RingKV(torch.zeros(shape, **kw), torch.zeros(shape, **kw))  # type: ignore[arg-type]
+        self.state = DuplexState.allocate(num_slots, c.num_codebooks, self.device)
+        self.scratch = DepformerScratch.allocate(self.model, num_slots)
+        pin = self.device.type == "cuda"
+        ring = range(3)  # two steps may be in flight with async scheduling; a pinned buffer is reused after
+        self._host_tokens = [
+            torch.zeros(num_slots, OUT_ROWS, dtype=torch.int64, pin_memory=pin) for _ in ring
+        ]
+        self._host_valid = [torch.zeros(num_slots, dtype=torch.bool, pin_memory=pin) for _ in ring]
+        self._host_flags = [torch.zeros(num_slots, dtype=torch.bool, pin_memory=pin) for _ in ring]
+        self._ring = 0
+
+    def prepare(
+        self, *, persona: str = "", voice: str | None = None, voice_codes: np.ndarray | None = None
+    ) -> Prompt:
+        """A session's prompt: a stored voice by name, or the Mimi codes of a voice WAV, and the persona."""
+        if voice is not None and voice_codes is not None:
+            raise PromptError("voice: name a stored voice or send voice audio, not both")
+        stored = None
+        if voice is not None:
+            if self.voices is None or voice not in self.voices.names:
+                known = ", ".join(self.voices.names) if self.voices else "none"
+                raise PromptError(f"voice: unknown voice {voice!r} (stored voices: {known})")
+            stored = self.voices.get(voice, self.config.dim, self.config.num_codebooks)
+        text_ids: list[int] = []
+        if persona.strip():
+            if self.tokenizer is None:
+                raise PromptError("persona: this model has no text tokenizer")
+            text_ids = self.tokenizer.encode_persona(persona)
+        return build_prompt(self.config, voice=stored, voice_codes=voice_codes, text_ids=text_ids)
+
+    # -- session life cycle (host-side writes between ticks) -----------------------------------------------
+    def admit(self, slot: int, *, seed: int, text: SamplingParams, audio: SamplingParams) -> None:
+        self.state.reset_slot(slot, seed=seed, text=text, audio=audio)
+
+    @torch.inference_mode()
+    def prefill(self, slot: int, prompt: Prompt, start: int, n: int) -> None:
+        """Prompt positions ``[start, start + n)`` of ``slot`` (the prompt's last position is never
+        prefilled: it is the first decode input)."""
+        if start < 0 or n < 1 or start + n > prompt.length - 1:
+            raise ValueError(
+                f"prefill [{start}, {start + n}) outside the prompt's {prompt.length - 1} positions"
+            )
+        if prompt.length > self.window:
+            raise ValueError(
+                f"prompt of {prompt.length} positions does not fit the {self.window}-position window"
+            )
+        parts = []
+        e = prompt.num_embedded
+        if start < e:
+            assert prompt.embeddings is not None
+            parts.append(prompt.embeddings[start : min(e, start + n)].to(self.device, self.dtype))
+        if start + n > e:
+            lo, hi = max(start, e) - e, start + n - e
+            cols = torch.from_numpy(prompt.columns[lo:hi]).to(self.device)
+            parts.append(self.model.embed(cols))
+        self.model.transformer.prefill(torch.cat(parts), slot, start, self.kv)
+        # Parking position: a masked decode row writes its junk K/V here, which the next chunk overwrites.
+        self.state.steps[slot] = start + n
+
+    def start_decode(self, slot: int, prompt: Prompt) -> None:
+        st = self.state
+        st.column[slot] = torch.from_numpy(prompt.columns[-1])
+        st.user[slot] = torch.from_numpy(prompt.first_user)
+        st.steps[slot] = prompt.length - 1
+        st.forced[slot, 2:] = torch.from_numpy(prompt.first_forced)
+        st.force[slot] = False
+        st.force[slot, 2:] = True
+
+    def set_user(self, slots: Sequence[int], codes: np.ndarray) -> None:
+        """The user frames ``codes [n, 8]`` (Mimi codes, or -1 for no input) of the next step of ``slots``."""
+        if len(slots):
+            index = torch.as_tensor(list(slots), dtype=torch.int64, device=self.device)
+            self.state.user.index_copy_(0, index, torch.as_tensor(codes, dtype=torch.int64).to(self.device))
+
+    @torch.inference_mode()
+    def move_slot(self, src: int, dst: int, kv_len: int) -> None:
+        n = min(kv_len, self.window)
+        if n:
+            self.kv.k[:, dst, :, :n] = self.kv.k[:, src, :, :n]
+            self.kv.v[:, dst, :, :n] = self.kv.v[:, src, :, :n]
+        self.state.move(src, dst)
+
+    # -- the tick -------------------------------------------------------------------------------------------
+    def attn_bucket(self, max_position: int) -> int:
+        """The context bucket of a step whose furthest row is at ``max_position``."""
+        return bucket(min(max_position + 1, self.window), self.window, MIN_ATTN_BUCKET)
+
+    @torch.inference_mode()
+    def launch(self, active: Sequence[bool], max_position: int, all_greedy: bool = False) -> _Pending:
+        """Start one frame for slots ``[0, len(active))``; returns a handle, the device may still be busy."""
+        n = len(active)
+        b = bucket(n, self.num_slots)
+        length = self.attn_bucket(max_position)
+        ring = self._ring = (self._ring + 1) % len(self._host_tokens)
+        flags = self._host_flags[ring]
+        flags.zero_()
+        flags[:n] = torch.tensor(list(active), dtype=torch.bool)
+        self.state.active[:b].copy_(flags[:b], non_blocking=True)
+        if self.graphs is not None:
+            self.graphs.run(b, length, int(all_greedy))
+        else:
+            self.decode_core(b, length, int(all_greedy))
+        tokens, valid = self._host_tokens[ring][:n], self._host_valid[ring][:n]
+        tokens.copy_(self.state.out[:n], non_blocking=True)
+        valid.copy_(self.state.out_valid[:n], non_blocking=True)
+        event = None
+        if self.device.type == "cuda":
+            event = torch.cuda.Event()
+            event.record()
+        return _Pending(tokens, valid, event)
+
+    def collect(self, handle: _Pending) -> tuple[np.ndarray, np.ndarray]:
+        """Host arrays ``tokens [n, 9]`` (text, agent codebooks 0..7 of the frame that step finished) and
+        ``valid [n]`` (false for inactive rows and a session's first step)."""
+        if handle.event is not None:
+            handle.event.synchronize()
+        return handle.tokens.numpy().copy(), handle.valid.numpy().copy()
+
+    def step(
+        self, active: Sequence[bool], max_position: int, all_greedy: bool = False
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Launch and collect one frame (the synchronous form)."""
+        return self.collect(self.launch(active, max_position, all_greedy))
+
+    def decode_core(self, b: int, attn_len: int, greedy: int) -> None:
+        """The captured unit: static shapes for a (b, attn_len, greedy) key, no host syncs."""
+        frame_step(self.model, self.kv, self.state, self.scratch, b, attn_len, all_greedy=bool(greedy))
+
+    # -- CUDA graphs -----------------------------------------------------------------------------------------
+    def enable_cuda_graphs(self) -> None:
+        self.graphs = GraphCache(self.decode_core, enabled=True, quiesce=self._all_inactive)
+
+    def graph_keys(self) -> list[tuple[int, int, int]]:
+        batches = sorted({bucket(n, self.num_slots) for n in range(1, self.num_slots + 1)})
+        contexts = sorted({self.attn_bucket(p) for p in range(self.window)})
+        return [(b, c, g) for b in batches for c in contexts for g in (1, 0)]
+
+    def capture_all_graphs(self) -> int:
+        """Capture every bucket before serving (no session running): a lazily captured bucket would stall
+        every live session for the capture."""
+        if self.graphs is None:
+            return 0
+        return sum(self.graphs.capture(*key) for key in self.graph_keys())
+
+    @contextlib.contextmanager
+    def _all_inactive(self, key: tuple[int, ...]) -> Iterator[None]:
+        # Warm-up runs execute for real; with every row inactive they leave all slot state as it was.
+        saved = self.state.active.clone()
+        self.state.active.zero_()
+        try:
+            yield
+        finally:
+            self.state.active.copy_(saved)
