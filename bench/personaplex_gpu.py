@@ -32,6 +32,7 @@ from voxstage.codec.models.mimi.config import MimiConfig
 from voxstage.codec.models.mimi.loader import random_init as random_mimi
 from voxstage.codec.models.mimi.presets import tiny_config as tiny_mimi_config
 from voxstage.codec.models.mimi.streaming import MimiStreamingCodec
+from voxstage.nn import fused
 from voxstage.talker.models.personaplex.adapter import PersonaPlexAdapter
 from voxstage.talker.models.personaplex.config import parse_lm_config
 from voxstage.talker.models.personaplex.frame import commit, depformer_part, temporal_part
@@ -173,7 +174,33 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     if args.device == "cuda":
         out["peak_gib"] = torch.cuda.max_memory_allocated() / 2**30
         out["profile"] = profile(adapter, codec, batches)
+        if fused.triton_available():
+            out["unfused"] = unfused(bench, adapter, batches, fills)
     return out
+
+
+def unfused(
+    bench: Bench, adapter: PersonaPlexAdapter, batches: list[int], fills: dict[str, int]
+) -> list[dict]:
+    """The lever check: the graphed greedy frame with the Triton kernels off (PyTorch glue ops)."""
+    rows = []
+    previous = fused.set_triton(False)
+    try:
+        for b in batches:
+            for fill_name, position in fills.items():
+                place_sessions(adapter, b, position, GREEDY)
+                units = talker_units(adapter, b, adapter.attn_bucket(position), greedy=True)
+                row: dict[str, Any] = {"batch": b, "fill": fill_name}
+                for name in ("temporal", "depformer", "frame"):
+                    row[name] = bench.timed(bench.graphed(units[name]))
+                rows.append(row)
+                print(
+                    "unfused",
+                    json.dumps({k: (v["median_ms"] if isinstance(v, dict) else v) for k, v in row.items()}),
+                )
+    finally:
+        fused.set_triton(previous)
+    return rows
 
 
 def profile(adapter: PersonaPlexAdapter, codec: MimiStreamingCodec, batches: list[int]) -> dict[str, Any]:

@@ -105,13 +105,15 @@ class DepformerScratch:
 
     k: torch.Tensor
     v: torch.Tensor
+    index: torch.Tensor  # [steps, B] int64: step k's cache index (k) for every row
 
     @classmethod
     def allocate(cls, model: PersonaPlexLM, batch: int) -> DepformerScratch:
         c = model.config
         shape = (c.depformer_num_layers, batch, c.depformer_num_heads, c.steps, c.depformer_head_dim)
         kw = {"device": model.device, "dtype": model.dtype}
-        return cls(torch.zeros(shape, **kw), torch.zeros(shape, **kw))  # type: ignore[arg-type]
+        index = torch.arange(c.steps, device=model.device).unsqueeze(1).repeat(1, batch)
+        return cls(torch.zeros(shape, **kw), torch.zeros(shape, **kw), index)  # type: ignore[arg-type]
 
 
 def frame_step(
@@ -136,7 +138,7 @@ def temporal_part(
     steps = state.steps[:b]
     column = state.column[:b].clone()
     column[:, USER_ROW] = state.user[:b, 0]
-    h = model.out_norm(model.transformer.decode(model.embed(column), steps, kv, attn_len))
+    h = model.transformer.decode(model.embed(column), steps, kv, attn_len, model.out_norm)
     logits = model.text_linear(h)
     text = sample(logits, state.text.tensors.head(b), state.seed[:b], steps, stream=0, all_greedy=all_greedy)
     return h, torch.where(state.force[:b, 0], state.forced[:b, 0], text)
@@ -156,7 +158,9 @@ def depformer_part(
     forced, force = state.forced[:b], state.force[:b]
     token, made = text, []
     for k in range(model.config.steps):
-        x = model.depformer.step(model.depformer_input(k, h, token), k, scratch.k, scratch.v)
+        x = model.depformer.step(
+            model.depformer_input(k, h, token), k, scratch.k, scratch.v, scratch.index[k, :b]
+        )
         logits = model.linears[k](x)
         token = sample(logits, params, seed, steps, stream=1 + k, all_greedy=all_greedy)
         token = torch.where(force[:, 1 + k], forced[:, 1 + k], token)

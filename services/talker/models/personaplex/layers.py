@@ -1,8 +1,9 @@
 """Building blocks shared by the Helium temporal transformer and the depformer (moshi's conventions).
 
 RMSNorm keeps its scale as ``alpha`` ``[1, 1, dim]`` and adds ``eps`` to the mean square, in fp32; RoPE
-rotates interleaved (real, imaginary) pairs at absolute positions; the feed-forward is a SiLU-gated linear
-unit whose input projection holds gate then up rows. Parameter names equal the checkpoint's.
+rotates interleaved (real, imaginary) pairs at absolute positions (``voxstage.nn.fused.rope_rotate``); the
+feed-forward is a SiLU-gated linear unit whose input projection holds gate then up rows. Parameter names
+equal the checkpoint's; the math lives in ``voxstage.nn.fused`` (one kernel each on the GPU).
 """
 
 from __future__ import annotations
@@ -11,7 +12,8 @@ import math
 
 import torch
 from torch import nn
-from torch.nn import functional as F
+
+from voxstage.nn.fused import add_rmsnorm
 
 
 class RMSNorm(nn.Module):
@@ -21,15 +23,8 @@ class RMSNorm(nn.Module):
         self.alpha = nn.Parameter(torch.ones(1, 1, dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.is_cuda and x.dtype != torch.float32:
-            # One fused kernel instead of six; it also accumulates in fp32 and differs from the unfused form
-            # by at most one rounding of the (bf16) output.
-            y = F.rms_norm(x.float(), (x.shape[-1],), self.alpha.reshape(-1).float(), self.eps)
-            return y.to(x.dtype)
-        # The reference order, which the fp32 golden parity depends on: x * (alpha * rsqrt(eps + mean x^2)).
-        x32 = x.float()
-        var = self.eps + torch.mean(x32 * x32, dim=-1, keepdim=True)
-        return (x32 * (self.alpha.reshape(-1).float() * torch.rsqrt(var))).to(x.dtype)
+        _, y = add_rmsnorm(x.reshape(-1, x.shape[-1]), None, self.alpha, self.eps)
+        return y.view_as(x)
 
 
 class Gating(nn.Module):
@@ -39,15 +34,6 @@ class Gating(nn.Module):
         super().__init__()
         self.linear_in = nn.Linear(dim, 2 * hidden, bias=False)
         self.linear_out = nn.Linear(hidden, dim, bias=False)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return gated(x, self.linear_in.weight, self.linear_out.weight)
-
-
-def gated(x: torch.Tensor, w_in: torch.Tensor, w_out: torch.Tensor) -> torch.Tensor:
-    y = F.linear(x, w_in)
-    gate, up = y.unflatten(-1, (2, -1)).unbind(-2)
-    return F.linear(F.silu(gate) * up, w_out)
 
 
 def rope_tables(
@@ -59,12 +45,3 @@ def rope_tables(
     freqs = torch.exp(ds * (-math.log(max_period) * 2 / head_dim))
     angles = positions.to(torch.float32).unsqueeze(-1) * freqs
     return torch.cos(angles), torch.sin(angles)
-
-
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate interleaved pairs of ``x [B, T, H, D]`` by tables ``[B, T, D/2]`` (computed in fp32)."""
-    pairs = x.unflatten(-1, (-1, 2)).float()
-    re, im = pairs[..., 0], pairs[..., 1]
-    c, s = cos.unsqueeze(-2), sin.unsqueeze(-2)
-    out = torch.stack((re * c - im * s, re * s + im * c), dim=-1)
-    return out.to(x.dtype).flatten(-2)

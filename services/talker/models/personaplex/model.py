@@ -11,14 +11,18 @@ step built on it (``frame.py``) can be captured as one CUDA graph per (batch, co
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
 from torch.nn import functional as F
 
+from voxstage.nn.fused import add_rmsnorm, qkv_into_cache, rope_rotate, silu_mul
+
 from .config import ZERO_TOKEN, LMConfig
-from .layers import Gating, RMSNorm, apply_rope, gated, rope_tables
+from .layers import Gating, RMSNorm, rope_tables
 
 
 @dataclass
@@ -54,19 +58,33 @@ class TemporalLayer(nn.Module):
         self.norm2 = RMSNorm(config.dim)
         self.gating = Gating(config.dim, config.hidden)
 
-    def qkv(
-        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """``x [B, T, D]`` -> q, k, v ``[B, H, T, hd]`` with RoPE applied to q and k."""
-        h = F.linear(self.norm1(x), self.self_attn.in_proj_weight)
-        q, k, v = h.unflatten(-1, (3, self.self_attn.num_heads, -1)).unbind(2)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        return q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
 
-    def finish(self, x: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
-        """Residual + output projection of ``attn [B, H, T, hd]``, then the gated FFN block."""
-        x = x + self.self_attn.out_proj(attn.transpose(1, 2).flatten(2))
-        return x + self.gating(self.norm2(x))
+def _ffn(gating: Gating, x: torch.Tensor) -> torch.Tensor:
+    return F.linear(silu_mul(F.linear(x, gating.linear_in.weight)), gating.linear_out.weight)
+
+
+def _blocks(
+    layers: Sequence[Any],
+    x: torch.Tensor,
+    out_norm: RMSNorm | None,
+    attend: Callable[[int, Any, torch.Tensor], torch.Tensor | None],
+) -> torch.Tensor:
+    """Pre-norm residual blocks over token rows ``x [N, D]``: ``attend(i, layer, normed)`` gives the
+    attention block's output rows (None: stop, only the caches mattered). Every residual add is fused with
+    the RMSNorm after it, so the result is ``out_norm(stream)`` (or the raw stream without ``out_norm``)."""
+    h, normed = add_rmsnorm(x, None, layers[0].norm1.alpha, layers[0].norm1.eps)
+    last = len(layers) - 1
+    for i, layer in enumerate(layers):
+        attn = attend(i, layer, normed)
+        if attn is None:
+            return h
+        h, normed = add_rmsnorm(h, attn, layer.norm2.alpha, layer.norm2.eps)
+        ff = _ffn(layer.gating, normed)
+        following = layers[i + 1].norm1 if i < last else out_norm
+        if following is None:
+            return h + ff
+        h, normed = add_rmsnorm(h, ff, following.alpha, following.eps)
+    return normed
 
 
 class Temporal(nn.Module):
@@ -77,27 +95,27 @@ class Temporal(nn.Module):
         self.config = config
         self.layers = nn.ModuleList([TemporalLayer(config) for _ in range(config.num_layers)])
 
-    def decode(self, x: torch.Tensor, positions: torch.Tensor, kv: RingKV, attn_len: int) -> torch.Tensor:
+    def decode(
+        self, x: torch.Tensor, positions: torch.Tensor, kv: RingKV, attn_len: int, out_norm: RMSNorm
+    ) -> torch.Tensor:
         """One position per row: ``x [B, D]`` at ``positions [B]`` for slots ``[0, B)``; K/V written at each
         row's ring index; attention over ring entries ``[0, attn_len)`` that hold positions (``attn_len`` a
-        static bucket >= every row's ``min(position + 1, window)``)."""
+        static bucket >= every row's ``min(position + 1, window)``). Returns ``out_norm`` of the output."""
         b = x.shape[0]
-        cos, sin = rope_tables(positions.unsqueeze(1), self.config.head_dim, self.config.max_period)
-        rows = torch.arange(b, device=x.device)
+        c = self.config
+        rope = rope_tables(positions, c.head_dim, c.max_period)
         index = positions % kv.window
         filled = torch.clamp(positions + 1, max=kv.window)
-        keys = torch.arange(attn_len, device=x.device)
-        mask = (keys.unsqueeze(0) < filled.unsqueeze(1))[:, None, None, :]
-        h = x.unsqueeze(1)
-        for i, layer in enumerate(self.layers):
-            q, k, v = layer.qkv(h, cos, sin)
-            kv.k[i][rows, :, index] = k[:, :, 0]
-            kv.v[i][rows, :, index] = v[:, :, 0]
-            attn = F.scaled_dot_product_attention(
-                q, kv.k[i, :b, :, :attn_len], kv.v[i, :b, :, :attn_len], attn_mask=mask
-            )
-            h = layer.finish(h, attn)
-        return h[:, 0]
+        mask = (torch.arange(attn_len, device=x.device).unsqueeze(0) < filled.unsqueeze(1))[:, None, None, :]
+
+        def attend(i: int, layer: nn.Module, normed: torch.Tensor) -> torch.Tensor:
+            qkv = F.linear(normed, layer.self_attn.in_proj_weight)
+            q = qkv_into_cache(qkv, c.num_heads, kv.k[i], kv.v[i], index, rope)
+            keys, values = kv.k[i, :b, :, :attn_len], kv.v[i, :b, :, :attn_len]
+            attn = F.scaled_dot_product_attention(q.unsqueeze(2), keys, values, attn_mask=mask)
+            return layer.self_attn.out_proj(attn.reshape(b, -1))
+
+        return _blocks(list(self.layers), x, out_norm, attend)
 
     def prefill(self, x: torch.Tensor, slot: int, start: int, kv: RingKV) -> None:
         """Write K/V of positions ``[start, start + T)`` of ``slot`` from inputs ``x [T, D]`` (the prompt
@@ -108,22 +126,28 @@ class Temporal(nn.Module):
             raise ValueError(
                 f"prefill of positions [{start}, {end}) does not fit the {kv.window}-position window"
             )
+        c = self.config
         positions = torch.arange(start, end, device=x.device)
-        cos, sin = rope_tables(positions.unsqueeze(0), self.config.head_dim, self.config.max_period)
-        keys = torch.arange(end, device=x.device)
-        mask = (keys.unsqueeze(0) <= positions.unsqueeze(1))[None, None]
-        h = x.unsqueeze(0)
+        cos, sin = rope_tables(positions, c.head_dim, c.max_period)
+        mask = (torch.arange(end, device=x.device).unsqueeze(0) <= positions.unsqueeze(1))[None, None]
         last = len(self.layers) - 1
-        for i, layer in enumerate(self.layers):
-            q, k, v = layer.qkv(h, cos, sin)
-            kv.k[i, slot, :, start:end] = k[0]
-            kv.v[i, slot, :, start:end] = v[0]
-            if i == last:
-                break  # the last layer's output feeds nothing
-            attn = F.scaled_dot_product_attention(
-                q, kv.k[i, slot : slot + 1, :, :end], kv.v[i, slot : slot + 1, :, :end], attn_mask=mask
+
+        def attend(i: int, layer: nn.Module, normed: torch.Tensor) -> torch.Tensor | None:
+            q, k, v = (
+                F.linear(normed, layer.self_attn.in_proj_weight).unflatten(-1, (3, c.num_heads, -1)).unbind(1)
             )
-            h = layer.finish(h, attn)
+            q, k = rope_rotate(q, cos, sin), rope_rotate(k, cos, sin)  # [T, H, hd]
+            kv.k[i, slot, :, start:end] = k.transpose(0, 1)
+            kv.v[i, slot, :, start:end] = v.transpose(0, 1)
+            if i == last:
+                return None  # the last layer's output feeds nothing
+            keys, values = kv.k[i, slot : slot + 1, :, :end], kv.v[i, slot : slot + 1, :, :end]
+            attn = F.scaled_dot_product_attention(
+                q.transpose(0, 1).unsqueeze(0), keys, values, attn_mask=mask
+            )
+            return layer.self_attn.out_proj(attn[0].transpose(0, 1).reshape(t, -1))
+
+        _blocks(list(self.layers), x, None, attend)
 
 
 class DepformerAttention(nn.Module):
@@ -154,25 +178,33 @@ class Depformer(nn.Module):
         self.config = config
         self.layers = nn.ModuleList([DepformerLayer(config) for _ in range(config.depformer_num_layers)])
 
-    def step(self, x: torch.Tensor, k: int, cache_k: torch.Tensor, cache_v: torch.Tensor) -> torch.Tensor:
+    def step(
+        self, x: torch.Tensor, k: int, cache_k: torch.Tensor, cache_v: torch.Tensor, index: torch.Tensor
+    ) -> torch.Tensor:
         """Inner step ``k`` for ``x [B, d]``; ``cache_k/v [layers, >=B, heads, steps, hd]`` hold this frame's
-        earlier steps (slots ``[0, k)``), and step k's own K/V is written at index k."""
+        earlier steps (slots ``[0, k)``), and step k's own K/V is written at ``index`` (k for every row)."""
         b, d = x.shape
-        h = x.unsqueeze(1)
-        for i, layer in enumerate(self.layers):
-            w_in = layer.self_attn.in_proj_weight.view(-1, 3 * d, d)[k]
-            qkv = F.linear(layer.norm1(h), w_in)
-            q, kk, v = qkv.unflatten(-1, (3, layer.self_attn.num_heads, -1)).unbind(2)
-            cache_k[i, :b, :, k] = kk[:, 0]
-            cache_v[i, :b, :, k] = v[:, 0]
+        heads = self.config.depformer_num_heads
+
+        def attend(i: int, layer: nn.Module, normed: torch.Tensor) -> torch.Tensor:
+            qkv = F.linear(normed, layer.self_attn.in_proj_weight.view(-1, 3 * d, d)[k])
+            q = qkv_into_cache(qkv, heads, cache_k[i], cache_v[i], index, None)
             attn = F.scaled_dot_product_attention(
-                q.transpose(1, 2), cache_k[i, :b, :, : k + 1], cache_v[i, :b, :, : k + 1]
+                q.unsqueeze(2), cache_k[i, :b, :, : k + 1], cache_v[i, :b, :, : k + 1]
             )
-            w_out = layer.self_attn.out_proj.weight.view(-1, d, d)[k]
-            h = h + F.linear(attn.transpose(1, 2).flatten(2), w_out)
-            g = layer.gating[k]
-            h = h + gated(layer.norm2(h), g.linear_in.weight, g.linear_out.weight)
-        return h[:, 0]
+            return F.linear(attn.reshape(b, -1), layer.self_attn.out_proj.weight.view(-1, d, d)[k])
+
+        layers = [_StepView(layer, k) for layer in self.layers]
+        return _blocks(layers, x, None, attend)
+
+
+class _StepView:
+    """A depformer layer seen at inner step k: its shared norms and step k's feed-forward."""
+
+    def __init__(self, layer: DepformerLayer, k: int) -> None:
+        self.self_attn = layer.self_attn
+        self.norm1, self.norm2 = layer.norm1, layer.norm2
+        self.gating = layer.gating[k]
 
 
 class PersonaPlexLM(nn.Module):
