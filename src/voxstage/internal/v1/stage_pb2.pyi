@@ -227,7 +227,7 @@ class Cancel(_message.Message):
     def __init__(self, reason: _Optional[str] = ...) -> None: ...
 
 class CodecFrames(_message.Message):
-    __slots__ = ("first_frame", "frame_count", "num_groups", "codes", "segment_index", "text_tokens", "transcript_delta", "sent_unix_ns")
+    __slots__ = ("first_frame", "frame_count", "num_groups", "codes", "segment_index", "text_tokens", "transcript_delta", "sent_unix_ns", "user_frame")
     FIRST_FRAME_FIELD_NUMBER: _ClassVar[int]
     FRAME_COUNT_FIELD_NUMBER: _ClassVar[int]
     NUM_GROUPS_FIELD_NUMBER: _ClassVar[int]
@@ -236,6 +236,7 @@ class CodecFrames(_message.Message):
     TEXT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     TRANSCRIPT_DELTA_FIELD_NUMBER: _ClassVar[int]
     SENT_UNIX_NS_FIELD_NUMBER: _ClassVar[int]
+    USER_FRAME_FIELD_NUMBER: _ClassVar[int]
     first_frame: int
     frame_count: int
     num_groups: int
@@ -244,10 +245,11 @@ class CodecFrames(_message.Message):
     text_tokens: bytes
     transcript_delta: str
     sent_unix_ns: int
-    def __init__(self, first_frame: _Optional[int] = ..., frame_count: _Optional[int] = ..., num_groups: _Optional[int] = ..., codes: _Optional[_Union[Payload, _Mapping]] = ..., segment_index: _Optional[int] = ..., text_tokens: _Optional[bytes] = ..., transcript_delta: _Optional[str] = ..., sent_unix_ns: _Optional[int] = ...) -> None: ...
+    user_frame: int
+    def __init__(self, first_frame: _Optional[int] = ..., frame_count: _Optional[int] = ..., num_groups: _Optional[int] = ..., codes: _Optional[_Union[Payload, _Mapping]] = ..., segment_index: _Optional[int] = ..., text_tokens: _Optional[bytes] = ..., transcript_delta: _Optional[str] = ..., sent_unix_ns: _Optional[int] = ..., user_frame: _Optional[int] = ...) -> None: ...
 
 class PcmChunk(_message.Message):
-    __slots__ = ("sample_offset", "sample_count", "format", "data", "segment_index", "first_frame", "frame_count", "transcript_delta", "sent_unix_ns")
+    __slots__ = ("sample_offset", "sample_count", "format", "data", "segment_index", "first_frame", "frame_count", "transcript_delta", "sent_unix_ns", "user_frame")
     SAMPLE_OFFSET_FIELD_NUMBER: _ClassVar[int]
     SAMPLE_COUNT_FIELD_NUMBER: _ClassVar[int]
     FORMAT_FIELD_NUMBER: _ClassVar[int]
@@ -257,6 +259,7 @@ class PcmChunk(_message.Message):
     FRAME_COUNT_FIELD_NUMBER: _ClassVar[int]
     TRANSCRIPT_DELTA_FIELD_NUMBER: _ClassVar[int]
     SENT_UNIX_NS_FIELD_NUMBER: _ClassVar[int]
+    USER_FRAME_FIELD_NUMBER: _ClassVar[int]
     sample_offset: int
     sample_count: int
     format: PcmFormat
@@ -266,7 +269,8 @@ class PcmChunk(_message.Message):
     frame_count: int
     transcript_delta: str
     sent_unix_ns: int
-    def __init__(self, sample_offset: _Optional[int] = ..., sample_count: _Optional[int] = ..., format: _Optional[_Union[PcmFormat, str]] = ..., data: _Optional[_Union[Payload, _Mapping]] = ..., segment_index: _Optional[int] = ..., first_frame: _Optional[int] = ..., frame_count: _Optional[int] = ..., transcript_delta: _Optional[str] = ..., sent_unix_ns: _Optional[int] = ...) -> None: ...
+    user_frame: int
+    def __init__(self, sample_offset: _Optional[int] = ..., sample_count: _Optional[int] = ..., format: _Optional[_Union[PcmFormat, str]] = ..., data: _Optional[_Union[Payload, _Mapping]] = ..., segment_index: _Optional[int] = ..., first_frame: _Optional[int] = ..., frame_count: _Optional[int] = ..., transcript_delta: _Optional[str] = ..., sent_unix_ns: _Optional[int] = ..., user_frame: _Optional[int] = ...) -> None: ...
 
 class SegmentDone(_message.Message):
     __slots__ = ("segment_index", "frame_count", "sample_count")
