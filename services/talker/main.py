@@ -46,6 +46,8 @@ def build(args: argparse.Namespace) -> StageParts:
     config, device, dtype, source = load_stage_setup(args, log, cuda_default="bfloat16")
     stage = config.talker
     adapter, info = load_talker(source, device=device, dtype=dtype)
+    if info.family == "personaplex":
+        return _build_duplex(config, device, adapter, info)
     limit, xvector_dim = _family_limits(adapter, info.family)
     max_len = stage.max_model_len or limit
     if max_len > limit:
@@ -121,3 +123,68 @@ def _family_limits(adapter: Any, family: str) -> tuple[int, int]:
         backbone = adapter.model.config.talker.backbone
         return backbone.max_position_embeddings, backbone.hidden_size
     raise StageStartError(f"talker: model family {family!r} is not implemented")
+
+
+def _build_duplex(config: Any, device: str, adapter: Any, info: Any) -> StageParts:
+    """A duplex family's talker: sessions over the ring-KV pool, one batched frame step per tick."""
+    from voxstage.internal.v1 import stage_pb2_grpc
+    from voxstage.server import ServiceBinding
+    from voxstage.stage_process import device_budget
+    from voxstage.talker.duplex import DuplexConfig, DuplexEngine
+    from voxstage.talker.duplex_worker import DuplexWorker
+    from voxstage.talker.servicer import SERVICE_NAME, TalkerServicer
+    from voxstage.talker.worker import TalkerDefaults
+    from voxstage.transport.shm import ShmWriter, sweep_dead_regions
+
+    stage = config.talker
+    context = adapter.config.context
+    window = stage.max_model_len or context
+    if window > context:
+        raise StageStartError(
+            f"stages[0].max_model_len is {window}; {info.model}'s attention window is {context} frames"
+        )
+    budget = device_budget(device, stage.gpu_memory_utilization, "talker")
+    if budget is not None:
+        kv = adapter.kv_bytes_per_position() * window * stage.max_num_seqs
+        budget.require(
+            kv,
+            f"talker KV rings (max_num_seqs {stage.max_num_seqs} sessions x {window} positions)",
+            "lower max_num_seqs or max_model_len, or raise gpu_memory_utilization",
+        )
+        log.info("talker: memory budget %s; KV %.2f GiB", budget.describe(), kv / (1 << 30))
+    if stage.enable_prefix_caching:
+        log.warning("talker: enable_prefix_caching has no effect on duplex sessions (prompts are prefilled)")
+    if stage.async_scheduling:
+        # A duplex step answers this tick's user frames; there is no later step to overlap it with.
+        log.warning("talker: async_scheduling has no effect on duplex sessions (each tick's step is awaited)")
+    if device == "cuda" and not stage.enforce_eager:
+        adapter.enable_cuda_graphs()  # every bucket is captured by the warm-up, before SERVING
+    engine = DuplexEngine(
+        adapter,
+        DuplexConfig(
+            max_sessions=stage.max_num_seqs, window=window, prefill_budget=stage.batched_token_budget
+        ),
+    )
+    worker = DuplexWorker(engine, info, TalkerDefaults.from_deploy(stage, info))
+    sweep_dead_regions()
+    writer = ShmWriter(threshold_bytes=config.stream.shm_threshold_bytes) if config.shared_memory else None
+    servicer = TalkerServicer(worker, plan=config.chunk_plan, shm_writer=writer)
+    log.info(
+        "talker: %s (%s, duplex) on %s: %d sessions x %d-frame window, prefill %d positions/tick, %s",
+        info.model, info.family, device, stage.max_num_seqs, window, stage.batched_token_budget,
+        "CUDA graphs" if device == "cuda" and not stage.enforce_eager else "eager",
+    )  # fmt: skip
+
+    def stop() -> None:
+        worker.stop()
+        if writer is not None:
+            writer.close()
+
+    return StageParts(
+        role="talker",
+        bindings=[ServiceBinding(SERVICE_NAME, servicer, stage_pb2_grpc.add_TalkerServicer_to_server)],
+        servicer=servicer,
+        start=lambda loop, on_fatal: worker.start(loop, on_fatal),
+        warm_up=worker.warm_up,
+        stop=stop,
+    )

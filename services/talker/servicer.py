@@ -14,6 +14,8 @@ import grpc
 from voxstage.config import ChunkPlan
 from voxstage.internal.v1 import stage_pb2, stage_pb2_grpc
 from voxstage.stage_servicer import StageServicer
+from voxstage.talker.duplex_stream import DuplexTalkerStream
+from voxstage.talker.duplex_worker import DuplexWorker
 from voxstage.talker.stream import TalkerStream
 from voxstage.talker.worker import RequestSnapshot, TalkerSnapshot, TalkerWorker
 from voxstage.transport.shm import ShmWriter
@@ -21,10 +23,12 @@ from voxstage.transport.shm import ShmWriter
 SERVICE_NAME = "voxstage.internal.v1.Talker"
 
 
-class TalkerServicer(StageServicer[TalkerStream], stage_pb2_grpc.TalkerServicer):
-    worker: TalkerWorker
+class TalkerServicer(StageServicer[TalkerStream | DuplexTalkerStream], stage_pb2_grpc.TalkerServicer):
+    worker: TalkerWorker | DuplexWorker
 
-    def __init__(self, worker: TalkerWorker, *, plan: ChunkPlan, shm_writer: ShmWriter | None) -> None:
+    def __init__(
+        self, worker: TalkerWorker | DuplexWorker, *, plan: ChunkPlan, shm_writer: ShmWriter | None
+    ) -> None:
         info = worker.info
         self.model = info.model
         self.family = info.family
@@ -38,7 +42,10 @@ class TalkerServicer(StageServicer[TalkerStream], stage_pb2_grpc.TalkerServicer)
         }
         super().__init__(worker, plan=plan, shm_writer=shm_writer, identity=identity)
 
-    def _new_stream(self, context: grpc.aio.ServicerContext) -> TalkerStream:
+    def _new_stream(self, context: grpc.aio.ServicerContext) -> TalkerStream | DuplexTalkerStream:
+        # The family decides: a duplex model (PersonaPlex) serves duplex sessions only, a TTS model TTS only.
+        if isinstance(self.worker, DuplexWorker):
+            return DuplexTalkerStream(self)
         return TalkerStream(self)
 
     async def Status(  # noqa: N802 - gRPC method name

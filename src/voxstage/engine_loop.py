@@ -27,6 +27,9 @@ class Steppable(Protocol[O]):
     def step(self) -> list[O]: ...
 
 
+IDLE_POLL_S = 0.05  # how long an idle engine sleeps on its command queue before looking again
+
+
 class EngineThread(Generic[O]):
     def __init__(
         self,
@@ -67,9 +70,16 @@ class EngineThread(Generic[O]):
     def alive(self) -> bool:
         return self._thread.is_alive()
 
+    def _idle_wait(self) -> float:
+        """An engine with a deadline of its own (``idle_timeout()``: a duplex step's gather window) is woken
+        by it; otherwise an idle engine sleeps on its command queue."""
+        hint = getattr(self.engine, "idle_timeout", None)
+        wait = hint() if hint is not None else None
+        return IDLE_POLL_S if wait is None else min(wait, IDLE_POLL_S)
+
     def _drain(self, block: bool) -> None:
         try:
-            item = self._commands.get(timeout=0.05) if block else self._commands.get_nowait()
+            item = self._commands.get(timeout=self._idle_wait()) if block else self._commands.get_nowait()
         except queue.Empty:
             return
         while True:

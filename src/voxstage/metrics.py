@@ -107,6 +107,11 @@ INPUT_STARVED = Counter(
     "Frame steps a talker slot skipped because streamed text had not arrived yet.",
     registry=REGISTRY,
 )
+DUPLEX_DROPPED_USER_FRAMES = Counter(
+    "voxstage_duplex_dropped_user_frames",
+    "User frames a duplex talker session dropped because its input queue lagged behind real time.",
+    registry=REGISTRY,
+)
 
 
 def observe_hop(source: str, dest: str, sent_unix_ns: int) -> None:

@@ -91,12 +91,22 @@ class StageStream:
             self.fail("INVALID_ARGUMENT", "stream half-closed before end_of_input or cancel")
 
     # -- open ----------------------------------------------------------------------------------------------
-    def _admit(self, op: stage_pb2.StreamOpen, srv: StageServicer[Any], *, model: str, family: str) -> None:
+    def _admit(
+        self,
+        op: stage_pb2.StreamOpen,
+        srv: StageServicer[Any],
+        *,
+        model: str,
+        family: str,
+        duplex: bool = False,
+    ) -> None:
         """The checks before anything else of an ``open``: the stage serves, the mode and the model."""
         self.request_id = op.request_id
         if srv.draining or not srv.ready:
             raise StageFailure("UNAVAILABLE", f"{self.role} is {'draining' if srv.draining else 'not ready'}")
-        if op.mode not in (stage_pb2.STREAM_MODE_UNSPECIFIED, stage_pb2.STREAM_MODE_TTS):
+        if duplex and op.mode != stage_pb2.STREAM_MODE_DUPLEX:
+            raise StageFailure("FAILED_PRECONDITION", f"mode: {family} serves duplex streams only")
+        if not duplex and op.mode not in (stage_pb2.STREAM_MODE_UNSPECIFIED, stage_pb2.STREAM_MODE_TTS):
             raise StageFailure("FAILED_PRECONDITION", f"mode: {family} serves text-to-speech streams only")
         if op.model and op.model != model:
             raise StageFailure("NOT_FOUND", f"model: this {self.role} serves {model!r}, not {op.model!r}")

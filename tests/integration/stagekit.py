@@ -93,9 +93,10 @@ def start_stage(
     netns: str | None = None,
     tag: str = "",
     model: str = MODEL,
+    deploy: Path = SEED_DEPLOY,
 ) -> StageProc:
-    """Start ``voxstage <role>`` on the seed deploy file with a tiny preset (one torch thread)."""
-    cmd = [sys.executable, "-m", "voxstage", role, "--config", str(SEED_DEPLOY), "--model", model]
+    """Start ``voxstage <role>`` on a seed deploy file with a tiny preset (one torch thread)."""
+    cmd = [sys.executable, "-m", "voxstage", role, "--config", str(deploy), "--model", model]
     cmd += ["--host", listen, "--port", str(port), "--device", "cpu", "--threads", "1", "--drain-grace", "20"]
     if metrics_port is not None:
         cmd += ["--metrics-port", str(metrics_port)]

@@ -104,6 +104,10 @@ class PersonaPlexAdapter:
             text_ids = self.tokenizer.encode_persona(persona)
         return build_prompt(self.config, voice=stored, voice_codes=voice_codes, text_ids=text_ids)
 
+    def transcript(self, token: int) -> str:
+        """The agent's text for one text token (empty for padding, or without a tokenizer)."""
+        return self.tokenizer.piece(token) if self.tokenizer is not None else ""
+
     # -- session life cycle (host-side writes between ticks) -----------------------------------------------
     def admit(self, slot: int, *, seed: int, text: SamplingParams, audio: SamplingParams) -> None:
         self.state.reset_slot(slot, seed=seed, text=text, audio=audio)

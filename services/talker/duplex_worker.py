@@ -1,0 +1,208 @@
+"""The duplex talker engine on its own thread, and the bridge between it and the event loop.
+
+Like ``TalkerWorker`` for text-to-speech: the duplex stream (gRPC, no torch) posts session commands here,
+the engine thread applies them between steps, and each step's ``DuplexOutput`` reaches the session's
+listener on the event loop.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+
+from voxstage.stage_errors import StageFailure
+from voxstage.stage_worker import StageWorker
+from voxstage.talker.duplex import DuplexAdmissionError, DuplexEngine, DuplexOutput, DuplexRequest
+from voxstage.talker.models import TalkerInfo
+from voxstage.talker.worker import MAX_SEED, RequestParams, TalkerDefaults, apply_overrides
+
+log = logging.getLogger(__name__)
+
+
+class DuplexListener(Protocol):
+    def on_output(self, output: DuplexOutput) -> None: ...
+
+    def on_session_error(self, code: str, message: str) -> None:
+        """A session command failed on the engine thread (the session is cancelled)."""
+        ...
+
+    def on_engine_failed(self, message: str) -> None: ...
+
+
+@dataclass(frozen=True)
+class SessionSnapshot:
+    state: str  # prefill | decode
+    slot: int
+    last_tick: int
+    admitted_at: float | None
+
+
+@dataclass(frozen=True)
+class DuplexSnapshot:
+    ticks: int
+    slots_total: int
+    slots_in_use: int
+    queue_depth: int
+    requests: dict[str, SessionSnapshot]
+
+
+class _Tracked:
+    """What the engine thread drives: the engine, plus each session's phase and the tick it changed."""
+
+    def __init__(self, engine: DuplexEngine) -> None:
+        self.engine = engine
+        self.phases: dict[str, tuple[str, int]] = {}
+
+    def has_work(self) -> bool:
+        return self.engine.has_work()
+
+    def idle_timeout(self) -> float | None:
+        return self.engine.idle_timeout()
+
+    def step(self) -> list[DuplexOutput]:
+        outputs = self.engine.step()
+        for key, (old, _) in list(self.phases.items()):
+            state = self.engine.session_state(key)
+            if state == "absent":
+                del self.phases[key]
+            elif state != old:
+                self.phases[key] = (state, self.engine.ticks)
+        return outputs
+
+
+class DuplexWorker(StageWorker[DuplexOutput, DuplexListener]):
+    role = "talker"
+    admission_errors = (DuplexAdmissionError,)
+    invalid_errors = (ValueError,)  # PromptError is a ValueError
+
+    def __init__(self, engine: DuplexEngine, info: TalkerInfo, defaults: TalkerDefaults) -> None:
+        self.engine = engine
+        self.info = info
+        self.defaults = defaults
+        self._tracked = _Tracked(engine)
+        self._admitted: dict[str, float] = {}
+        super().__init__(self._tracked)
+
+    async def warm_up(self) -> float:
+        """One short synthetic session through the engine (prompt, a few frames, close), then every CUDA
+        graph captured; returns the seconds it took."""
+
+        def run() -> float:
+            t0 = time.perf_counter()
+            e = self.engine
+            d = self.defaults
+            voice = self.info.voices[0] if self.info.voices else None
+            e.open(DuplexRequest("__warmup__", "Warm up.", voice, None, 0, d.sampling, d.subtalker))
+            silence = np.zeros((1, self.info.num_code_groups), np.int64)
+            for i in range(3):
+                while e.session_state("__warmup__") == "prefill":
+                    e.step()
+                e.push_user("__warmup__", i, silence)
+                e.step()
+            e.close("__warmup__")
+            e.step()
+            capture = getattr(e.adapter, "capture_all_graphs", None)
+            if capture is not None:
+                t1 = time.perf_counter()
+                n = capture()
+                if n:
+                    log.info("talker: captured %d CUDA graphs in %.1f s", n, time.perf_counter() - t1)
+            return time.perf_counter() - t0
+
+        return await self._call(run)
+
+    def check_voice(self, params: RequestParams) -> None:
+        voices = self.info.voices
+        if params.voice and params.voice not in voices:
+            known = ", ".join(voices) or "none"
+            raise StageFailure("NOT_FOUND", f"voice: {params.voice!r} is not a stored voice ({known})")
+
+    def build_request(self, key: str, params: RequestParams) -> DuplexRequest:
+        d = self.defaults
+        seed = params.seed if params.seed is not None else d.seed
+        if seed is None:
+            seed = secrets.randbits(63)
+        elif not 0 <= seed <= MAX_SEED:
+            raise StageFailure("INVALID_ARGUMENT", f"seed: must be in [0, 2**63), got {seed}")
+        return DuplexRequest(
+            key,
+            persona=params.instructions or "",
+            voice=params.voice or None,
+            voice_codes=params.ref_codes,
+            seed=seed,
+            text=apply_overrides(d.sampling, params.sampling, "sampling"),
+            audio=apply_overrides(d.subtalker, params.subtalker, "subtalker_sampling"),
+        )
+
+    async def open(self, request: DuplexRequest, listener: DuplexListener) -> None:
+        key = request.session_id
+        self._listeners[key] = listener
+
+        def run() -> None:
+            self.engine.open(request)
+            self._tracked.phases[key] = ("prefill", self.engine.ticks)
+            self._admitted[key] = time.perf_counter()
+
+        try:
+            await self._call(run)
+        except BaseException:
+            self._listeners.pop(key, None)
+            raise
+
+    def push_user(self, key: str, first_index: int, codes: np.ndarray) -> None:
+        """Queue user frames (fire and forget: an error fails only this session, through its listener)."""
+        if self.failed is None:
+            self._thread.call(
+                lambda: self._guard(key, lambda: self.engine.push_user(key, first_index, codes))
+            )
+
+    def close(self, key: str) -> None:
+        if self.failed is None:
+            self._thread.call(lambda: self._guard(key, lambda: self.engine.close(key)))
+
+    def cancel(self, key: str) -> None:
+        if self.failed is None:
+            self._thread.call(lambda: self.engine.cancel(key))
+
+    def forget(self, key: str) -> None:
+        self._listeners.pop(key, None)
+        self._admitted.pop(key, None)
+
+    def admitted_at(self, key: str) -> float | None:
+        return self._admitted.get(key)
+
+    async def snapshot(self) -> DuplexSnapshot:
+        def run() -> DuplexSnapshot:
+            e = self.engine
+            reqs = {
+                key: SessionSnapshot(state, e.slot_of(key), tick, self._admitted.get(key))
+                for key, (state, tick) in self._tracked.phases.items()
+            }
+            return DuplexSnapshot(e.ticks, e.cfg.max_sessions, e.sessions(), 0, reqs)
+
+        return await self._call(run)
+
+    def _guard(self, key: str, fn: Callable[[], None]) -> None:
+        """Run a session command on the engine thread; a bad one fails that session only."""
+        try:
+            fn()
+        except (ValueError, KeyError) as exc:
+            code = "INVALID_ARGUMENT" if isinstance(exc, ValueError) else "FAILED_PRECONDITION"
+            message = str(exc.args[0] if exc.args else exc)
+            self.engine.cancel(key)
+            listener = self._listeners.get(key)
+            if listener is not None and self._loop is not None:
+                self._loop.call_soon_threadsafe(listener.on_session_error, code, message)
+
+    # -- engine thread -> event loop ----------------------------------------------------------------------
+    def _route(self, output: DuplexOutput) -> tuple[str, bool]:
+        return output.session_id, output.finish is not None
+
+    def _deliver(self, listener: DuplexListener, output: DuplexOutput) -> None:
+        listener.on_output(output)
