@@ -36,6 +36,7 @@ class StackSpec:
     chunk_schedule: tuple[int, int] | None = None  # (initial, steady) frames for every request
     threads: int | None = None
     extra_sets: tuple[str, ...] = ()
+    deploy: Path = DEPLOY
 
     def sets(self) -> list[str]:
         out: list[str] = []
@@ -68,7 +69,7 @@ class Stack:
 
     def command(self) -> list[str]:
         s = self.spec
-        cmd = [sys.executable, "-m", "voxstage", "serve", str(DEPLOY), "--model", s.model]
+        cmd = [sys.executable, "-m", "voxstage", "serve", str(s.deploy), "--model", s.model]
         cmd += ["--device", s.device]
         cmd += ["--host", "127.0.0.1", "--grpc-port", self.grpc.rsplit(":", 1)[1]]
         cmd += ["--http-port", self.http.rsplit(":", 1)[1], "--start-timeout", "900", "--drain-grace", "10"]
