@@ -124,12 +124,12 @@ def talker_units(adapter: PersonaPlexAdapter, b: int, attn_len: int, greedy: boo
 
 
 def mimi_units(codec: MimiStreamingCodec, b: int, device: str) -> dict[str, Callable]:
+    """One frame per session on slots ``[0, b)`` (the duplex codec's packed calls)."""
     pcm = torch.randn(b, codec.samples_per_frame, device=device) * 0.1
     codes = torch.randint(0, 2048, (b, 8, 1), device=device)
-    slots = torch.arange(b, device=device)
     return {
-        "mimi_encode": lambda: codec.encode(pcm, slots),
-        "mimi_decode": lambda: codec.decode(codes, slots),
+        "mimi_encode": lambda: codec.encode_packed(pcm),
+        "mimi_decode": lambda: codec.decode_packed(codes),
     }
 
 

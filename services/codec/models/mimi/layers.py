@@ -4,6 +4,7 @@ Offline (no :class:`StreamContext`) a block behaves like moshi's non-streaming p
 padding (or, for the stride-2 downsampler, the first input repeated), transposed convs trimmed on the right.
 With a context the left padding is the stream's saved input history instead, and the new history is taken
 at each row's *valid* end, so rows right-padded to a shared (B, T) bucket keep exactly their real history.
+The history is read from, and rewritten into, the context's state in place (see ``state.py``).
 
 Key nesting follows the kyutai checkpoint (``X.conv.conv.weight``, ``X.convtr.convtr.weight``): in training
 the inner level was a weight-norm wrapper; the released weights are pre-folded into a plain conv.
@@ -17,47 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-
-class StreamContext:
-    """State in/out of one streaming call for a batch of B streams.
-
-    ``state_in`` maps a state key to its ``[B, ...]`` history and blocks put their new history in
-    ``state_out``. ``start`` ([B], int64) is each row's absolute frame index, ``lengths`` ([B], int64) the
-    number of real frames in this call, ``frames`` the padded frame count T (a Python int), from which every
-    block derives its own time scale using static shapes only.
-    """
-
-    def __init__(
-        self, state_in: dict[str, torch.Tensor], start: torch.Tensor, lengths: torch.Tensor, frames: int
-    ) -> None:
-        self.state_in = state_in
-        self.state_out: dict[str, torch.Tensor] = {}
-        self.start = start
-        self.lengths = lengths
-        self.frames = frames
-        # Blocks at the same time scale with the same history size share one gather index.
-        self._index: dict[tuple[int, int], torch.Tensor] = {}
-
-    def history(self, key: str) -> torch.Tensor:
-        try:
-            return self.state_in[key]
-        except KeyError as exc:
-            raise KeyError(f"streaming state has no entry {key!r}") from exc
-
-    def keep_tail(self, key: str, joined: torch.Tensor, size: int, dim: int) -> None:
-        """Save the ``size`` steps of ``joined`` (history ++ new input along ``dim``) that end at each row's
-        last real step. A gather, not a per-row slice: no host sync, so the step stays graph-capturable."""
-        dim = dim % joined.dim()
-        scale = (joined.shape[dim] - size) // self.frames
-        index = self._index.get((scale, size))
-        if index is None:
-            index = self.lengths[:, None] * scale + torch.arange(size, device=joined.device)
-            self._index[(scale, size)] = index
-        view = [1] * joined.dim()
-        view[0], view[dim] = joined.shape[0], size
-        shape = list(joined.shape)
-        shape[dim] = size
-        self.state_out[key] = torch.gather(joined, dim, index.view(view).expand(shape))
+from .state import StreamContext
 
 
 class ELU(nn.Module):
@@ -121,12 +82,13 @@ class StreamConv1d(nn.Module):
                 left = x[..., :1].expand(*x.shape[:-1], self.history)
                 return conv(torch.cat([left, x], dim=-1))
             return conv(F.pad(x, (self.history, 0)))
-        past = ctx.history(self.state_key)
+        dest = ctx.history(self.state_key)
+        past = dest
         if self.replicate:
             fresh = (ctx.start == 0)[:, None, None]
-            past = torch.where(fresh, x[..., :1].expand_as(past), past)
+            past = torch.where(fresh, x[..., :1].expand_as(dest), dest)
         joined = torch.cat([past, x], dim=-1)
-        ctx.keep_tail(self.state_key, joined, self.history, dim=-1)
+        ctx.keep_tail(dest, joined, dim=-1)
         return conv(joined)
 
 
@@ -158,8 +120,9 @@ class StreamConvTranspose1d(nn.Module):
         n = x.shape[-1]
         if ctx is None or self.history == 0:
             return convtr(x)[..., : n * self.stride]
-        joined = torch.cat([ctx.history(self.state_key), x], dim=-1)
-        ctx.keep_tail(self.state_key, joined, self.history, dim=-1)
+        dest = ctx.history(self.state_key)
+        joined = torch.cat([dest, x], dim=-1)
+        ctx.keep_tail(dest, joined, dim=-1)
         begin = self.history * self.stride
         return convtr(joined)[..., begin : begin + n * self.stride]
 

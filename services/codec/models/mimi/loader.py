@@ -64,6 +64,9 @@ def _place(model: MimiModel, device: str | torch.device, dtype: torch.dtype) -> 
     # codebooks through ``dtype`` on the way.
     for name, child in model.named_children():
         child.to(device=device, dtype=torch.float32 if name == "quantizer" else dtype)
+    # Derived tables are computed where they are used, so their rounding is that device's (as the
+    # reference's per-call torch.cdist would be).
+    model.quantizer.refresh_codebooks()
     return model.eval().requires_grad_(False)
 
 
@@ -87,7 +90,6 @@ def load_mimi(
         load_state_dict_strict(model, state, source=str(weights))
     except CheckpointError as exc:
         raise MimiCheckpointError(str(exc)) from exc
-    model.quantizer.refresh_codebooks()
     return _place(model, device, dtype)
 
 
@@ -117,7 +119,6 @@ def random_init(
             if isinstance(module, Codebook):
                 # Stored statistics are vector * usage, so the codebook vectors themselves are N(0, 1).
                 module.embedding_sum.mul_(module.cluster_usage[:, None])
-    model.quantizer.refresh_codebooks()
     return _place(model, device, dtype)
 
 

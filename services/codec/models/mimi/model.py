@@ -8,10 +8,11 @@ The module tree reproduces moshi's ``MimiModel`` names, so ``state_dict()`` keys
 
 * offline (``encode`` / ``decode``): whole sequences from position 0, as moshi's non-streaming calls;
 * one streaming step for a batch of streams (``encode_step`` / ``decode_step``), given each stream's saved
-  history and absolute frame index; ``streaming.py`` keeps those histories in a slot pool.
+  histories (one flat row per stream, advanced in place) and absolute frame index; ``streaming.py`` keeps
+  those rows in a slot pool.
 
-The two directions have disjoint state (``encode_state_shapes`` / ``decode_state_shapes``), so a duplex
-session encodes the user and decodes the agent on one model. See ``transformer.py`` for the attention-window
+The two directions have disjoint state (``encode_layout`` / ``decode_layout``), so a duplex session encodes
+the user and decodes the agent on one model. See ``transformer.py`` for the attention-window
 rule that makes streamed output equal moshi's frame-by-frame streaming at every chunking.
 """
 
@@ -22,9 +23,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from .config import MimiConfig
-from .layers import Downsample, StreamContext, StreamConv1d, StreamConvTranspose1d, Upsample
+from .layers import Downsample, StreamConv1d, StreamConvTranspose1d, Upsample
 from .quantizer import SplitResidualVQ
 from .seanet import SEANetDecoder, SEANetEncoder
+from .state import StateLayout, StreamContext
 from .transformer import MimiAttention, ProjectedTransformer
 
 _STATEFUL = (StreamConv1d, StreamConvTranspose1d, MimiAttention)
@@ -50,6 +52,8 @@ class MimiModel(nn.Module):
         for name, module in self.named_modules():
             if isinstance(module, _STATEFUL):
                 module.state_key = name
+        self.encode_layout = StateLayout(self._state_shapes(_ENCODE_SIDE))
+        self.decode_layout = StateLayout(self._state_shapes(_DECODE_SIDE))
 
     # -- geometry ----------------------------------------------------------------------------------
     @property
@@ -134,30 +138,32 @@ class MimiModel(nn.Module):
     def encode_step(
         self,
         pcm: torch.Tensor,
-        state: dict[str, torch.Tensor],
+        state: torch.Tensor,
         start: torch.Tensor,
-        lengths: torch.Tensor,
-    ) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
-        """The next T frames of B streams: ``pcm`` [B, T*spf] -> (codes [B, K, T], latents [B, dim, T],
-        new state). ``state`` holds ``[B, *shape]`` per :meth:`encode_state_shapes` key (zeros for a fresh
-        stream), ``start`` [B] each stream's absolute frame index, ``lengths`` [B] how many of the T frames
-        are real; padded frames give garbage outputs and never reach the state. No host syncs."""
+        lengths: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The next T frames of B streams: ``pcm`` [B, T*spf] -> (codes [B, K, T], latents [B, dim, T]).
+
+        ``state`` [B, encode_layout.width] holds each stream's histories (zeros for a fresh stream) and is
+        advanced in place; it may be a view (a pool's first B rows). ``start`` [B] is each stream's absolute
+        frame index (read only), ``lengths`` [B] how many of the T frames are real (``None``: all of them);
+        padded frames give garbage outputs and never reach the state. No host syncs."""
         frames = pcm.shape[1] // self.samples_per_frame
-        ctx = StreamContext(state, start, lengths, frames)
+        ctx = StreamContext(state, self.encode_layout, start, lengths, frames)
         latent = self._encode(pcm.to(self.compute_dtype)[:, None], ctx, False)
-        return self.quantizer.encode(latent), latent, ctx.state_out
+        return self.quantizer.encode(latent), latent
 
     def decode_step(
         self,
         codes: torch.Tensor,
-        state: dict[str, torch.Tensor],
+        state: torch.Tensor,
         start: torch.Tensor,
-        lengths: torch.Tensor,
-    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        """``codes`` [B, K, T] -> (PCM [B, T*spf], new state); arguments as :meth:`encode_step`."""
-        ctx = StreamContext(state, start, lengths, codes.shape[-1])
-        pcm = self._decode(codes, ctx, False)
-        return pcm, ctx.state_out
+        lengths: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """``codes`` [B, K, T] -> PCM [B, T*spf]; ``state`` is [B, decode_layout.width], the rest as
+        :meth:`encode_step`."""
+        ctx = StreamContext(state, self.decode_layout, start, lengths, codes.shape[-1])
+        return self._decode(codes, ctx, False)
 
     # -- shared pipelines ---------------------------------------------------------------------------
     def _encode(self, x: torch.Tensor, ctx: StreamContext | None, full_window: bool) -> torch.Tensor:

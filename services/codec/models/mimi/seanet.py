@@ -11,7 +11,8 @@ import torch
 from torch import nn
 
 from .config import SeanetConfig
-from .layers import ELU, StreamContext, StreamConv1d, StreamConvTranspose1d
+from .layers import ELU, StreamConv1d, StreamConvTranspose1d
+from .state import StreamContext
 
 
 class ResnetBlock(nn.Module):

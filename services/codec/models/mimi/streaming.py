@@ -12,23 +12,36 @@ offline pass (``MimiModel.encode``/``decode``) and moshi's frame-by-frame stream
 A duplex session uses both directions of one slot: ``encode`` (user PCM -> codes) and ``decode`` (agent
 codes -> PCM) have separate pools and positions, and ``reset`` clears either or both.
 
-Each direction's pool is one flat ``[max_streams, total]`` buffer: a call gathers its rows with one
-``index_select``, runs the batch, and scatters the new state back with one ``index_copy_``. Shapes depend
-only on (B, T), nothing branches on tensor values and nothing syncs with the host, so each (B, T) bucket can
-be captured as a CUDA graph. Rows may be at different absolute positions; a row's ``lengths`` entry says how
-many of the T frames are real (the rest is right padding that never touches its state).
+Each direction's pool is one flat ``[max_streams, width]`` buffer (``state.py``: a fixed column range per
+history). A step reads and rewrites the histories of its B rows in place, so where the rows live is the
+only difference between the two ways to call it, which share all of the math:
+
+* packed (``encode_packed`` / ``decode_packed``): the rows are slots ``[0, B)`` in order, as the duplex
+  engines keep their sessions. The step runs directly on the pool's first B rows: nothing is gathered or
+  scattered. ``move_slot`` compacts the pool when a session leaves.
+* slot-indexed (``encode`` / ``decode`` with ``slots``): arbitrary distinct slots, gathered with one
+  ``index_select``, advanced, and written back with one ``index_copy_``.
+
+Shapes depend only on (B, T), nothing branches on tensor values and nothing syncs with the host, so each
+(B, T) bucket of either kind can be captured as a CUDA graph. Rows may be at different absolute positions;
+a row's ``lengths`` entry says how many of the T frames are real (the rest is right padding that never
+touches its state); ``lengths=None`` means every row is T frames long, which takes each new history as a
+static slice instead of a per-row gather.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Literal
+from collections.abc import Callable
+from typing import Literal, TypeVar
 
 import torch
 
 from .model import MimiModel
+from .state import StateLayout
 
 Direction = Literal["both", "encode", "decode"]
+_Out = TypeVar("_Out")
 
 
 def state_bytes_per_stream(model: MimiModel, dtype: torch.dtype | None = None) -> int:
@@ -43,41 +56,51 @@ class _SlotPool:
     """Flat state of one direction for ``max_streams`` slots, plus each slot's frame position."""
 
     def __init__(
-        self, shapes: dict[str, tuple[int, ...]], max_streams: int, device: torch.device, dtype: torch.dtype
+        self, layout: StateLayout, max_streams: int, device: torch.device, dtype: torch.dtype
     ) -> None:
-        self.shapes = shapes
-        self.offsets: dict[str, tuple[int, int]] = {}
-        total = 0
-        for key, shape in shapes.items():
-            self.offsets[key] = (total, total + math.prod(shape))
-            total += math.prod(shape)
-        self.flat = torch.zeros((max_streams, total), device=device, dtype=dtype)
+        self.layout = layout
+        self.flat = torch.zeros((max_streams, layout.width), device=device, dtype=dtype)
         self.positions = torch.zeros(max_streams, device=device, dtype=torch.int64)
 
-    def split(self, flat: torch.Tensor) -> dict[str, torch.Tensor]:
-        rows = flat.shape[0]
-        return {k: flat[:, a:b].view(rows, *self.shapes[k]) for k, (a, b) in self.offsets.items()}
-
-    def gather(self, slots: torch.Tensor) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
-        return self.split(self.flat.index_select(0, slots)), self.positions.index_select(0, slots)
-
-    def scatter(self, slots: torch.Tensor, state: dict[str, torch.Tensor], positions: torch.Tensor) -> None:
-        b = slots.shape[0]
-        if self.offsets:
-            flat = torch.cat([state[key].reshape(b, -1) for key in self.offsets], dim=1)
-            self.flat.index_copy_(0, slots, flat.to(self.flat.dtype))
-        self.positions.index_copy_(0, slots, positions)
+    def advance(
+        self,
+        slots: torch.Tensor | None,
+        batch: int,
+        frames: int,
+        lengths: torch.Tensor | None,
+        step: Callable[[torch.Tensor, torch.Tensor], _Out],
+    ) -> _Out:
+        """Run ``step(state, start)`` on the rows of ``slots`` (``None``: slots ``[0, batch)``), which
+        advances ``state`` in place, then move those rows' positions on by their real frame counts."""
+        if slots is None:
+            start = self.positions[:batch]
+            out = step(self.flat[:batch], start)
+            start.add_(frames if lengths is None else lengths)
+            return out
+        state = self.flat.index_select(0, slots)
+        start = self.positions.index_select(0, slots)
+        out = step(state, start)
+        self.flat.index_copy_(0, slots, state)
+        self.positions.index_copy_(0, slots, start.add_(frames if lengths is None else lengths))
+        return out
 
     def reset(self, slots: torch.Tensor) -> None:
         self.flat.index_fill_(0, slots, 0)
         self.positions.index_fill_(0, slots, 0)
 
+    def move(self, src: int, dst: int) -> None:
+        self.flat[dst].copy_(self.flat[src])
+        self.positions[dst].copy_(self.positions[src])
+
 
 class MimiStreamingCodec:
     """Slot pool of Mimi encode and decode states; one call advances B streams together.
 
-    Contract for callers (the codec engine):
-    - ``slots`` within one call must be distinct; a padded batch row needs a scratch slot of its own.
+    Contract for callers (the codec engines):
+    - slot-indexed calls: ``slots`` within one call must be distinct; a padded batch row needs a scratch
+      slot of its own.
+    - packed calls work on slots ``[0, B)``; a row past the live sessions (a bucket's padding) is a scratch
+      slot: give it ``lengths`` 0 to leave it untouched, or reset it before a session takes it.
     - a stream's first frame must follow ``reset`` of its slot (the pool starts zeroed, i.e. reset).
     - ``slots`` / ``lengths`` may live on the device; their values are then the caller's responsibility
       (they are only checked on CPU, to keep the step free of host syncs).
@@ -94,8 +117,8 @@ class MimiStreamingCodec:
         self.sample_rate = model.config.sample_rate
         self.device = model.encoder.model[0].conv.conv.weight.device
         self.dtype = model.compute_dtype
-        self._enc = _SlotPool(model.encode_state_shapes(), max_streams, self.device, self.dtype)
-        self._dec = _SlotPool(model.decode_state_shapes(), max_streams, self.device, self.dtype)
+        self._enc = _SlotPool(model.encode_layout, max_streams, self.device, self.dtype)
+        self._dec = _SlotPool(model.decode_layout, max_streams, self.device, self.dtype)
 
     # -- sizing / inspection --------------------------------------------------------------------------
     def state_bytes_per_stream(self) -> int:
@@ -104,18 +127,17 @@ class MimiStreamingCodec:
 
     def encode_state(self) -> dict[str, torch.Tensor]:
         """Per-key ``[max_streams, *shape]`` views of the encode pool (for tests and inspection)."""
-        return self._enc.split(self._enc.flat)
+        return self._enc.layout.views(self._enc.flat)
 
     def decode_state(self) -> dict[str, torch.Tensor]:
-        return self._dec.split(self._dec.flat)
+        return self._dec.layout.views(self._dec.flat)
 
     def position(self, slot: int, direction: Literal["encode", "decode"] = "decode") -> int:
         """Frames done on ``slot`` in one direction (a host read: bookkeeping and tests only)."""
         pool = self._enc if direction == "encode" else self._dec
         return int(pool.positions[slot])
 
-    # -- the steps -------------------------------------------------------------------------------------
-    @torch.inference_mode()
+    # -- the steps: slot-indexed -------------------------------------------------------------------------
     def decode(
         self, codes: torch.Tensor, slots: torch.Tensor, lengths: torch.Tensor | None = None
     ) -> torch.Tensor:
@@ -124,26 +146,14 @@ class MimiStreamingCodec:
         ``lengths`` [B] (default T): leading real frames per row; only the first ``lengths[b] * spf``
         samples of row b are meaningful and only real frames advance its state.
         """
-        self.model.check_codes(codes)
-        slots, lengths = self._check_rows(slots, lengths, codes.shape[0], codes.shape[-1])
-        state, start = self._dec.gather(slots)
-        pcm, new_state = self.model.decode_step(codes.to(self.device), state, start, lengths)
-        self._dec.scatter(slots, new_state, start + lengths)
-        return pcm
+        return self._decode(codes, self._check_slots(slots, codes.shape[0]), lengths)
 
-    @torch.inference_mode()
     def encode_with_latent(
         self, pcm: torch.Tensor, slots: torch.Tensor, lengths: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Next T frames of B streams: ``pcm`` [B, T*spf] float -> (codes [B, K, T] int64, unquantized
         latents [B, dim, T]); ``slots`` / ``lengths`` as in :meth:`decode`."""
-        self.model.check_pcm(pcm, whole_frames=True)
-        frames = pcm.shape[1] // self.samples_per_frame
-        slots, lengths = self._check_rows(slots, lengths, pcm.shape[0], frames)
-        state, start = self._enc.gather(slots)
-        codes, latent, new_state = self.model.encode_step(pcm.to(self.device), state, start, lengths)
-        self._enc.scatter(slots, new_state, start + lengths)
-        return codes, latent
+        return self._encode(pcm, self._check_slots(slots, pcm.shape[0]), lengths)
 
     def encode(
         self, pcm: torch.Tensor, slots: torch.Tensor, lengths: torch.Tensor | None = None
@@ -151,6 +161,23 @@ class MimiStreamingCodec:
         """``pcm`` [B, T*spf] -> codes [B, K, T] int64 (see :meth:`encode_with_latent`)."""
         return self.encode_with_latent(pcm, slots, lengths)[0]
 
+    # -- the steps: packed (rows are slots [0, B)) -------------------------------------------------------
+    def decode_packed(self, codes: torch.Tensor, lengths: torch.Tensor | None = None) -> torch.Tensor:
+        """:meth:`decode` of slots ``[0, B)``, row b on slot b, run in place on the pool (no gather or
+        scatter of the state). Same results as ``decode(codes, torch.arange(B), lengths)``."""
+        return self._decode(codes, None, lengths)
+
+    def encode_packed_with_latent(
+        self, pcm: torch.Tensor, lengths: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`encode_with_latent` of slots ``[0, B)``, in place on the pool (as :meth:`decode_packed`)."""
+        return self._encode(pcm, None, lengths)
+
+    def encode_packed(self, pcm: torch.Tensor, lengths: torch.Tensor | None = None) -> torch.Tensor:
+        """``pcm`` [B, T*spf] -> codes [B, K, T] int64 of slots ``[0, B)``."""
+        return self._encode(pcm, None, lengths)[0]
+
+    # -- slot management ---------------------------------------------------------------------------------
     @torch.inference_mode()
     def reset(self, slots: torch.Tensor, direction: Direction = "both") -> None:
         """Clear ``slots`` (histories zero, position 0) in one or both directions: a fresh stream."""
@@ -162,9 +189,48 @@ class MimiStreamingCodec:
         if direction in ("both", "decode"):
             self._dec.reset(slots)
 
-    def _check_rows(
-        self, slots: torch.Tensor, lengths: torch.Tensor | None, batch: int, frames: int
+    @torch.inference_mode()
+    def move_slot(self, src: int, dst: int) -> None:
+        """Copy slot ``src``'s streams (both directions: histories and positions) onto slot ``dst``, which
+        then continues them exactly; ``src`` is left as it was. Keeps packed sessions packed: when the
+        session on slot i leaves, ``move_slot(B - 1, i)`` fills the hole and slots ``[0, B - 1)`` remain."""
+        for name, slot in (("src", src), ("dst", dst)):
+            if not 0 <= slot < self.max_streams:
+                raise ValueError(f"{name} must lie in [0, {self.max_streams}), got {slot}")
+        if src != dst:
+            self._enc.move(src, dst)
+            self._dec.move(src, dst)
+
+    # -- shared implementation ---------------------------------------------------------------------------
+    @torch.inference_mode()
+    def _decode(
+        self, codes: torch.Tensor, slots: torch.Tensor | None, lengths: torch.Tensor | None
+    ) -> torch.Tensor:
+        self.model.check_codes(codes)
+        batch, frames = codes.shape[0], codes.shape[-1]
+        lengths = self._check_lengths(lengths, batch, frames)
+        codes = codes.to(self.device)
+
+        def step(state: torch.Tensor, start: torch.Tensor) -> torch.Tensor:
+            return self.model.decode_step(codes, state, start, lengths)
+
+        return self._dec.advance(slots, batch, frames, lengths, step)
+
+    @torch.inference_mode()
+    def _encode(
+        self, pcm: torch.Tensor, slots: torch.Tensor | None, lengths: torch.Tensor | None
     ) -> tuple[torch.Tensor, torch.Tensor]:
+        self.model.check_pcm(pcm, whole_frames=True)
+        batch, frames = pcm.shape[0], pcm.shape[1] // self.samples_per_frame
+        lengths = self._check_lengths(lengths, batch, frames)
+        pcm = pcm.to(self.device)
+
+        def step(state: torch.Tensor, start: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            return self.model.encode_step(pcm, state, start, lengths)
+
+        return self._enc.advance(slots, batch, frames, lengths, step)
+
+    def _check_slots(self, slots: torch.Tensor, batch: int) -> torch.Tensor:
         if slots.shape != (batch,) or slots.dtype != torch.int64:
             raise ValueError(
                 f"slots must be an int64 tensor of shape [{batch}], got {slots.dtype} {tuple(slots.shape)}"
@@ -174,13 +240,16 @@ class MimiStreamingCodec:
                 raise ValueError(f"slots must lie in [0, {self.max_streams}), got {slots.tolist()}")
             if len(set(slots.tolist())) != batch:
                 raise ValueError(f"slots must be distinct within one call, got {slots.tolist()}")
+        return slots.to(self.device)
+
+    def _check_lengths(self, lengths: torch.Tensor | None, batch: int, frames: int) -> torch.Tensor | None:
+        if batch > self.max_streams:
+            raise ValueError(f"a call holds at most max_streams={self.max_streams} rows, got {batch}")
         if lengths is None:
-            lengths = torch.full((batch,), frames, dtype=torch.int64, device=slots.device)
-        elif lengths.shape != (batch,) or lengths.dtype != torch.int64:
+            return None
+        if lengths.shape != (batch,) or lengths.dtype != torch.int64:
             got = f"{lengths.dtype} {tuple(lengths.shape)}"
             raise ValueError(f"lengths must be an int64 tensor of shape [{batch}], got {got}")
-        elif (
-            lengths.device.type == "cpu" and batch and (int(lengths.min()) < 0 or int(lengths.max()) > frames)
-        ):
+        if lengths.device.type == "cpu" and batch and (int(lengths.min()) < 0 or int(lengths.max()) > frames):
             raise ValueError(f"lengths must lie in [0, {frames}], got {lengths.tolist()}")
-        return slots.to(self.device), lengths.to(self.device)
+        return lengths.to(self.device)

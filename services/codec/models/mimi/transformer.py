@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .config import TransformerConfig
-from .layers import StreamContext
+from .state import StreamContext
 
 
 def attention_mask(q_pos: torch.Tensor, k_pos: torch.Tensor, context: int, align: int) -> torch.Tensor:
@@ -35,15 +35,24 @@ def attention_mask(q_pos: torch.Tensor, k_pos: torch.Tensor, context: int, align
     q = q_pos[:, None, :, None]
     k = k_pos[:, None, None, :]
     first = torch.div(q, align, rounding_mode="floor") * align + (align - context)
-    return (k <= q) & (k >= first) & (k >= 0)
+    return (k <= q) & (k >= first.clamp_(min=0))
 
 
-def rope_tables(
-    positions: torch.Tensor, head_dim: int, max_period: float
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos/sin ``[B, 1, T, head_dim / 2]`` in fp32 for integer positions ``[B, T]``.
+def attention_bias(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The 0 / -inf additive form of ``mask``: exactly what SDPA derives from a boolean mask, built once per
+    call instead of in every layer. The storage's last dim is padded to a multiple of 16 so that CUDA's
+    memory-efficient kernel takes the bias as it is rather than re-padding it per layer."""
+    *lead, tk = mask.shape
+    storage = torch.full((*lead, -(-tk // 16) * 16), float("-inf"), dtype=dtype, device=mask.device)
+    bias = storage[..., :tk]
+    return bias.masked_fill_(mask, 0.0)
 
-    Built in fp32 exactly like the reference (``exp(i * -2 ln(max_period) / D)`` times the float position),
+
+def rope_rotation(positions: torch.Tensor, head_dim: int, max_period: float) -> torch.Tensor:
+    """Unit rotations ``cos + i sin`` (complex64) ``[B, T, 1, 1, head_dim / 2]`` for integer positions
+    ``[B, T]``, shaped to broadcast over a ``[B, T, 2, H, head_dim / 2]`` q|k view.
+
+    Angles in fp32 exactly like the reference (``exp(i * -2 ln(max_period) / D)`` times the float position),
     so streamed steps get bit-identical angles to offline ones at the same absolute position.
     """
     half = head_dim // 2
@@ -51,16 +60,22 @@ def rope_tables(
         torch.arange(half, device=positions.device, dtype=torch.float32)
         * (-math.log(max_period) * 2 / head_dim)
     )
-    angles = positions.to(torch.float32)[:, None, :, None] * freqs
-    return torch.cos(angles), torch.sin(angles)
+    angles = positions.to(torch.float32)[:, :, None] * freqs
+    return torch.complex(torch.cos(angles), torch.sin(angles))[:, :, None, None, :]
 
 
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate interleaved (real, imag) pairs of the last dim of ``x`` [B, H, T, D]; math in fp32."""
-    pairs = x.float().unflatten(-1, (-1, 2))
-    re, im = pairs[..., 0], pairs[..., 1]
-    out = torch.stack([re * cos - im * sin, re * sin + im * cos], dim=-1)
-    return out.flatten(-2).to(x.dtype)
+def rotate_qk_(qkv: torch.Tensor, rot: torch.Tensor) -> None:
+    """Rotate the interleaved (real, imag) pairs of the q and k thirds of ``qkv`` [B, T, 3, H, D] in place.
+
+    One complex multiply covers q and k of every head: ``(re + i im)(cos + i sin)`` is the reference's
+    ``(re cos - im sin, re sin + im cos)`` term for term. Math in fp32; other dtypes round-trip through it.
+    """
+    qk = qkv[:, :, :2]
+    if qk.dtype == torch.float32:
+        torch.view_as_complex(qk.unflatten(-1, (-1, 2))).mul_(rot)
+        return
+    z = torch.view_as_complex(qk.float().unflatten(-1, (-1, 2)))
+    qk.copy_(torch.view_as_real(z.mul_(rot)).flatten(-2))
 
 
 class MimiAttention(nn.Module):
@@ -76,28 +91,24 @@ class MimiAttention(nn.Module):
         self.state_key = ""
 
     def state_shapes(self) -> dict[str, tuple[int, ...]]:
+        # K then V, back to back: the step carries them as one [2, H, history, D] block.
         shape = (self.num_heads, self.history, self.head_dim)
         return {f"{self.state_key}.k": shape, f"{self.state_key}.v": shape}
 
     def forward(
-        self,
-        x: torch.Tensor,
-        cos: torch.Tensor,
-        sin: torch.Tensor,
-        mask: torch.Tensor,
-        ctx: StreamContext | None = None,
+        self, x: torch.Tensor, rot: torch.Tensor, bias: torch.Tensor, ctx: StreamContext | None = None
     ) -> torch.Tensor:
         b, t, d = x.shape
         qkv = F.linear(x, self.in_proj_weight).view(b, t, 3, self.num_heads, self.head_dim)
-        q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)
-        q = apply_rope(q, cos, sin)
-        k = apply_rope(k, cos, sin)
+        rotate_qk_(qkv, rot)
+        q = qkv[:, :, 0].transpose(1, 2)
+        kv = qkv[:, :, 1:].permute(0, 2, 3, 1, 4)  # [B, 2, H, T, D]
         if ctx is not None:
-            k = torch.cat([ctx.history(f"{self.state_key}.k"), k], dim=2)
-            v = torch.cat([ctx.history(f"{self.state_key}.v"), v], dim=2)
-            ctx.keep_tail(f"{self.state_key}.k", k, self.history, dim=2)
-            ctx.keep_tail(f"{self.state_key}.v", v, self.history, dim=2)
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+            past = ctx.history_pair(f"{self.state_key}.k", f"{self.state_key}.v")
+            kv = torch.cat([past, kv], dim=3)
+            ctx.keep_tail(past, kv, dim=3)
+        k, v = kv.unbind(1)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias)
         return self.out_proj(out.transpose(1, 2).reshape(b, t, d))
 
 
@@ -108,6 +119,13 @@ class LayerScale(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.scale * x
+
+
+def _add_scaled(x: torch.Tensor, scale: nn.Module, h: torch.Tensor) -> torch.Tensor:
+    """``x + scale(h)`` in one kernel where ``scale`` is a LayerScale (may round once instead of twice)."""
+    if isinstance(scale, LayerScale):
+        return torch.addcmul(x, scale.scale, h)
+    return x + scale(h)
 
 
 class TransformerLayer(nn.Module):
@@ -126,13 +144,12 @@ class TransformerLayer(nn.Module):
     def forward(
         self,
         x: torch.Tensor,
-        cos: torch.Tensor,
-        sin: torch.Tensor,
-        mask: torch.Tensor,
+        rot: torch.Tensor,
+        bias: torch.Tensor,
         ctx: StreamContext | None = None,
     ) -> torch.Tensor:
-        x = x + self.layer_scale_1(self.self_attn(self.norm1(x), cos, sin, mask, ctx))
-        return x + self.layer_scale_2(self.linear2(F.gelu(self.linear1(self.norm2(x)))))
+        x = _add_scaled(x, self.layer_scale_1, self.self_attn(self.norm1(x), rot, bias, ctx))
+        return _add_scaled(x, self.layer_scale_2, self.linear2(F.gelu(self.linear1(self.norm2(x)))))
 
 
 class _LayerStack(nn.Module):
@@ -162,23 +179,26 @@ class ProjectedTransformer(nn.Module):
     def forward(
         self, x: torch.Tensor, ctx: StreamContext | None = None, full_window: bool = False
     ) -> torch.Tensor:
-        h = x.transpose(1, 2)
+        # Contiguous once here: elementwise ops keep a transposed input's layout, and then every LayerNorm
+        # would copy its input to make it contiguous.
+        h = x.transpose(1, 2).contiguous()
         if self.input_proj is not None:
             h = self.input_proj(h)
         steps = h.shape[1]
-        ar = torch.arange(steps, device=h.device)
         s = self.steps_per_frame
         if ctx is None:
-            q_pos = k_pos = ar[None]
+            q_pos = k_pos = torch.arange(steps, device=h.device)[None]
             mask = attention_mask(q_pos, k_pos, self.cfg.context, 1 if full_window else s)
         else:
             if full_window:
                 raise ValueError("full_window applies to offline passes only; streaming is frame-aligned")
             first = ctx.start[:, None] * s
-            q_pos = first + ar
-            k_pos = first - self.history + torch.arange(self.history + steps, device=h.device)
+            q_pos = first + torch.arange(steps, device=h.device)
+            k_pos = first + torch.arange(-self.history, steps, device=h.device)
             mask = attention_mask(q_pos, k_pos, self.cfg.context, s)
-        cos, sin = rope_tables(q_pos, self.cfg.head_dim, self.cfg.max_period)
+        # Shared by every layer: built once per call.
+        bias = attention_bias(mask, h.dtype)
+        rot = rope_rotation(q_pos, self.cfg.head_dim, self.cfg.max_period)
         for layer in self.transformer.layers:
-            h = layer(h, cos, sin, mask, ctx)
+            h = layer(h, rot, bias, ctx)
         return self.output_projs[0](h).transpose(1, 2)
