@@ -8,9 +8,13 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from voxstage.stage_process import StageParts, register_stage
+
+if TYPE_CHECKING:
+    from voxstage.config import DeployConfig
+    from voxstage.presets import ModelSource
 
 log = logging.getLogger(__name__)
 DEFAULT_PORT = 50062
@@ -43,6 +47,8 @@ def build(args: argparse.Namespace) -> StageParts:
     # fp32 by default on every device: the decoder's Snake activations and long conv stacks are where
     # half precision audibly degrades audio, and the codec is small next to the talker.
     config, device, dtype, source = load_stage_setup(args, log, cuda_default="float32")
+    if source.family == "personaplex":
+        return _build_duplex(config, device, dtype, source)
     stage = config.codec
     runtime = load_codec(source, device=device, dtype=dtype, max_streams=stage.max_num_seqs, config=config)
     budget = device_budget(device, stage.gpu_memory_utilization, "codec")
@@ -100,6 +106,83 @@ def build(args: argparse.Namespace) -> StageParts:
         plan.initial_frames, "growing to " if plan.ramp else "", plan.steady_frames,
         f"CUDA graphs for {buckets} frames" if decode_fn else "eager",
         "on" if runtime.voice_clone else "off",
+        f"above {writer.threshold_bytes} B" if writer else "off",
+    )  # fmt: skip
+
+    def stop() -> None:
+        worker.stop()
+        if writer is not None:
+            writer.close()
+        if reader is not None:
+            reader.close()
+
+    return StageParts(
+        role="codec",
+        bindings=[ServiceBinding(SERVICE_NAME, servicer, stage_pb2_grpc.add_CodecServicer_to_server)],
+        servicer=servicer,
+        start=lambda loop, on_fatal: worker.start(loop, on_fatal),
+        warm_up=worker.warm_up,
+        stop=stop,
+    )
+
+
+def _build_duplex(config: DeployConfig, device: str, dtype: Any, source: ModelSource) -> StageParts:
+    """A duplex family's codec (PersonaPlex: Mimi): sessions on the 80 ms clock, one batched encode per tick
+    and one batched decode per talker step (docs/protocol.md §11)."""
+    from voxstage.codec.duplex import DuplexCodecConfig, DuplexCodecEngine
+    from voxstage.codec.duplex_worker import DuplexCodecWorker
+    from voxstage.codec.models import load_duplex_codec
+    from voxstage.codec.servicer import SERVICE_NAME, CodecServicer
+    from voxstage.codec.upstream import TalkerPool
+    from voxstage.config.deploy import DuplexSessionConfig
+    from voxstage.internal.v1 import stage_pb2_grpc
+    from voxstage.server import ServiceBinding
+    from voxstage.stage_process import device_budget
+    from voxstage.transport.shm import ShmReader, ShmWriter, sweep_dead_regions
+
+    stage = config.codec
+    sessions = stage.max_num_seqs
+    runtime = load_duplex_codec(source, device=device, dtype=dtype, max_sessions=sessions)
+    budget = device_budget(device, stage.gpu_memory_utilization, "codec")
+    if budget is not None:
+        # The pool is already allocated (it is part of what memory_allocated measured): check the total.
+        state = (sessions + 1) * runtime.state_bytes_per_stream
+        budget = dataclasses.replace(budget, weights=budget.weights - state)
+        budget.require(
+            state,
+            f"codec session state (max_num_seqs {sessions} sessions + 1 voice-recording slot)",
+            "lower max_num_seqs or raise gpu_memory_utilization",
+        )
+        log.info("codec: memory budget %s; session state %.2f GiB", budget.describe(), state / (1 << 30))
+    calls = None
+    graphed = device == "cuda" and not stage.enforce_eager
+    if graphed:
+        from voxstage.codec.duplex_graphs import GraphedDuplexCalls
+
+        # Captured for every batch bucket by the warm-up, before the stage reports SERVING.
+        calls = GraphedDuplexCalls(runtime.codec, max_batch=sessions, device=device)
+    duplex = config.duplex_session or DuplexSessionConfig()
+    jitter = max(runtime.samples_per_frame, round(duplex.jitter_buffer_s * runtime.sample_rate))
+    engine = DuplexCodecEngine(
+        runtime.codec,
+        DuplexCodecConfig(max_sessions=sessions, jitter_samples=jitter),
+        calls=calls,
+        device=device,
+    )
+    worker = DuplexCodecWorker(runtime, engine)
+    sweep_dead_regions()
+    writer = ShmWriter(threshold_bytes=config.stream.shm_threshold_bytes) if config.shared_memory else None
+    reader = ShmReader() if config.shared_memory else None
+    pool = TalkerPool(reader)
+    servicer = CodecServicer(
+        worker, plan=config.chunk_plan, stream_config=config.stream, shm_writer=writer, pool=pool
+    )
+    log.info(
+        "codec: %s (%s, duplex) on %s/%s: %d sessions, %.2f s jitter buffer, %s, shm %s; the chunk "
+        "keys (codec_chunk_frames, initial_codec_chunk_frames, codec_left_context_frames) have no effect "
+        "on duplex sessions (one frame per tick)",
+        runtime.model, runtime.family, device, str(dtype).removeprefix("torch."), sessions,
+        jitter / runtime.sample_rate, "CUDA graphs per batch bucket" if graphed else "eager",
         f"above {writer.threshold_bytes} B" if writer else "off",
     )  # fmt: skip
 

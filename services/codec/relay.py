@@ -15,6 +15,7 @@ import time
 from typing import TYPE_CHECKING
 
 import grpc
+import numpy as np
 
 from voxstage import metrics, wire
 from voxstage.internal.v1 import stage_pb2 as S
@@ -154,6 +155,8 @@ class TalkerRelay:
                 elif kind == "end_of_stream":
                     await self._on_terminal(resp.end_of_stream)
                     return
+                else:
+                    self._on_other(resp)
             reason = "the call ended"
         except StageFailure as exc:  # the talker broke the protocol: fail and stop it
             self._fail(exc)
@@ -212,7 +215,13 @@ class TalkerRelay:
         if self._first is not None:
             self._first.cancel()
         self._rearm_stall()
+        await self._deliver(f, codes)
+
+    async def _deliver(self, f: S.CodecFrames, codes: np.ndarray) -> None:
         await self.stream.frames_in(codes)
+
+    def _on_other(self, resp: S.TalkerStreamResponse) -> None:
+        """A message text-to-speech streams do not use (duplex: user-code credit)."""
 
     async def _on_terminal(self, eos: S.EndOfStream) -> None:
         self.done = True

@@ -1,14 +1,17 @@
 """``voxstage.internal.v1.Codec``: Stream (one request per call, relayed to a talker) and Status.
 
-Moves messages between the gateway, the talker and the codec engine's queues (``CodecWorker``); the state
-of one call lives in ``CodecStream``. The Stream handler, the stream registry and the common Status fields
-are ``voxstage.stage_servicer.StageServicer``'s.
+Moves messages between the gateway, the talker and the codec engine's queues (``CodecWorker``, or
+``DuplexCodecWorker`` for a duplex family); the state of one call lives in ``CodecStream`` (text to speech)
+or ``DuplexCodecStream``. The Stream handler, the stream registry and the common Status fields are
+``voxstage.stage_servicer.StageServicer``'s.
 """
 
 from __future__ import annotations
 
 import grpc
 
+from voxstage.codec.duplex_stream import DuplexCodecStream
+from voxstage.codec.duplex_worker import DuplexCodecSnapshot, DuplexCodecWorker
 from voxstage.codec.stream import CodecStream
 from voxstage.codec.upstream import TalkerPool
 from voxstage.codec.worker import CodecSnapshot, CodecWorker
@@ -20,12 +23,12 @@ from voxstage.transport.shm import ShmWriter
 SERVICE_NAME = "voxstage.internal.v1.Codec"
 
 
-class CodecServicer(StageServicer[CodecStream], stage_pb2_grpc.CodecServicer):
-    worker: CodecWorker
+class CodecServicer(StageServicer[CodecStream | DuplexCodecStream], stage_pb2_grpc.CodecServicer):
+    worker: CodecWorker | DuplexCodecWorker
 
     def __init__(
         self,
-        worker: CodecWorker,
+        worker: CodecWorker | DuplexCodecWorker,
         *,
         plan: ChunkPlan,
         stream_config: ConnectorExtra,
@@ -44,7 +47,10 @@ class CodecServicer(StageServicer[CodecStream], stage_pb2_grpc.CodecServicer):
         self.stream_config = stream_config
         self.pool = pool
 
-    def _new_stream(self, context: grpc.aio.ServicerContext) -> CodecStream:
+    def _new_stream(self, context: grpc.aio.ServicerContext) -> CodecStream | DuplexCodecStream:
+        # The family decides: a duplex model (PersonaPlex) serves duplex sessions only, a TTS model TTS only.
+        if isinstance(self.worker, DuplexCodecWorker):
+            return DuplexCodecStream(self, context)
         return CodecStream(self, context)
 
     async def Status(  # noqa: N802 - gRPC method name
@@ -52,5 +58,7 @@ class CodecServicer(StageServicer[CodecStream], stage_pb2_grpc.CodecServicer):
     ) -> stage_pb2.CodecStatusResponse:
         return stage_pb2.CodecStatusResponse(status=await self._status(request.include_requests))
 
-    def _snapshot_fields(self, status: stage_pb2.StageStatus, snap: CodecSnapshot) -> dict[str, int]:
-        return snap.buffered
+    def _snapshot_fields(
+        self, status: stage_pb2.StageStatus, snap: CodecSnapshot | DuplexCodecSnapshot
+    ) -> dict[str, int] | DuplexCodecSnapshot:
+        return snap if isinstance(snap, DuplexCodecSnapshot) else snap.buffered

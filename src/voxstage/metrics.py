@@ -112,6 +112,11 @@ DUPLEX_DROPPED_USER_FRAMES = Counter(
     "User frames a duplex talker session dropped because its input queue lagged behind real time.",
     registry=REGISTRY,
 )
+DUPLEX_JITTER_DROPPED = Counter(
+    "voxstage_duplex_jitter_dropped_seconds",
+    "Codec: seconds of user audio dropped (oldest first) because a session's jitter buffer was full.",
+    registry=REGISTRY,
+)  # exported as voxstage_duplex_jitter_dropped_seconds_total
 
 
 def observe_hop(source: str, dest: str, sent_unix_ns: int) -> None:
@@ -120,3 +125,43 @@ def observe_hop(source: str, dest: str, sent_unix_ns: int) -> None:
         delay = (time.time_ns() - sent_unix_ns) / 1e9
         if delay >= 0:
             STAGE_HOP.labels(source, dest).observe(delay)
+
+
+# -- full-duplex sessions ------------------------------------------------------------------------------
+# An answer inside one 80 ms frame is the goal; resolve 20 ms .. 1 s and a tail for stalled sessions.
+DUPLEX_LATENCY_BUCKETS = (
+    0.02, 0.04, 0.06, 0.08, 0.1, 0.12, 0.14, 0.16, 0.18, 0.2, 0.25, 0.3, 0.4, 0.5, 0.75, 1.0, 1.5, 2.0, 5.0,
+)  # fmt: skip
+DUPLEX_SESSIONS = Gauge(
+    "voxstage_duplex_sessions",
+    "Gateway: live full-duplex sessions (admitted and not yet closed).",
+    registry=REGISTRY,
+)
+DUPLEX_REFUSED = Counter(
+    "voxstage_duplex_refused_sessions",
+    "Gateway: duplex sessions refused, by reason (max_sessions, stage_capacity, unavailable, draining, "
+    "session_mode).",
+    ["reason"],
+    registry=REGISTRY,
+)  # exported as voxstage_duplex_refused_sessions_total
+DUPLEX_DROPPED_INPUT = Counter(
+    "voxstage_duplex_dropped_input_seconds",
+    "Gateway: seconds of user audio dropped because more than 2 s of it waited beyond the codec's grant.",
+    registry=REGISTRY,
+)  # exported as voxstage_duplex_dropped_input_seconds_total
+DUPLEX_RESPONSE_LATENCY = Histogram(
+    "voxstage_duplex_response_latency_seconds",
+    "Gateway: from the last byte of a user frame arriving to the agent audio that answers it leaving.",
+    buckets=DUPLEX_LATENCY_BUCKETS,
+    registry=REGISTRY,
+)
+DUPLEX_LATE_FRAMES = Counter(
+    "voxstage_duplex_late_frames",
+    "Codec: agent frames whose PCM left after their tick's start plus one tick (80 ms).",
+    registry=REGISTRY,
+)  # exported as voxstage_duplex_late_frames_total
+DUPLEX_INPUT_UNDERFLOW = Counter(
+    "voxstage_duplex_input_underflow_ticks",
+    "Codec: session ticks that ran on silence because no user frame had arrived.",
+    registry=REGISTRY,
+)  # exported as voxstage_duplex_input_underflow_ticks_total

@@ -1,9 +1,11 @@
 """Model families of the codec stage, one folder each, behind one small runtime object.
 
-``load_codec`` is the only place the codec stage looks at which family a checkpoint is. It returns a
-``CodecRuntime``: the streaming decoder's slot pool (what ``CodecEngine`` drives), the reference-audio
-encoder and, for voice-clone (Base) checkpoints, the speaker encoder, plus the geometry the stream protocol
-announces. Everything here runs on the codec's engine thread.
+``load_codec`` (text-to-speech families) and ``load_duplex_codec`` (duplex families) are the only places the
+codec stage looks at which family a checkpoint is. ``load_codec`` returns a ``CodecRuntime``: the streaming
+decoder's slot pool (what ``CodecEngine`` drives), the reference-audio encoder and, for voice-clone (Base)
+checkpoints, the speaker encoder, plus the geometry the stream protocol announces. ``load_duplex_codec``
+returns a ``DuplexCodecRuntime``: one slot pool that encodes and decodes (what ``DuplexCodecEngine``
+drives). Everything here runs on the codec's engine thread.
 """
 
 from __future__ import annotations
@@ -62,6 +64,58 @@ class CodecRuntime:
             )
         vec = self.speaker_encoder.embed_reference(pcm, sample_rate)  # type: ignore[operator]
         return np.ascontiguousarray(vec.numpy(), dtype=np.float32)
+
+
+@dataclass
+class DuplexCodecRuntime:
+    family: str
+    model: str
+    # MimiStreamingCodec: ``max_sessions + 1`` slots of encode and decode state (the last one encodes voice
+    # recordings).
+    codec: Any
+    num_groups: int
+    codebook_size: int
+    sample_rate: int
+    samples_per_frame: int
+    state_bytes_per_stream: int
+
+    @property
+    def frame_rate_hz(self) -> float:
+        return self.sample_rate / self.samples_per_frame
+
+
+def load_duplex_codec(
+    source: ModelSource,
+    *,
+    device: str | torch.device = "cpu",
+    dtype: torch.dtype = torch.float32,
+    max_sessions: int,
+) -> DuplexCodecRuntime:
+    """Load the audio codec of a duplex family (PersonaPlex: Mimi from ``tokenizer-*.safetensors`` and
+    ``mimi_config.json``) with a pool for ``max_sessions`` sessions plus the voice-recording slot."""
+    if source.family != "personaplex":
+        raise ValueError(f"codec: model family {source.family!r} has no duplex codec")
+    from voxstage.codec.models.mimi import loader
+    from voxstage.codec.models.mimi.presets import full_config
+    from voxstage.codec.models.mimi.streaming import MimiStreamingCodec
+
+    if source.random_init:
+        # Size-true preset: the released architecture with weights drawn on the device, seeded as the tiny
+        # preset's Mimi is (preset seed + 1), so every process of a deployment gets the same codec.
+        model = loader.random_init(full_config(), source.seed + 1, device=device, dtype=dtype)
+    else:
+        model = loader.load_mimi(source.path, device=device, dtype=dtype)
+    pool = MimiStreamingCodec(model, max_sessions + 1)
+    return DuplexCodecRuntime(
+        family="personaplex",
+        model=source.name,
+        codec=pool,
+        num_groups=pool.num_codebooks,
+        codebook_size=pool.codebook_size,
+        sample_rate=pool.sample_rate,
+        samples_per_frame=pool.samples_per_frame,
+        state_bytes_per_stream=pool.state_bytes_per_stream(),
+    )
 
 
 def load_codec(

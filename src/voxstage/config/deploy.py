@@ -27,9 +27,12 @@ SessionMode = Literal["turn", "duplex"]
 
 
 class DuplexSessionConfig(StrictModel):
-    """Gateway admission for full-duplex sessions (``session_mode: duplex`` only)."""
+    """Full-duplex sessions (``session_mode: duplex`` only): the gateway's admission cap and the codec's
+    per-session jitter buffer."""
 
     max_sessions: int = Field(default=1, ge=1)
+    # User audio the codec buffers per session ahead of its 80 ms ticks (and grants the gateway as credit).
+    jitter_buffer_s: float = Field(default=1.0, ge=0.08, le=10.0)
 
 
 class GatewayConfig(StrictModel):
@@ -43,6 +46,10 @@ class GatewayConfig(StrictModel):
     max_queue: int = Field(default=64, ge=0)
     queue_timeout_s: float = Field(default=30.0, gt=0.0)
     max_text_chars: int = Field(default=4096, ge=1)
+    # Duplex sessions (session_mode: duplex): closed after this long without client audio, and after this
+    # long in all; a session holds a talker slot for its whole life, so neither may be unbounded.
+    duplex_idle_timeout_s: float = Field(default=30.0, gt=0.0)
+    duplex_max_session_s: float = Field(default=3600.0, gt=0.0)
 
     @model_validator(mode="after")
     def _distinct_ports(self) -> GatewayConfig:
