@@ -229,7 +229,7 @@ def main() -> None:
                 "codec_tick": hist_quantiles(d["codec"], "voxstage_stage_tick_seconds", 'stage="codec"'),
                 "codec_late_frames": counter(d["codec"], "voxstage_duplex_late_frames"),
                 "codec_underflow_ticks": counter(d["codec"], "voxstage_duplex_input_underflow_ticks"),
-                "response_latency": hist_quantiles(d["gateway"], "voxstage_duplex_response_seconds"),
+                "response_latency": hist_quantiles(d["gateway"], "voxstage_duplex_response_latency_seconds"),
                 "per_session": sessions,
             }
             result["levels"].append(row)

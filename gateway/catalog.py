@@ -5,7 +5,8 @@ no internal message carries a voice list (the protos are frozen for this release
 therefore come from the checkpoint's ``config.json`` when the gateway can read it: a checkpoint directory
 on a shared volume (compose mounts the checkpoint volume into the gateway read-only) or a preset in
 ``$VOXSTAGE_CACHE`` (``voxstage serve`` shares it). Reading JSON is all it does; the gateway never imports
-model code. When the file is out of reach, the catalog knows the model but not its voices: requests pass
+model code. PersonaPlex's stored voices are the names of its ``voices/*.pt`` files (or ``voices.tgz``
+members). When the files are out of reach, the catalog knows the model but not its voices: requests pass
 the voice through and the talker judges it, and ``ListVoices`` reports one entry with an empty name.
 """
 
@@ -14,8 +15,9 @@ from __future__ import annotations
 import json
 import logging
 import os
+import tarfile
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 from voxstage.internal.v1 import stage_pb2
 
@@ -35,6 +37,8 @@ BCP47_NAMES: dict[str, str] = {
     "pt": "portuguese",
 }
 AUTO_LANGUAGE = "auto"
+# Families whose talker only converses (full duplex, docs/protocol.md §11): text-to-speech is refused.
+DUPLEX_ONLY_FAMILIES = frozenset({"personaplex"})
 
 
 @dataclass(frozen=True)
@@ -55,6 +59,10 @@ class ModelInfo:
     # "custom_voice" (preset speakers), "base" (voice clone), "voice_design" (instructions); None if unknown.
     variant: str | None = None
     aliases: tuple[str, ...] = field(default=())
+
+    @property
+    def duplex_only(self) -> bool:
+        return self.family in DUPLEX_ONLY_FAMILIES
 
     @property
     def default_voice(self) -> str:
@@ -88,8 +96,8 @@ def cache_dir() -> Path:
     return Path(base)
 
 
-def checkpoint_config(model: str, model_dirs: list[Path] | None = None) -> dict[str, object] | None:
-    """The ``config.json`` of ``model``, or None when unreadable.
+def checkpoint(model: str, model_dirs: list[Path] | None = None) -> tuple[Path, dict[str, object]] | None:
+    """``model``'s directory and ``config.json``, or None when unreadable.
 
     Looked up as a directory path, as a preset in the cache, and by its base name under each of
     ``model_dirs`` (where a deployment mounts its checkpoints).
@@ -102,8 +110,29 @@ def checkpoint_config(model: str, model_dirs: list[Path] | None = None) -> dict[
         except (OSError, ValueError):
             continue
         if isinstance(data, dict):
-            return data
+            return directory, data
     return None
+
+
+def _stored_voices(directory: Path) -> tuple[VoiceInfo, ...] | None:
+    """PersonaPlex's stored voices: ``voices/NAME.pt`` files, else the ``.pt`` members of ``voices.tgz``
+    (the talker's rule, services/talker/models/personaplex/voices.py); None when the archive is unreadable."""
+    folder, archive = directory / "voices", directory / "voices.tgz"
+    if folder.is_dir():
+        names = [p.stem for p in folder.glob("*.pt")]
+    elif archive.is_file():
+        try:
+            with tarfile.open(archive) as tar:
+                names = [
+                    PurePosixPath(m.name).stem
+                    for m in tar.getmembers()
+                    if m.isfile() and m.name.endswith(".pt")
+                ]
+        except (tarfile.TarError, OSError):
+            return None
+    else:
+        names = []
+    return tuple(VoiceInfo(name, (), "stored voice") for name in sorted(names))
 
 
 def _voices_from_config(config: dict[str, object]) -> tuple[tuple[VoiceInfo, ...], tuple[str, ...], str]:
@@ -135,11 +164,22 @@ def build_model_info(
     name = talker.model
     rate = codec.sample_rate_hz if codec is not None and codec.sample_rate_hz else talker.sample_rate_hz
     aliases = tuple({name, Path(name).name} - {""})
-    config = checkpoint_config(name, model_dirs) if name else None
-    if config is None:
+    found = checkpoint(name, model_dirs) if name else None
+    if found is None:
         log.info("model %r: checkpoint config not readable from the gateway; voices are not listed", name)
         return ModelInfo(
             name=Path(name).name or name, family=talker.family, sample_rate_hz=rate, aliases=aliases
+        )
+    directory, config = found
+    if talker.family in DUPLEX_ONLY_FAMILIES:
+        # A conversational model speaks with a stored voice; it has no text-to-speech languages.
+        return ModelInfo(
+            name=Path(name).name or name,
+            family=talker.family,
+            sample_rate_hz=rate,
+            voices=_stored_voices(directory),
+            languages=(),
+            aliases=aliases,
         )
     voices, languages, variant = _voices_from_config(config)
     return ModelInfo(

@@ -1,4 +1,4 @@
-"""The gateway's shared state: replica pools, admission, the synthesizer and what the deployment serves.
+"""The gateway's shared state: replica pools, admission, the synthesizer, duplex sessions, the served model.
 
 Both faces (gRPC and HTTP) hold one ``GatewayCore``. It owns the background probes of every stage replica,
 derives readiness (at least one ready codec and one ready talker) and rebuilds the model catalog when the
@@ -17,6 +17,7 @@ from voxstage.config import DeployConfig
 from voxstage.gateway.admission import Admission
 from voxstage.gateway.catalog import ModelInfo, build_model_info
 from voxstage.gateway.routing import ReplicaPool, codec_status, talker_status
+from voxstage.gateway.sessions import SessionManager
 from voxstage.gateway.synthesis import Synthesizer
 from voxstage.transport.shm_reader import ShmReader
 
@@ -47,6 +48,9 @@ class GatewayCore:
         self.shm_reader = ShmReader() if config.shared_memory else None
         self.synth = Synthesizer(
             config, self.codecs, self.talkers, self.admission, shm_reader=self.shm_reader
+        )
+        self.sessions = SessionManager(
+            config, self.codecs, self.talkers, model=lambda: self._model, shm_reader=self.shm_reader
         )
         self.model_dirs = list(model_dirs)
         self.probe_interval_s = probe_interval_s
@@ -121,4 +125,5 @@ class GatewayCore:
     async def drain(self) -> None:
         """Refuse new requests (UNAVAILABLE) while admitted ones finish."""
         self.admission.draining = True
+        self.sessions.draining = True
         await self._refresh()

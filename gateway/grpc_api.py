@@ -2,7 +2,8 @@
 
 ``Synthesize`` returns the whole clip (any encoding, Ogg/Opus included); ``StreamingSynthesize`` takes a
 config first, then text deltas and flushes, and streams audio in the streamable encodings; ``ListVoices``
-reads the catalog; ``Converse`` is defined by the public proto but not served yet.
+reads the catalog; ``Converse`` runs a full-duplex session (``converse_grpc``) when the deployment has
+``session_mode: duplex``.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from google.protobuf import duration_pb2
 from voxstage.audio import AudioError, AudioFormat, StreamingEncoder, encode_clip
 from voxstage.gateway.accounting import RequestAccounting
 from voxstage.gateway.catalog import ModelInfo
+from voxstage.gateway.converse_grpc import converse
 from voxstage.gateway.core import GatewayCore
 from voxstage.gateway.errors import GatewayError, abort, invalid, not_found
 from voxstage.gateway.request import (
@@ -208,17 +210,8 @@ class SpeechServicer(speech_pb2_grpc.SpeechServicer):
 
     async def Converse(
         self, request_iterator: AsyncIterator[speech_pb2.ConverseRequest], context: Context
-    ) -> AsyncIterator[speech_pb2.ConverseResponse]:
-        await abort(
-            context,
-            GatewayError(
-                grpc.StatusCode.UNIMPLEMENTED,
-                "Converse (full-duplex speech-to-speech) is not served by this release; use "
-                "StreamingSynthesize for streaming text-to-speech",
-                reason="not_implemented",
-            ),
-        )
-        yield speech_pb2.ConverseResponse()  # unreachable; makes this a streaming handler
+    ) -> None:
+        await converse(self.core, request_iterator, context)
 
 
 def voices_of(model: ModelInfo, language: str) -> list[speech_pb2.Voice]:

@@ -40,6 +40,7 @@ from voxstage.gateway.errors import (
     retry_after_header,
 )
 from voxstage.gateway.grpc_api import as_gateway_error, voices_of
+from voxstage.gateway.realtime_ws import register_realtime
 from voxstage.gateway.request import HTTP_FIELDS, RawRequest, build_job, check_text, reference_from_file
 from voxstage.gateway.synthesis import AudioOut, Event, Finished, whole_text
 from voxstage.v1 import speech_pb2
@@ -218,6 +219,8 @@ def build_app(core: GatewayCore) -> FastAPI:
             err = as_gateway_error(exc)
             acct.finish(err.outcome)
             return _error_response(err)
+
+    register_realtime(app, core)
 
     @app.get("/v1/models")
     async def models() -> JSONResponse:

@@ -227,6 +227,14 @@ def build_job(
     raw: RawRequest, served: ModelInfo | None, names: FieldNames, *, max_text_chars: int
 ) -> SynthesisJob:
     model = resolve_model(raw.model, served, names.model)
+    if model.duplex_only:
+        raise GatewayError(
+            grpc.StatusCode.FAILED_PRECONDITION,
+            f"model {model.name!r} ({model.family}) is a full-duplex speech-to-speech model and does not "
+            "synthesize text; open a session with Converse (gRPC) or the WebSocket /v1/realtime",
+            field=names.model,
+            reason="tts_not_supported",
+        )
     voice = _resolve_voice(raw, model, names)
     language = ""
     if raw.language:

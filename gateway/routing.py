@@ -16,6 +16,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 import grpc
 
@@ -58,6 +59,7 @@ class Replica:
 
 
 StatusFn = Callable[[Replica], Awaitable[stage_pb2.StageStatus]]
+T = TypeVar("T")
 
 
 def parse_addresses(spec: str, *, flag: str) -> list[str]:
@@ -189,3 +191,45 @@ class ReplicaPool:
 
     async def close(self) -> None:
         await asyncio.gather(*(r.channel.close() for r in self.replicas))
+
+
+async def open_on_pair(
+    codecs: ReplicaPool, talkers: ReplicaPool, attempt: Callable[[Replica, Replica], Awaitable[T]]
+) -> tuple[Replica, Replica, T]:
+    """Run ``attempt`` (open a stream) on the least-loaded codec and talker; a replica that fails with
+    UNAVAILABLE before the codec's ``opened`` is marked down and the next one is tried, so one dead replica
+    costs a request nothing while others live. On success both replicas' ``in_flight`` stay counted until
+    the caller gives them back; ``attempt`` cleans up its own stream when it raises."""
+    tried_codecs: list[Replica] = []
+    tried_talkers: list[Replica] = []
+    last: GatewayError | None = None
+    while True:
+        try:
+            codec = codecs.pick(exclude=tried_codecs)
+            talker = talkers.pick(exclude=tried_talkers)
+        except GatewayError:
+            if last is not None:
+                raise last from None
+            raise
+        if codec.status is None:
+            await codecs.probe(codec)
+            if codec.down:
+                tried_codecs.append(codec)
+                continue
+        codec.in_flight += 1
+        talker.in_flight += 1
+        try:
+            return codec, talker, await attempt(codec, talker)
+        except BaseException as exc:
+            codec.in_flight -= 1
+            talker.in_flight -= 1
+            if not isinstance(exc, GatewayError) or exc.code is not grpc.StatusCode.UNAVAILABLE:
+                raise
+            last = exc
+            if exc.reason == "codec_unavailable":
+                tried_codecs.append(codec)
+            elif exc.reason.startswith("talker"):
+                talkers.mark_down(talker, exc.text)
+                tried_talkers.append(talker)
+            else:
+                raise

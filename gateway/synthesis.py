@@ -25,7 +25,7 @@ from voxstage.gateway.accounting import RequestAccounting
 from voxstage.gateway.admission import Admission
 from voxstage.gateway.errors import GatewayError, invalid
 from voxstage.gateway.request import SynthesisJob, check_text
-from voxstage.gateway.routing import Replica, ReplicaPool
+from voxstage.gateway.routing import Replica, ReplicaPool, open_on_pair
 from voxstage.gateway.upstream import CodecStream, Pcm, Timeouts
 from voxstage.internal.v1 import stage_pb2
 from voxstage.transport.host import local_hello
@@ -196,24 +196,7 @@ class Synthesizer:
     async def _open(
         self, job: SynthesisJob, deadline: float | None
     ) -> tuple[Replica, Replica, CodecStream, stage_pb2.StreamOpened]:
-        """Open on the least-loaded pair; a replica that fails before ``opened`` is marked down and the
-        next one is tried, so one dead replica costs a request nothing while others live."""
-        tried_codecs: list[Replica] = []
-        tried_talkers: list[Replica] = []
-        last: GatewayError | None = None
-        while True:
-            try:
-                codec = self.codecs.pick(exclude=tried_codecs)
-                talker = self.talkers.pick(exclude=tried_talkers)
-            except GatewayError:
-                if last is not None:
-                    raise last from None
-                raise
-            if codec.status is None:
-                await self.codecs.probe(codec)
-                if codec.down:
-                    tried_codecs.append(codec)
-                    continue
+        async def attempt(codec: Replica, talker: Replica) -> tuple[CodecStream, stage_pb2.StreamOpened]:
             msg, min_chunk = self._open_msg(job, codec, talker)
             rate = codec.status.frame_rate_hz if codec.status is not None else 0.0
             stream = CodecStream(
@@ -224,25 +207,14 @@ class Synthesizer:
                 shm_reader=self.shm_reader,
                 tick_s=1.0 / rate if rate > 0 else 0.08,
             )
-            codec.in_flight += 1
-            talker.in_flight += 1
             try:
-                opened = await stream.open(msg, min_chunk_samples=min_chunk)
-                return codec, talker, stream, opened
-            except BaseException as exc:
-                codec.in_flight -= 1
-                talker.in_flight -= 1
+                return stream, await stream.open(msg, min_chunk_samples=min_chunk)
+            except BaseException:
                 stream.close()
-                if not isinstance(exc, GatewayError) or exc.code is not grpc.StatusCode.UNAVAILABLE:
-                    raise
-                last = exc
-                if exc.reason == "codec_unavailable":
-                    tried_codecs.append(codec)
-                elif exc.reason.startswith("talker"):
-                    self.talkers.mark_down(talker, exc.text)
-                    tried_talkers.append(talker)
-                else:
-                    raise
+                raise
+
+        codec, talker, (stream, opened) = await open_on_pair(self.codecs, self.talkers, attempt)
+        return codec, talker, stream, opened
 
     # -- streaming --------------------------------------------------------------------------------------
 

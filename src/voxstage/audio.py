@@ -17,6 +17,8 @@ import numpy as np
 import soundfile as sf
 import soxr
 
+from voxstage import g711
+
 
 class AudioError(ValueError):
     """Input audio that cannot be used; the message names the problem."""
@@ -87,23 +89,11 @@ def wav_header(sample_rate: int, num_samples: int | None, channels: int = 1, bit
 
 
 def _mulaw(x: np.ndarray) -> bytes:
-    # G.711 mu-law in the classic 14-bit formulation (bias 33, clip 8159); the floor shift of negative
-    # samples is part of the reference behaviour, so keep it.
-    v = float_to_s16(x).astype(np.int32) >> 2
-    mask = np.where(v < 0, 0x7F, 0xFF)
-    mag = np.minimum(np.abs(v), 8159) + 33
-    seg = np.floor(np.log2(mag)).astype(np.int32) - 5
-    uval = (seg << 4) | ((mag >> (seg + 1)) & 0x0F)
-    return ((uval ^ mask) & 0xFF).astype(np.uint8).tobytes()
+    return g711.encode_mulaw(float_to_s16(x))
 
 
 def _alaw(x: np.ndarray) -> bytes:
-    s = float_to_s16(x).astype(np.int32) >> 3  # 13-bit linear
-    sign = np.where(s >= 0, 0x80, 0)
-    mag = np.minimum(np.where(s >= 0, s, -s - 1), 0xFFF)
-    exponent = np.where(mag < 32, 0, np.floor(np.log2(np.maximum(mag, 1))).astype(np.int32) - 4)
-    mantissa = np.where(exponent == 0, mag >> 1, mag >> exponent) & 0x0F
-    return (((sign | (exponent << 4) | mantissa) ^ 0x55) & 0xFF).astype(np.uint8).tobytes()
+    return g711.encode_alaw(float_to_s16(x))
 
 
 class StreamingEncoder:

@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 
 from voxstage import __version__
 from voxstage.client.cli import add_say
+from voxstage.client.talk import add_talk
 from voxstage.codec.main import register as add_codec
 from voxstage.config import ConfigError
 from voxstage.config.cli_args import add_deploy_options, load_from_args
@@ -62,7 +63,7 @@ def _add_validate_config(subparsers: Subparsers) -> None:
 
 
 SUBCOMMANDS: tuple[Registrar, ...] = (
-    _add_validate_config, add_talker, add_codec, add_serve, add_gateway, add_say, add_demo,
+    _add_validate_config, add_talker, add_codec, add_serve, add_gateway, add_say, add_talk, add_demo,
 )  # fmt: skip
 
 

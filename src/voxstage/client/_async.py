@@ -22,6 +22,8 @@ from voxstage.client._common import (
     stream_info,
     voices_from,
 )
+from voxstage.client._converse import AsyncConverseSession
+from voxstage.client._converse_common import session_update
 from voxstage.v1 import speech_pb2, speech_pb2_grpc
 
 CHANNEL_OPTIONS = [
@@ -242,6 +244,29 @@ class AsyncSpeechClient:
             ttfa,
             chunks,
         )
+
+    def converse(
+        self,
+        *,
+        voice: str = "",
+        instructions: str = "",
+        input_format: str = "pcm",
+        output_format: str = "pcm",
+        timeout: float | None = None,  # noqa: ASYNC109 - a gRPC deadline the server sees, not a local wait
+        **options: Any,
+    ) -> AsyncConverseSession:
+        """A full-duplex speech-to-speech session (``async with``). ``voice`` is a stored voice name,
+        ``instructions`` the persona; formats are ``pcm`` (24 kHz s16le), ``pcmu`` or ``pcma`` (8 kHz G.711).
+        Options: model, seed, temperature, top_k, top_p. No deadline by default: the server closes idle and
+        over-long sessions itself."""
+        update = session_update(
+            voice=voice,
+            instructions=instructions,
+            input_format=input_format,
+            output_format=output_format,
+            **options,
+        )
+        return AsyncConverseSession(self._stub, update, timeout=timeout, retry=self.retry)
 
     async def list_voices(self, *, model: str = "", language: str = "") -> list[Voice]:
         try:

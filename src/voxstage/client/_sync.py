@@ -26,6 +26,8 @@ from voxstage.client._common import (
     stream_info,
     voices_from,
 )
+from voxstage.client._converse import ConverseSession
+from voxstage.client._converse_common import session_update
 from voxstage.v1 import speech_pb2, speech_pb2_grpc
 
 _END = object()
@@ -210,6 +212,26 @@ class SpeechClient:
             ttfa,
             chunks,
         )
+
+    def converse(
+        self,
+        *,
+        voice: str = "",
+        instructions: str = "",
+        input_format: str = "pcm",
+        output_format: str = "pcm",
+        timeout: float | None = None,
+        **options: Any,
+    ) -> ConverseSession:
+        """A full-duplex session (``with``); the same options as ``AsyncSpeechClient.converse``."""
+        update = session_update(
+            voice=voice,
+            instructions=instructions,
+            input_format=input_format,
+            output_format=output_format,
+            **options,
+        )
+        return ConverseSession(self._stub, update, timeout=timeout, retry=self.retry)
 
     def list_voices(self, *, model: str = "", language: str = "") -> list[Voice]:
         try:

@@ -229,7 +229,16 @@ def check_stage_settings(cfg: DeployConfig) -> list[Issue]:
 
 def check_session(cfg: DeployConfig) -> list[Issue]:
     out: list[Issue] = []
+    gw = cfg.gateway
     if cfg.session_mode != "duplex":
+        for key in ("duplex_idle_timeout_s", "duplex_max_session_s"):
+            if key in gw.model_fields_set:
+                out.append(
+                    _warning(
+                        ("gateway", key),
+                        f"has no effect: session_mode is {cfg.session_mode!r}, so no duplex session runs",
+                    )
+                )
         if cfg.duplex_session is not None:
             out.append(
                 _error(
@@ -250,6 +259,14 @@ def check_session(cfg: DeployConfig) -> list[Issue]:
             _error(
                 ("session_mode",),
                 f"duplex needs a full-duplex model family (personaplex); pipeline is {cfg.pipeline!r}",
+            )
+        )
+    if gw.duplex_idle_timeout_s > gw.duplex_max_session_s:
+        out.append(
+            _warning(
+                ("gateway", "duplex_idle_timeout_s"),
+                f"has no effect: it is longer than gateway.duplex_max_session_s "
+                f"({gw.duplex_max_session_s:g} s), which closes every session first",
             )
         )
     sessions = cfg.duplex_max_sessions

@@ -333,3 +333,20 @@ def test_warnings_name_keys_that_do_nothing(tmp_path: Path) -> None:
     (warning,) = cfg.warnings
     assert warning.path == "connectors.connector_of_shared_memory.extra.decode_cudagraph_capture_sizes"
     assert "enforce_eager: true" in warning.message and warning.line == line_of(path, "decode_cudagraph")
+
+
+def test_duplex_session_clocks_of_the_gateway() -> None:
+    seed = REPO / "deploy" / "personaplex.yaml"
+    cfg = load_deploy_config(seed, platform="cpu")
+    assert (cfg.gateway.duplex_idle_timeout_s, cfg.gateway.duplex_max_session_s) == (30.0, 3600.0)
+    with pytest.raises(ConfigError) as info:
+        load_deploy_config(seed, platform="cpu", overrides=["gateway.duplex_idle_timeout_s=0"])
+    assert "gateway.duplex_idle_timeout_s" in str(info.value.issues[0])
+    clocks = ["gateway.duplex_idle_timeout_s=90", "gateway.duplex_max_session_s=60"]
+    longer = load_deploy_config(seed, platform="cpu", overrides=clocks)
+    assert [w.path for w in longer.warnings] == ["gateway.duplex_idle_timeout_s"]
+    turn = load_deploy_config(
+        REPO / "deploy" / "qwen3_tts.yaml", platform="cpu", overrides=["gateway.duplex_max_session_s=60"]
+    )
+    (warning,) = turn.warnings
+    assert warning.path == "gateway.duplex_max_session_s" and "no duplex session" in warning.message

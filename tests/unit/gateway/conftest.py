@@ -7,8 +7,9 @@ from pathlib import Path
 
 import grpc
 import pytest
+from duplex_fakes import FakeDuplexCodec, FakeDuplexTalker
 from gateway_fakes import MODEL, FakeCodec, FakeTalker, StageDouble, start_codec, start_talker
-from gateway_kit import SEED, MakeStack, Stack, write_checkpoint_config
+from gateway_kit import DUPLEX_SEED, SEED, MakeStack, Stack, write_checkpoint_config
 
 from voxstage.config import load_deploy_config
 from voxstage.gateway.app import GatewayServer
@@ -62,3 +63,29 @@ async def make_stack(cache: Path) -> AsyncIterator[MakeStack]:
     doubles = {id(d): d for d in [*extra, *(d for st in stacks for d in [*st.codecs, *st.talkers])]}
     for double in doubles.values():
         await double.server.stop(0)
+
+
+@pytest.fixture
+async def make_duplex_stack(cache: Path) -> AsyncIterator[MakeStack]:
+    """A gateway on the PersonaPlex deploy file in front of a duplex codec double (``duplex_fakes.py``)."""
+    stacks: list[Stack] = []
+
+    async def make(codec: FakeDuplexCodec | None = None, overrides: Sequence[str] = ()) -> Stack:
+        codecs = [await start_codec(codec or FakeDuplexCodec())]  # type: ignore[arg-type]
+        talker = await start_talker(FakeDuplexTalker())  # type: ignore[arg-type]
+        config = load_deploy_config(DUPLEX_SEED, platform="cpu", overrides=list(overrides))
+        gw = GatewayServer(
+            config, [codecs[0].address], [talker.address], host="127.0.0.1", grpc_port=0, http_port=0,
+            grace_s=1.0,
+        )  # fmt: skip
+        await gw.start()
+        stack = Stack(gw, codecs, [talker], grpc.aio.insecure_channel(f"127.0.0.1:{gw.grpc_port}"))
+        stacks.append(stack)
+        return stack
+
+    yield make
+    for stack in stacks:
+        await stack.channel.close()
+        await stack.gateway.stop()
+        for double in [*stack.codecs, *stack.talkers]:
+            await double.server.stop(0)

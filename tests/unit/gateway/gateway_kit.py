@@ -15,6 +15,7 @@ from voxstage.v1 import speech_pb2_grpc
 
 REPO = Path(__file__).resolve().parents[3]
 SEED = REPO / "deploy" / "qwen3_tts.yaml"
+DUPLEX_SEED = REPO / "deploy" / "personaplex.yaml"
 SPEAKERS = ["serena", "vivian", "ryan", "eric"]
 LANGUAGES = {"english": 2050, "chinese": 2055, "german": 2053, "sichuan_dialect": 2062}
 

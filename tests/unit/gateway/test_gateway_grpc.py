@@ -144,7 +144,7 @@ async def test_list_voices_from_checkpoint_config(make_stack: MakeStack) -> None
     assert err.value.code() is grpc.StatusCode.NOT_FOUND and "tts-1" in err.value.details()
 
 
-async def test_converse_is_unimplemented_with_a_clear_message(make_stack: MakeStack) -> None:
+async def test_converse_names_the_deploy_setting_in_turn_mode(make_stack: MakeStack) -> None:
     stack = await make_stack()
 
     async def requests():  # type: ignore[no-untyped-def]
@@ -153,5 +153,5 @@ async def test_converse_is_unimplemented_with_a_clear_message(make_stack: MakeSt
     with pytest.raises(grpc.aio.AioRpcError) as err:
         async for _ in stack.stub.Converse(requests()):
             pass
-    assert err.value.code() is grpc.StatusCode.UNIMPLEMENTED
-    assert "StreamingSynthesize" in err.value.details()
+    assert err.value.code() is grpc.StatusCode.FAILED_PRECONDITION
+    assert "session_mode: duplex" in (err.value.details() or "")

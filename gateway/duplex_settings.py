@@ -1,0 +1,158 @@
+"""A duplex session's settings and the one check both faces run on a ``session.update``.
+
+Each face parses its wire form (JSON for ``/v1/realtime``, ``voxstage.v1.Session`` for ``Converse``) into a
+``SettingsUpdate`` and names its fields its own way (``DuplexFields``); ``apply_update`` judges the values
+against the served model and the deploy limits, so both faces refuse the same things with the same words.
+An update is all or nothing: a refused one leaves the session as it was.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+import grpc
+
+from voxstage.duplex_audio import DEFAULT_FORMAT, DuplexFormat
+from voxstage.gateway.catalog import ModelInfo
+from voxstage.gateway.errors import GatewayError, invalid, not_found
+from voxstage.gateway.request import check_sampling, resolve_model
+from voxstage.v1 import speech_pb2
+
+# Sampling fields a duplex session honours: the text stream's sampler (docs/protocol.md §11).
+DUPLEX_SAMPLING = ("temperature", "top_k", "top_p")
+
+
+@dataclass(frozen=True)
+class DuplexFields:
+    """How one face spells each settable field, for error messages."""
+
+    model: str
+    instructions: str
+    voice: str
+    input_format: str
+    output_format: str
+    seed: str
+    sampling: str  # prefix: "<sampling>temperature"
+
+
+WS_FIELDS = DuplexFields(
+    model="session.model",
+    instructions="session.instructions",
+    voice="session.audio.output.voice",
+    input_format="session.audio.input.format",
+    output_format="session.audio.output.format",
+    seed="session.voxstage.seed",
+    sampling="session.voxstage.",
+)
+GRPC_FIELDS = DuplexFields(
+    model="session_update.session.model",
+    instructions="session_update.session.instructions",
+    voice="session_update.session.audio.output.voice",
+    input_format="session_update.session.audio.input.format",
+    output_format="session_update.session.audio.output.format",
+    seed="session_update.session.seed",
+    sampling="session_update.session.sampling.",
+)
+
+
+@dataclass(frozen=True)
+class SessionSettings:
+    model: str
+    instructions: str = ""
+    voice: str = ""  # empty: the talker's default
+    input_format: DuplexFormat = DEFAULT_FORMAT
+    output_format: DuplexFormat = DEFAULT_FORMAT
+    seed: int | None = None
+    sampling: speech_pb2.SamplingParams = field(default_factory=speech_pb2.SamplingParams)
+
+
+@dataclass
+class SettingsUpdate:
+    """What one ``session.update`` asks for; None leaves a setting as it is."""
+
+    model: str | None = None
+    instructions: str | None = None
+    voice: str | None = None
+    input_format: DuplexFormat | None = None
+    output_format: DuplexFormat | None = None
+    seed: int | None = None
+    sampling: speech_pb2.SamplingParams | None = None
+
+
+def session_mode_error(mode: str) -> GatewayError:
+    return GatewayError(
+        grpc.StatusCode.FAILED_PRECONDITION,
+        f"full-duplex sessions need session_mode: duplex in the deploy file; this deployment runs "
+        f"session_mode: {mode} (text-to-speech: Synthesize, StreamingSynthesize, POST /v1/audio/speech)",
+        field="session_mode",
+        reason="session_mode_not_duplex",
+    )
+
+
+def apply_update(
+    current: SessionSettings,
+    update: SettingsUpdate,
+    served: ModelInfo | None,
+    names: DuplexFields,
+    *,
+    max_text_chars: int,
+) -> SessionSettings:
+    """The settings after ``update``, or a GatewayError naming the first field at fault."""
+    changes: dict[str, object] = {}
+    if update.model is not None:
+        changes["model"] = resolve_model(update.model, served, names.model).name
+    if update.instructions is not None:
+        if len(update.instructions) > max_text_chars:
+            raise invalid(
+                names.instructions,
+                f"{len(update.instructions)} characters exceeds the limit of {max_text_chars} "
+                "(gateway.max_text_chars)",
+                reason="text_too_long",
+            )
+        changes["instructions"] = update.instructions
+    if update.voice is not None:
+        changes["voice"] = _check_voice(update.voice, served, names.voice)
+    if update.input_format is not None:
+        changes["input_format"] = update.input_format
+    if update.output_format is not None:
+        changes["output_format"] = update.output_format
+    if update.seed is not None:
+        if not 0 <= update.seed < 2**63:
+            raise invalid(names.seed, f"must be an integer in [0, 2^63), got {update.seed}")
+        changes["seed"] = update.seed
+    if update.sampling is not None:
+        changes["sampling"] = _merge_sampling(current.sampling, update.sampling, names.sampling)
+    return replace(current, **changes)  # type: ignore[arg-type]
+
+
+def _check_voice(voice: str, served: ModelInfo | None, field_name: str) -> str:
+    if not voice or served is None or not served.voices:
+        return voice  # no list at the gateway: the talker judges the name (NOT_FOUND, relayed)
+    found = served.find_voice(voice)
+    if found is None:
+        known = ", ".join(v.name for v in served.voices)
+        raise not_found(
+            field_name,
+            f"voice {voice!r} is not a stored voice of model {served.name!r}; known: {known}",
+            reason="voice_not_found",
+        )
+    return found.name
+
+
+def _merge_sampling(
+    current: speech_pb2.SamplingParams, update: speech_pb2.SamplingParams, prefix: str
+) -> speech_pb2.SamplingParams:
+    for name in ("repetition_penalty", "max_frames"):
+        if update.HasField(name):
+            raise invalid(
+                f"{prefix}{name}",
+                f"not used by duplex sessions; they take {', '.join(DUPLEX_SAMPLING)}",
+                reason="unsupported_parameter",
+            )
+    check_sampling(update, prefix)
+    merged = speech_pb2.SamplingParams()
+    merged.CopyFrom(current)
+    for name in DUPLEX_SAMPLING:
+        if update.HasField(name):
+            setattr(merged, name, getattr(update, name))
+    return merged

@@ -1,0 +1,132 @@
+"""``voxstage talk IN.wav -o OUT.wav``: a full-duplex conversation with a running gateway, from a file.
+
+IN.wav (any rate, mono or stereo) is resampled to 24 kHz and streamed in real time, one 80 ms frame every
+80 ms, as a microphone would; the agent's audio is written to OUT.wav (24 kHz, 16-bit) and its transcript
+to stdout (or ``--transcript FILE``). After the last frame the session is closed cleanly, so the agent's
+answer to the end of the input still arrives.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+import time
+import wave
+from pathlib import Path
+
+import numpy as np
+
+from voxstage.duplex_audio import FRAME_SAMPLES, FRAME_SECONDS, MODEL_RATE
+
+EXIT_FAILED = 1
+EXIT_INVALID = 2
+
+
+def load_input(path: Path) -> bytes:
+    """IN.wav as 24 kHz mono 16-bit PCM bytes (what a ``pcm`` session takes)."""
+    import soundfile as sf
+
+    from voxstage.audio import float_to_s16, resample
+
+    pcm, rate = sf.read(str(path), dtype="float32", always_2d=True)
+    mono = pcm.mean(axis=1) if pcm.shape[1] > 1 else pcm[:, 0]
+    return float_to_s16(resample(np.ascontiguousarray(mono), int(rate), MODEL_RATE)).tobytes()
+
+
+def write_wav(path: Path, pcm16: bytes) -> None:
+    with wave.open(str(path), "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(MODEL_RATE)
+        w.writeframes(pcm16)
+
+
+async def _talk(args: argparse.Namespace, data: bytes) -> int:
+    from voxstage.client import AgentAudio, AgentTranscript, AsyncSpeechClient, ResponseDone, ServerNotice
+
+    frame_bytes = FRAME_SAMPLES * 2
+    audio = bytearray()
+    transcript: list[str] = []
+    done: ResponseDone | None = None
+    start = time.monotonic()
+    options = {"seed": args.seed} if args.seed is not None else {}
+    async with (
+        AsyncSpeechClient(args.addr, timeout=None) as client,
+        client.converse(voice=args.voice, instructions=args.instructions, **options) as session,
+    ):
+
+        async def send() -> None:
+            t0 = time.monotonic()
+            for i, offset in enumerate(range(0, len(data), frame_bytes)):
+                await asyncio.sleep(max(t0 + i * FRAME_SECONDS - time.monotonic(), 0.0))
+                await session.send_audio(data[offset : offset + frame_bytes])
+            await session.close()
+
+        sender = asyncio.create_task(send())
+        try:
+            async for event in session:
+                if isinstance(event, AgentAudio):
+                    audio += event.data
+                elif isinstance(event, AgentTranscript):
+                    transcript.append(event.text)
+                    if args.transcript is None:
+                        print(event.text, end="", flush=True)
+                elif isinstance(event, ServerNotice):
+                    print(f"\nvoxstage talk: server: {event.code}: {event.message}", file=sys.stderr)
+                elif isinstance(event, ResponseDone):
+                    done = event
+        finally:
+            sender.cancel()
+    write_wav(args.output, bytes(audio))
+    if args.transcript is not None:
+        args.transcript.write_text("".join(transcript))
+    elif transcript:
+        print()
+    status = "" if done is None else f", {done.status}" + (f" ({done.reason})" if done.reason else "")
+    agent_s, input_s = len(audio) / 2 / MODEL_RATE, len(data) / 2 / MODEL_RATE
+    print(
+        f"{args.output}: {agent_s:.2f} s of agent audio for {input_s:.2f} s of input in "
+        f"{time.monotonic() - start:.2f} s{status}",
+        file=sys.stderr,
+    )
+    return 0
+
+
+def _run(args: argparse.Namespace) -> int:
+    from voxstage.client import SpeechError
+
+    if args.output.suffix.lower() != ".wav":
+        print("voxstage talk: -o: write a .wav file", file=sys.stderr)
+        return EXIT_INVALID
+    try:
+        data = load_input(args.input)
+    except Exception as exc:  # soundfile raises its own types for unreadable files
+        print(f"voxstage talk: {args.input}: cannot read audio ({exc})", file=sys.stderr)
+        return EXIT_INVALID
+    if not data:
+        print(f"voxstage talk: {args.input}: holds no audio", file=sys.stderr)
+        return EXIT_INVALID
+    try:
+        return asyncio.run(_talk(args, data))
+    except SpeechError as exc:
+        print(f"voxstage talk: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+
+
+def add_talk(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    parser = subparsers.add_parser(
+        "talk", help="converse (full duplex) with a running gateway from a WAV file", description=__doc__
+    )
+    parser.add_argument("input", type=Path, metavar="IN.wav", help="what the user says (any rate)")
+    parser.add_argument(
+        "-o", "--output", type=Path, required=True, metavar="OUT.wav", help="the agent's audio"
+    )
+    parser.add_argument("--addr", default="localhost:50051", help="gateway gRPC address (host:port)")
+    parser.add_argument("--voice", default="", help="stored voice name; default: the model's")
+    parser.add_argument("--instructions", default="", help="the persona (text prompt)")
+    parser.add_argument("--seed", type=int, default=None, help="sampling seed, for a reproducible agent")
+    parser.add_argument(
+        "--transcript", type=Path, default=None, help="write the agent's transcript here instead of stdout"
+    )
+    parser.set_defaults(handler=_run)
