@@ -68,6 +68,7 @@ class DuplexConfig:
     window: int  # positions of each session's attention window (the ring; a call outlives it)
     prefill_budget: int  # prompt positions prefilled per tick, over all joining sessions
     gather_s: float = 0.010
+    prefill_time_s: float = 0.020  # prefill work per step before the live sessions' step goes first
     max_backlog: int = 2
     input_queue: int = 25  # user frames a session may have in flight (the codec's credit)
 
@@ -235,9 +236,15 @@ class DuplexEngine:
         return outputs
 
     def _prefill(self) -> None:
+        # Two bounds: the deploy file's positions per tick, and time, so that a burst of joins delays the live
+        # sessions' next step by at most about `prefill_time_s` (each prefill call costs a few ms of launches
+        # whatever its length). At least one chunk always runs, so joins always progress.
         budget = self.cfg.prefill_budget
+        t0 = time.perf_counter()
         for s in self._slots:
-            if budget <= 0:
+            if budget <= 0 or (
+                budget < self.cfg.prefill_budget and time.perf_counter() - t0 > self.cfg.prefill_time_s
+            ):
                 break
             if s.decoding:
                 continue

@@ -63,7 +63,7 @@ def drive(adapter: PersonaPlexAdapter, sessions: list[Session], ticks: int) -> d
             adapter.set_user(feeding, frames)
         adapter.step([True] * len(slots), int(adapter.state.steps[: len(slots)].max()))
         for i, s in enumerate(slots):
-            made[s.name].append(adapter.state.column[i, :9].cpu().numpy())
+            made[s.name].append(adapter.state.column[i, :9].cpu().numpy().copy())
             done[s.name] += 1
     return made
 

@@ -47,9 +47,9 @@ def run_session(
             adapter.set_user([0], users[s][None])
         column = adapter.state.column[0].clone()
         column[9] = adapter.state.user[0, 0]
-        inputs.append(column.cpu().numpy())
+        inputs.append(column.cpu().numpy().copy())
         tokens, ok = adapter.step([True], int(adapter.state.steps[0]), all_greedy=True)
-        made.append(adapter.state.column[0, :9].cpu().numpy())
+        made.append(adapter.state.column[0, :9].cpu().numpy().copy())
         out.append(tokens[0])
         valid.append(ok[0])
     return np.stack(inputs), np.stack(made), np.stack(out), np.asarray(valid)

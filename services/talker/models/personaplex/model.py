@@ -11,6 +11,7 @@ step built on it (``frame.py``) can be captured as one CUDA graph per (batch, co
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -18,6 +19,7 @@ from typing import Any
 import torch
 from torch import nn
 from torch.nn import functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from voxstage.nn.fused import add_rmsnorm, qkv_into_cache, rope_rotate, silu_mul
 
@@ -142,12 +144,22 @@ class Temporal(nn.Module):
             if i == last:
                 return None  # the last layer's output feeds nothing
             keys, values = kv.k[i, slot : slot + 1, :, :end], kv.v[i, slot : slot + 1, :, :end]
-            attn = F.scaled_dot_product_attention(
-                q.transpose(0, 1).unsqueeze(0), keys, values, attn_mask=mask
-            )
+            with _prefill_attention(x.device):
+                attn = F.scaled_dot_product_attention(
+                    q.transpose(0, 1).unsqueeze(0), keys, values, attn_mask=mask
+                )
             return layer.self_attn.out_proj(attn[0].transpose(0, 1).reshape(t, -1))
 
         _blocks(list(self.layers), x, None, attend)
+
+
+def _prefill_attention(device: torch.device) -> contextlib.AbstractContextManager[None]:
+    """Prefill chunks come in many shapes (prompt lengths, budget splits). On CUDA, PyTorch's default picks
+    cuDNN attention, which builds an execution plan per new shape (hundreds of ms each: on the H200 a join
+    burst stalled every live session's ticks); the memory-efficient kernel needs no plan."""
+    if device.type != "cuda":
+        return contextlib.nullcontext()
+    return sdpa_kernel([SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH])
 
 
 class DepformerAttention(nn.Module):
