@@ -1,0 +1,204 @@
+"""Full-duplex sessions end to end on CPU (issue 12, acceptance 1 and 2): ``voxstage serve
+deploy/personaplex.yaml --model personaplex-tiny`` as real processes, two sessions over the WebSocket with the
+official ``openai`` client and two over gRPC ``Converse`` with the SDK, all at once, each streaming 10 s of
+user audio in real time."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from tests.integration.deploykit import free_port
+from tests.integration.stagekit import ROOT, stage_env
+from voxstage.health_probe import check
+
+pytestmark = pytest.mark.timeout(240)
+DEPLOY = ROOT / "deploy" / "personaplex.yaml"
+MODEL = "personaplex-tiny"
+RATE = 24_000
+FRAME = 1920
+SECONDS = 10.0
+
+
+@dataclass
+class Stack:
+    grpc: str
+    http: str
+    proc: subprocess.Popen[bytes]
+    log: Path
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    from voxstage.presets import resolve_model
+
+    cache = tmp_path_factory.mktemp("vxcache-duplex")
+    resolve_model(MODEL, cache=cache)
+    grpc_port, http_port = free_port(), free_port()
+    log = tmp_path_factory.mktemp("duplex-logs") / "serve.log"
+    cmd = [sys.executable, "-m", "voxstage", "serve", str(DEPLOY), "--model", MODEL, "--device", "cpu"]
+    cmd += ["--host", "127.0.0.1", "--grpc-port", str(grpc_port), "--http-port", str(http_port)]
+    cmd += ["--drain-grace", "5", "--start-timeout", "90", "--threads", "1"]
+    cmd += ["--set", "duplex_session.max_sessions=4", "--set", "gateway.duplex_idle_timeout_s=2"]
+    with log.open("wb") as out:
+        proc = subprocess.Popen(cmd, env=stage_env(cache), stdout=out, stderr=subprocess.STDOUT, cwd=ROOT)
+    s = Stack(f"127.0.0.1:{grpc_port}", f"127.0.0.1:{http_port}", proc, log)
+    try:
+        deadline = time.monotonic() + 120
+        while not check(s.grpc, timeout=1.0):
+            assert proc.poll() is None, log.read_text()[-3000:]
+            assert time.monotonic() < deadline, log.read_text()[-3000:]
+            time.sleep(0.2)
+        yield s
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+def user_audio(seconds: float, seed: int) -> bytes:
+    t = np.arange(int(seconds * RATE)) / RATE
+    x = 0.1 * np.sin(2 * np.pi * (150 + 20 * seed) * t) + 0.01 * np.random.default_rng(seed).standard_normal(
+        t.size
+    )
+    return (x * 32767).astype("<i2").tobytes()
+
+
+@dataclass
+class Record:
+    audio: list[tuple[float, int]] = field(default_factory=list)  # (arrival, bytes)
+    transcript: list[str] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+
+    def frames(self) -> int:
+        return sum(n for _, n in self.audio) // (2 * FRAME)
+
+    def max_gap(self, since: float = 0.0, until: float = float("inf")) -> float:
+        times = [t for t, _ in self.audio if since <= t <= until]
+        return max(np.diff(times), default=0.0)
+
+
+async def paced(send: Any, audio: bytes, seconds: float) -> None:
+    """One 80 ms frame every 80 ms on an absolute schedule, as a microphone delivers it."""
+    t0 = time.perf_counter()
+    for k in range(int(seconds / 0.08)):
+        await asyncio.sleep(max(0.0, t0 + 0.08 * k - time.perf_counter()))
+        await send(audio[2 * FRAME * k : 2 * FRAME * (k + 1)])
+
+
+async def websocket_session(stack: Stack, seed: int, seconds: float) -> Record:
+    from openai import AsyncOpenAI
+
+    rec = Record()
+    client = AsyncOpenAI(base_url=f"http://{stack.http}/v1", api_key="unused")
+    async with client.realtime.connect(model=MODEL) as conn:
+        await conn.session.update(session={"type": "realtime", "instructions": f"You are agent {seed}."})
+
+        async def send(chunk: bytes) -> None:
+            await conn.input_audio_buffer.append(audio=base64.b64encode(chunk).decode())
+
+        sender = asyncio.create_task(paced(send, user_audio(seconds, seed), seconds))
+        async with asyncio.timeout(seconds + 15):
+            async for event in conn:
+                if event.type == "response.output_audio.delta":
+                    rec.audio.append((time.perf_counter(), len(base64.b64decode(event.delta))))
+                elif event.type == "response.output_audio_transcript.delta":
+                    rec.transcript.append(event.delta)
+                elif event.type == "error":
+                    rec.errors.append(event.error.message)
+                if sender.done() and rec.frames() >= int(seconds / 0.08) - 2:
+                    break
+        await sender
+    return rec
+
+
+async def converse_session(stack: Stack, seed: int, seconds: float) -> Record:
+    from voxstage.client import AgentAudio, AgentTranscript, AsyncSpeechClient
+
+    rec = Record()
+    async with AsyncSpeechClient(stack.grpc) as client:
+        async with client.converse(instructions=f"You are agent {seed}.", seed=seed) as session:
+            sender = asyncio.create_task(paced(session.send_audio, user_audio(seconds, seed), seconds))
+
+            async def receive() -> None:
+                async for event in session:
+                    if isinstance(event, AgentAudio):
+                        rec.audio.append((time.perf_counter(), len(event.data)))
+                    elif isinstance(event, AgentTranscript):
+                        rec.transcript.append(event.text)
+
+            reader = asyncio.create_task(receive())
+            await sender
+            await asyncio.sleep(0.5)
+            await session.close()
+            await asyncio.wait_for(reader, 15)
+    return rec
+
+
+def test_websocket_and_grpc_sessions_run_at_once_in_real_time(stack: Stack) -> None:
+    """Two openai-client WebSocket sessions and two SDK Converse sessions at once; one WebSocket session
+    leaves after 4 s and the others keep their 80 ms cadence."""
+
+    async def main() -> tuple[list[Record], float]:
+        tasks = [
+            websocket_session(stack, 1, SECONDS),
+            websocket_session(stack, 2, 4.0),
+            converse_session(stack, 3, SECONDS),
+            converse_session(stack, 4, SECONDS),
+        ]
+        t_leave = time.perf_counter() + 4.0
+        return list(await asyncio.gather(*tasks)), t_leave
+
+    records, t_leave = asyncio.run(main())
+    for i, (rec, seconds) in enumerate(zip(records, (SECONDS, 4.0, SECONDS, SECONDS), strict=True)):
+        expected = int(seconds / 0.08)
+        assert not rec.errors, (i, rec.errors)
+        assert rec.frames() >= expected - 3, (i, rec.frames(), expected)  # one agent frame per user frame
+        assert "".join(rec.transcript), i  # the agent's text stream arrives as transcript deltas
+    for i in (0, 2, 3):
+        # Around the moment session 1 left, the others' agent audio kept arriving at the tick rate.
+        assert records[i].max_gap(t_leave - 1.0, t_leave + 2.0) < 0.5, (i, records[i].max_gap())
+
+
+def test_capacity_bad_input_and_a_vanished_client(stack: Stack) -> None:
+    """Beyond max_sessions the next session is refused; a frame that is not JSON gets an error event and the
+    session goes on; a client that vanishes frees its slot within one tick plus the idle timeout."""
+    import websockets
+
+    url = f"ws://{stack.http}/v1/realtime?model={MODEL}"
+
+    async def main() -> None:
+        held = [await websockets.connect(url) for _ in range(4)]
+        for ws in held:
+            assert '"session.created"' in await asyncio.wait_for(ws.recv(), 5)
+            await ws.send('{"type": "input_audio_buffer.append", "audio": "' + "A" * 5120 + '"}')
+        fifth = await websockets.connect(url)
+        refusal = await asyncio.wait_for(fifth.recv(), 5)
+        assert '"error"' in refusal and "session" in refusal, refusal
+        await fifth.close()
+        await held[0].send("not json")
+        reply = await asyncio.wait_for(held[0].recv(), 5)
+        while '"error"' not in reply:
+            reply = await asyncio.wait_for(held[0].recv(), 5)
+        assert "invalid_json" in reply, reply
+        held[1].transport.abort()  # vanishes: no close frame
+        await asyncio.sleep(3.5)  # idle timeout (2 s) plus a tick and some slack for a loaded CI machine
+        again = await websockets.connect(url)
+        assert '"session.created"' in await asyncio.wait_for(again.recv(), 5)
+        for ws in (again, held[0], held[2], held[3]):
+            await ws.close()
+
+    asyncio.run(main())
