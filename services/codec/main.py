@@ -10,7 +10,7 @@ import dataclasses
 import logging
 from typing import TYPE_CHECKING, Any
 
-from voxstage.stage_process import StageParts, register_stage
+from voxstage.stage_process import StageParts, register_stage, stage_parts
 
 if TYPE_CHECKING:
     from voxstage.config import DeployConfig
@@ -109,21 +109,8 @@ def build(args: argparse.Namespace) -> StageParts:
         f"above {writer.threshold_bytes} B" if writer else "off",
     )  # fmt: skip
 
-    def stop() -> None:
-        worker.stop()
-        if writer is not None:
-            writer.close()
-        if reader is not None:
-            reader.close()
-
-    return StageParts(
-        role="codec",
-        bindings=[ServiceBinding(SERVICE_NAME, servicer, stage_pb2_grpc.add_CodecServicer_to_server)],
-        servicer=servicer,
-        start=lambda loop, on_fatal: worker.start(loop, on_fatal),
-        warm_up=worker.warm_up,
-        stop=stop,
-    )
+    binding = ServiceBinding(SERVICE_NAME, servicer, stage_pb2_grpc.add_CodecServicer_to_server)
+    return stage_parts("codec", binding, servicer, worker, worker.warm_up, writer, reader)
 
 
 def _build_duplex(config: DeployConfig, device: str, dtype: Any, source: ModelSource) -> StageParts:
@@ -186,18 +173,5 @@ def _build_duplex(config: DeployConfig, device: str, dtype: Any, source: ModelSo
         f"above {writer.threshold_bytes} B" if writer else "off",
     )  # fmt: skip
 
-    def stop() -> None:
-        worker.stop()
-        if writer is not None:
-            writer.close()
-        if reader is not None:
-            reader.close()
-
-    return StageParts(
-        role="codec",
-        bindings=[ServiceBinding(SERVICE_NAME, servicer, stage_pb2_grpc.add_CodecServicer_to_server)],
-        servicer=servicer,
-        start=lambda loop, on_fatal: worker.start(loop, on_fatal),
-        warm_up=worker.warm_up,
-        stop=stop,
-    )
+    binding = ServiceBinding(SERVICE_NAME, servicer, stage_pb2_grpc.add_CodecServicer_to_server)
+    return stage_parts("codec", binding, servicer, worker, worker.warm_up, writer, reader)

@@ -15,7 +15,7 @@ import math
 import time
 from collections import deque
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import grpc
 import numpy as np
@@ -309,20 +309,13 @@ class CodecStream(StageStream):
     def _terminal(self, reason: int, error: S.StreamError | None = None) -> None:
         if self.terminal_sent:
             return
-        self.terminal_sent = True
         self.pieces.clear()
-        now = time.perf_counter()
         queued = None if self.relay is None else self.relay.queued_s
-        eos = wire.end_of_stream(
-            reason,
-            frames=self.frames_sent,
-            samples=self.samples_sent,
-            error=error,
-            stage_timings=wire.timings(
-                queued, None if self.t_first is None else self.t_first - self.t_open, now - self.t_open
-            ),
-        )
-        self.outbox.put_nowait(S.CodecStreamResponse(end_of_stream=eos))
+        frames, samples = self.frames_sent, self.samples_sent
+        self._send_terminal(reason, error, frames=frames, samples=samples, queued=queued)
+
+    def _response(self, **fields: Any) -> S.CodecStreamResponse:
+        return S.CodecStreamResponse(**fields)
 
     def close(self) -> None:
         """The handler returns: free the decoder state, stop the talker call, reclaim shm loans."""

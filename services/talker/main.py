@@ -10,7 +10,7 @@ import argparse
 import logging
 from typing import Any
 
-from voxstage.stage_process import StageParts, StageStartError, register_stage
+from voxstage.stage_process import StageParts, StageStartError, register_stage, stage_parts
 
 log = logging.getLogger(__name__)
 DEFAULT_PORT = 50061
@@ -101,19 +101,8 @@ def build(args: argparse.Namespace) -> StageParts:
         f"above {writer.threshold_bytes} B" if writer else "off",
     )  # fmt: skip
 
-    def stop() -> None:
-        worker.stop()
-        if writer is not None:
-            writer.close()
-
-    return StageParts(
-        role="talker",
-        bindings=[ServiceBinding(SERVICE_NAME, servicer, stage_pb2_grpc.add_TalkerServicer_to_server)],
-        servicer=servicer,
-        start=lambda loop, on_fatal: worker.start(loop, on_fatal),
-        warm_up=lambda: worker.warm_up(warm),
-        stop=stop,
-    )
+    binding = ServiceBinding(SERVICE_NAME, servicer, stage_pb2_grpc.add_TalkerServicer_to_server)
+    return stage_parts("talker", binding, servicer, worker, lambda: worker.warm_up(warm), writer)
 
 
 def _family_limits(adapter: Any, family: str) -> tuple[int, int]:
@@ -175,16 +164,5 @@ def _build_duplex(config: Any, device: str, adapter: Any, info: Any) -> StagePar
         "CUDA graphs" if device == "cuda" and not stage.enforce_eager else "eager",
     )  # fmt: skip
 
-    def stop() -> None:
-        worker.stop()
-        if writer is not None:
-            writer.close()
-
-    return StageParts(
-        role="talker",
-        bindings=[ServiceBinding(SERVICE_NAME, servicer, stage_pb2_grpc.add_TalkerServicer_to_server)],
-        servicer=servicer,
-        start=lambda loop, on_fatal: worker.start(loop, on_fatal),
-        warm_up=worker.warm_up,
-        stop=stop,
-    )
+    binding = ServiceBinding(SERVICE_NAME, servicer, stage_pb2_grpc.add_TalkerServicer_to_server)
+    return stage_parts("talker", binding, servicer, worker, worker.warm_up, writer)

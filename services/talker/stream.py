@@ -13,7 +13,7 @@ import asyncio
 import itertools
 import time
 from collections.abc import Mapping
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -251,21 +251,13 @@ class TalkerStream(StageStream):
     def _terminal(self, reason: int, error: stage_pb2.StreamError | None = None) -> None:
         if self.terminal_sent:
             return
-        self.terminal_sent = True
         self.pending, self.pending_frames = [], 0
-        now = time.perf_counter()
         admitted = self.worker.admitted_at(self.key)
-        eos = wire.end_of_stream(
-            reason,
-            frames=self.sent_frames,
-            error=error,
-            stage_timings=wire.timings(
-                None if admitted is None else admitted - self.t_open,
-                None if self.t_first is None else self.t_first - self.t_open,
-                now - self.t_open,
-            ),
-        )
-        self.outbox.put_nowait(stage_pb2.TalkerStreamResponse(end_of_stream=eos))
+        queued = None if admitted is None else admitted - self.t_open
+        self._send_terminal(reason, error, frames=self.sent_frames, queued=queued)
+
+    def _response(self, **fields: Any) -> stage_pb2.TalkerStreamResponse:
+        return stage_pb2.TalkerStreamResponse(**fields)
 
     def close(self) -> None:
         """The handler is returning (terminal written, or the call is dead): free everything."""

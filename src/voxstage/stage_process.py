@@ -208,6 +208,33 @@ class StageParts:
     stop: Callable[[], None]
 
 
+def stage_parts(
+    role: str,
+    binding: Any,
+    servicer: Servicer,
+    worker: Any,
+    warm_up: Callable[[], Awaitable[float]],
+    *closers: Any,
+) -> StageParts:
+    """A built stage's parts: its gRPC binding, the worker's engine-thread lifecycle, and a ``stop`` that
+    stops the engine thread and then closes the shared-memory endpoints given (None: not used)."""
+
+    def stop() -> None:
+        worker.stop()
+        for endpoint in closers:
+            if endpoint is not None:
+                endpoint.close()
+
+    return StageParts(
+        role=role,
+        bindings=[binding],
+        servicer=servicer,
+        start=lambda loop, on_fatal: worker.start(loop, on_fatal),
+        warm_up=warm_up,
+        stop=stop,
+    )
+
+
 async def serve(parts: StageParts, args: argparse.Namespace) -> int:
     """Serve until SIGTERM/SIGINT (drain, exit 0) or until the engine thread dies (exit 3)."""
     from voxstage.server import start_stage_server

@@ -15,6 +15,7 @@ import time
 from collections.abc import AsyncIterator, Mapping
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from voxstage import wire
 from voxstage.internal.v1 import stage_pb2
 from voxstage.loans import StreamLoans
 from voxstage.stage_errors import StageFailure
@@ -55,6 +56,33 @@ class StageStream:
     def state(self, view: Mapping[str, Any], tick: int) -> stage_pb2.RequestState:
         """This stream in Status; ``view`` is the stage's per-stream part of the engine snapshot."""
         raise NotImplementedError
+
+    def _response(self, **fields: Any) -> Any:
+        """The stage's response message (``TalkerStreamResponse`` / ``CodecStreamResponse``)."""
+        raise NotImplementedError
+
+    # -- the terminal fence ----------------------------------------------------------------------------------
+    def _send_terminal(
+        self,
+        reason: int,
+        error: stage_pb2.StreamError | None,
+        *,
+        frames: int,
+        samples: int = 0,
+        queued: float | None,
+    ) -> None:
+        """Queue ``end_of_stream`` behind everything queued before it (docs/protocol.md §5), with the counts
+        and the per-stage timings since ``open``; ``queued`` is open -> slot, when known."""
+        self.terminal_sent = True
+        first = None if self.t_first is None else self.t_first - self.t_open
+        eos = wire.end_of_stream(
+            reason,
+            frames=frames,
+            samples=samples,
+            error=error,
+            stage_timings=wire.timings(queued, first, time.perf_counter() - self.t_open),
+        )
+        self.outbox.put_nowait(self._response(end_of_stream=eos))
 
     # -- peer -> this stage ------------------------------------------------------------------------------
     async def read(self, requests: AsyncIterator[Any]) -> None:

@@ -7,8 +7,6 @@ checked against the solo run.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import numpy as np
 import pytest
 import torch
@@ -40,14 +38,6 @@ from voxstage.codec.models.mimi.streaming import MimiStreamingCodec
 K = 8
 TICK = 0.08
 TOL = 1e-5
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread() -> Iterator[None]:
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,6 @@ terminal on ``end_of_input``). The engine ticks every 20 ms here so a session ta
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
 
 import numpy as np
 import pytest
@@ -19,14 +18,6 @@ from voxstage.codec.models.mimi.loader import random_init
 from voxstage.codec.models.mimi.model import MimiModel
 from voxstage.codec.models.mimi.presets import tiny_config
 from voxstage.internal.v1 import stage_pb2 as S
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread() -> Iterator[None]:
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")

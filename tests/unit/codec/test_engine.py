@@ -7,8 +7,6 @@ remainders of different lengths in one padded call.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import numpy as np
 import pytest
 import torch
@@ -23,15 +21,6 @@ TOL = 1e-5
 SPF = 1920
 GROUPS = 16
 SEED_SCHEDULE = ChunkSchedule(initial_frames=1, steady_frames=25)
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread() -> Iterator[None]:
-    # Tiny per-chunk ops on a shared 2-core box: intra-op threads cost more than they save.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")

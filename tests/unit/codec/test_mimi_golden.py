@@ -8,7 +8,6 @@ offline and frame-by-frame streaming, encode and decode, with the released 250-s
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -24,15 +23,6 @@ from voxstage.codec.models.mimi.streaming import MimiStreamingCodec
 META = golden.load_meta()
 TOL = META["tolerances"]
 SPF = 1920
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread() -> Iterator[None]:
-    # Many tiny per-frame ops: intra-op threads cost more than they save here.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")

@@ -11,11 +11,11 @@ K/V history wraps every 5 frames.
 from __future__ import annotations
 
 import random
-from collections.abc import Iterator
 
 import pytest
 import torch
 
+from tests.unit.codec.codec_kit import noise_pcm, random_codes
 from voxstage.codec.models.mimi.config import QuantizerConfig
 from voxstage.codec.models.mimi.loader import random_init
 from voxstage.codec.models.mimi.model import MimiModel
@@ -28,27 +28,16 @@ SPF = 1920
 K = 8
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread() -> Iterator[None]:
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.fixture(scope="module")
 def model() -> MimiModel:
     return random_init(tiny_config().with_overrides({"transformer": {"context": 12}}), seed=3)
 
 
 def _codes(seed: int, frames: int, batch: int = 1) -> torch.Tensor:
-    return torch.randint(0, 2048, (batch, K, frames), generator=torch.Generator().manual_seed(seed))
+    return random_codes(seed, frames, batch, groups=K)
 
 
-def _pcm(seed: int, frames: int, batch: int = 1) -> torch.Tensor:
-    gen = torch.Generator().manual_seed(seed)
-    noise = torch.randn(batch, 1, frames * SPF + 31, generator=gen)
-    return 0.4 * torch.nn.functional.avg_pool1d(noise, 32, stride=1)[:, 0]
+_pcm = noise_pcm
 
 
 def _assert_same_rows(packed: MimiStreamingCodec, ref: MimiStreamingCodec, ref_slots: list[int]) -> None:

@@ -9,11 +9,11 @@ history, and rows of one batch at different positions with right padding.
 from __future__ import annotations
 
 import random
-from collections.abc import Iterator
 
 import pytest
 import torch
 
+from tests.unit.codec.codec_kit import noise_pcm, random_codes
 from voxstage.codec.models.mimi.loader import random_init
 from voxstage.codec.models.mimi.model import MimiModel
 from voxstage.codec.models.mimi.presets import full_config, tiny_config
@@ -24,30 +24,16 @@ SPF = 1920
 K = 8
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread() -> Iterator[None]:
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.fixture(scope="module")
 def model() -> MimiModel:
     return random_init(tiny_config().with_overrides({"transformer": {"context": 12}}), seed=3)
 
 
 def _codes(seed: int, frames: int, batch: int = 1) -> torch.Tensor:
-    return torch.randint(0, 2048, (batch, K, frames), generator=torch.Generator().manual_seed(seed))
+    return random_codes(seed, frames, batch, groups=K)
 
 
-def _pcm(seed: int, frames: int, batch: int = 1) -> torch.Tensor:
-    """Band-limited noise with a slow envelope, amplitude well below 1."""
-    gen = torch.Generator().manual_seed(seed)
-    noise = torch.randn(batch, 1, frames * SPF + 31, generator=gen)
-    smooth = torch.nn.functional.avg_pool1d(noise, 32, stride=1)[:, 0]
-    env = 0.5 + 0.4 * torch.sin(torch.arange(frames * SPF) / 3000.0)
-    return 0.6 * smooth * env
+_pcm = noise_pcm
 
 
 def _sizes(seed: int, total: int, high: int = 9) -> list[int]:

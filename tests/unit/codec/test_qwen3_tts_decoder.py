@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +11,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from tests.golden import fixture_dir, load_cases, load_config, load_weights_manifest, materialize_checkpoint
+from tests.unit.codec.codec_kit import random_codes
 from voxstage.checkpoint import CheckpointError
 from voxstage.codec.models.qwen3_tts.config import (
     DecoderConfigError,
@@ -30,16 +30,7 @@ GOLDEN_TOL = 1e-4
 GOLDEN_STREAM_TOL = 5e-4
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread() -> Iterator[None]:
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # small ops on a shared box: intra-op threads only add spin-waits
-    yield
-    torch.set_num_threads(threads)
-
-
-def _codes(seed: int, frames: int, batch: int = 1) -> torch.Tensor:
-    return torch.randint(0, 2048, (batch, 16, frames), generator=torch.Generator().manual_seed(seed))
+_codes = random_codes
 
 
 # --------------------------------------------------------------------------- golden parity

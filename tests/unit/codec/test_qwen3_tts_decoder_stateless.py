@@ -7,7 +7,7 @@ stream beats every stateless context on the same chunks.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -23,14 +23,6 @@ FRAMES = 250
 CHUNK = 25
 # Chunks whose start is past the largest context, so every context size gets its full left context.
 MEASURED_STARTS = (150, 175, 200, 225)
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread() -> Iterator[None]:
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # small ops on a shared box: intra-op threads only add spin-waits
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")

@@ -7,11 +7,11 @@ and a seeded random schedule cover chunks smaller than, equal to and larger than
 from __future__ import annotations
 
 import random
-from collections.abc import Iterator
 
 import pytest
 import torch
 
+from tests.unit.codec.codec_kit import random_codes
 from voxstage.codec.models.qwen3_tts.decoder import Qwen3TokenizerDecoder
 from voxstage.codec.models.qwen3_tts.loader import random_init
 from voxstage.codec.models.qwen3_tts.presets import decoder_preset
@@ -22,23 +22,12 @@ FRAMES = 400
 SPF = 1920
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread() -> Iterator[None]:
-    # Hundreds of tiny per-chunk ops: with intra-op threads on a shared 2-core box the spin-waits cost
-    # more than the math (measured 8x slower), so this module runs single-threaded.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.fixture(scope="module")
 def model() -> Qwen3TokenizerDecoder:
     return random_init(decoder_preset("qwen3-tts-tiny"), seed=0)
 
 
-def _codes(seed: int, frames: int, batch: int = 1) -> torch.Tensor:
-    return torch.randint(0, 2048, (batch, 16, frames), generator=torch.Generator().manual_seed(seed))
+_codes = random_codes
 
 
 @pytest.fixture(scope="module")
