@@ -83,8 +83,9 @@ async def test_deadline_is_propagated_and_enforced(make_stack: MakeStack) -> Non
     reply = await stack.stub.Synthesize(request("quick"), timeout=5.0)
     assert len(reply.audio) == 2 * expected_samples("quick")
     remaining = stack.codec.deadlines[-1]
-    # The client's deadline plus the gateway's slack for sending `cancel` before the codec call expires.
-    assert remaining is not None and 5.0 < remaining <= 6.0
+    # The client's deadline plus the gateway's slack for sending `cancel` before the codec call expires
+    # (up to 50 ms over: the deadline crosses two gRPC timeout headers, each rounded, on a busy machine).
+    assert remaining is not None and 5.0 < remaining <= 6.05
     with pytest.raises(grpc.aio.AioRpcError) as err:
         await stack.stub.Synthesize(request("far too long for the deadline " * 4), timeout=0.5)
     assert err.value.code() is grpc.StatusCode.DEADLINE_EXCEEDED
