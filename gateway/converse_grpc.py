@@ -100,6 +100,8 @@ def settings_update(session: speech_pb2.Session) -> SettingsUpdate:
         update.seed = session.seed
     if session.HasField("sampling"):
         update.sampling = session.sampling
+    if session.voice_audio:
+        update.voice_audio = session.voice_audio
     return update
 
 

@@ -244,6 +244,11 @@ class DuplexSession:
             msg.sampling.CopyFrom(s.sampling)
         if s.seed is not None:
             msg.seed = s.seed
+        if s.voice_audio is not None:
+            pcm, rate = s.voice_audio
+            msg.reference.audio.inline = np.ascontiguousarray(pcm, "<f4").tobytes()
+            msg.reference.audio_format = stage_pb2.PCM_FORMAT_F32LE
+            msg.reference.audio_sample_rate_hz = rate
         msg.transport.CopyFrom(hello_to_proto(local_hello()))
         return msg
 

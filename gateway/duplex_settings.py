@@ -11,7 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 import grpc
+import numpy as np
 
+from voxstage.audio import AudioError, decode_audio
 from voxstage.duplex_audio import DEFAULT_FORMAT, DuplexFormat
 from voxstage.gateway.catalog import ModelInfo
 from voxstage.gateway.errors import GatewayError, invalid, not_found
@@ -20,6 +22,9 @@ from voxstage.v1 import speech_pb2
 
 # Sampling fields a duplex session honours: the text stream's sampler (docs/protocol.md §11).
 DUPLEX_SAMPLING = ("temperature", "top_k", "top_p")
+# A voice recording: the codec encodes at most 30 s of it (services/codec/duplex_reference.py).
+MAX_VOICE_S = 30.0
+MAX_VOICE_BYTES = 8 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -33,6 +38,7 @@ class DuplexFields:
     output_format: str
     seed: str
     sampling: str  # prefix: "<sampling>temperature"
+    voice_audio: str
 
 
 WS_FIELDS = DuplexFields(
@@ -43,6 +49,7 @@ WS_FIELDS = DuplexFields(
     output_format="session.audio.output.format",
     seed="session.voxstage.seed",
     sampling="session.voxstage.",
+    voice_audio="session.voxstage.voice_audio",
 )
 GRPC_FIELDS = DuplexFields(
     model="session_update.session.model",
@@ -52,6 +59,7 @@ GRPC_FIELDS = DuplexFields(
     output_format="session_update.session.audio.output.format",
     seed="session_update.session.seed",
     sampling="session_update.session.sampling.",
+    voice_audio="session_update.session.voice_audio",
 )
 
 
@@ -64,6 +72,8 @@ class SessionSettings:
     output_format: DuplexFormat = DEFAULT_FORMAT
     seed: int | None = None
     sampling: speech_pb2.SamplingParams = field(default_factory=speech_pb2.SamplingParams)
+    # A voice recording to speak with (mono float32 and its rate), decoded and checked at update time.
+    voice_audio: tuple[np.ndarray, int] | None = None
 
 
 @dataclass
@@ -77,6 +87,7 @@ class SettingsUpdate:
     output_format: DuplexFormat | None = None
     seed: int | None = None
     sampling: speech_pb2.SamplingParams | None = None
+    voice_audio: bytes | None = None  # an audio file's bytes
 
 
 def session_mode_error(mode: str) -> GatewayError:
@@ -122,6 +133,21 @@ def apply_update(
         changes["seed"] = update.seed
     if update.sampling is not None:
         changes["sampling"] = _merge_sampling(current.sampling, update.sampling, names.sampling)
+    if update.voice_audio is not None:
+        try:
+            changes["voice_audio"] = decode_audio(
+                update.voice_audio,
+                field=names.voice_audio,
+                max_bytes=MAX_VOICE_BYTES,
+                max_seconds=MAX_VOICE_S,
+            )
+        except AudioError as exc:
+            raise invalid(
+                names.voice_audio, str(exc).removeprefix(f"{names.voice_audio}: "), reason="invalid_audio"
+            ) from None
+    voice = changes.get("voice", current.voice)
+    if voice and changes.get("voice_audio", current.voice_audio) is not None:
+        raise invalid(names.voice_audio, "give a stored voice or a voice recording, not both")
     return replace(current, **changes)  # type: ignore[arg-type]
 
 

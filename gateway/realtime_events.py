@@ -81,6 +81,8 @@ class VoxstageSettings(_Strict):
     temperature: float | None = None
     top_k: int | None = Field(default=None, ge=-(2**31), lt=2**31)
     top_p: float | None = None
+    # base64 of an audio file (WAV/FLAC/OGG): the voice to speak with, instead of a stored voice.
+    voice_audio: str | None = None
 
 
 class SessionConfig(_Strict):
@@ -137,6 +139,13 @@ def settings_update(config: SessionConfig) -> SettingsUpdate:
     ext = config.voxstage
     if ext is not None:
         update.seed = ext.seed
+        if ext.voice_audio is not None:
+            try:
+                update.voice_audio = base64.b64decode(ext.voice_audio, validate=True)
+            except ValueError:
+                raise invalid(
+                    "session.voxstage.voice_audio", "not valid base64", reason="invalid_audio"
+                ) from None
         sampling = speech_pb2.SamplingParams()
         for name in ("temperature", "top_k", "top_p"):
             value = getattr(ext, name)

@@ -202,3 +202,35 @@ def test_capacity_bad_input_and_a_vanished_client(stack: Stack) -> None:
             await ws.close()
 
     asyncio.run(main())
+
+
+def test_a_voice_recording_instead_of_a_stored_voice(stack: Stack) -> None:
+    """``voice_audio`` (a WAV file's bytes) goes to the codec, which encodes it for the talker's voice prompt;
+    a recording and a stored voice together are refused, naming the field."""
+    import io
+
+    import soundfile as sf
+
+    from voxstage.client import AgentAudio, AsyncSpeechClient, SpeechError
+
+    buf = io.BytesIO()
+    t = np.arange(16_000 * 2) / 16_000
+    sf.write(buf, (0.2 * np.sin(2 * np.pi * 180 * t)).astype(np.float32), 16_000, format="WAV")
+
+    async def main() -> int:
+        received = 0
+        async with AsyncSpeechClient(stack.grpc) as client:
+            with pytest.raises(SpeechError, match="voice_audio"):
+                async with client.converse(voice="NATF0", voice_audio=buf.getvalue()):
+                    pass
+            async with client.converse(voice_audio=buf.getvalue()) as session:
+                sender = asyncio.create_task(paced(session.send_audio, user_audio(2.0, 9), 2.0))
+                async for event in session:
+                    if isinstance(event, AgentAudio):
+                        received += len(event.data) // (2 * FRAME)
+                    if sender.done() and received >= 20:
+                        break
+                await sender
+        return received
+
+    assert asyncio.run(main()) >= 20

@@ -257,7 +257,8 @@ class AsyncSpeechClient:
     ) -> AsyncConverseSession:
         """A full-duplex speech-to-speech session (``async with``). ``voice`` is a stored voice name,
         ``instructions`` the persona; formats are ``pcm`` (24 kHz s16le), ``pcmu`` or ``pcma`` (8 kHz G.711).
-        Options: model, seed, temperature, top_k, top_p. No deadline by default: the server closes idle and
+        Options: model, seed, temperature, top_k, top_p, voice_audio (a WAV/FLAC/OGG file's bytes: the
+        voice to speak with instead of a stored one). No deadline by default: the server closes idle and
         over-long sessions itself."""
         update = session_update(
             voice=voice,

@@ -86,8 +86,11 @@ def session_update(
     temperature: float | None = None,
     top_k: int | None = None,
     top_p: float | None = None,
+    voice_audio: bytes | None = None,
 ) -> speech_pb2.ConverseRequest:
     session = speech_pb2.Session(model=model, instructions=instructions)
+    if voice_audio is not None:
+        session.voice_audio = voice_audio  # an audio file's bytes: the voice to speak with
     session.audio.input.format.CopyFrom(_format_message(input_format, "input_format"))
     session.audio.output.format.CopyFrom(_format_message(output_format, "output_format"))
     session.audio.output.voice = voice

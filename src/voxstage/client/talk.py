@@ -50,7 +50,9 @@ async def _talk(args: argparse.Namespace, data: bytes) -> int:
     transcript: list[str] = []
     done: ResponseDone | None = None
     start = time.monotonic()
-    options = {"seed": args.seed} if args.seed is not None else {}
+    options: dict[str, object] = {"seed": args.seed} if args.seed is not None else {}
+    if args.voice_audio is not None:
+        options["voice_audio"] = args.voice_audio.read_bytes()
     async with (
         AsyncSpeechClient(args.addr, timeout=None) as client,
         client.converse(voice=args.voice, instructions=args.instructions, **options) as session,
@@ -124,6 +126,10 @@ def add_talk(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     )
     parser.add_argument("--addr", default="localhost:50051", help="gateway gRPC address (host:port)")
     parser.add_argument("--voice", default="", help="stored voice name; default: the model's")
+    parser.add_argument(
+        "--voice-audio", type=Path, default=None, metavar="VOICE.wav",
+        help="a recording of the voice to speak with (at most 30 s), instead of a stored voice",
+    )  # fmt: skip
     parser.add_argument("--instructions", default="", help="the persona (text prompt)")
     parser.add_argument("--seed", type=int, default=None, help="sampling seed, for a reproducible agent")
     parser.add_argument(

@@ -331,20 +331,22 @@ class SessionAudio(_message.Message):
     def __init__(self, input: _Optional[_Union[SessionAudioInput, _Mapping]] = ..., output: _Optional[_Union[SessionAudioOutput, _Mapping]] = ...) -> None: ...
 
 class Session(_message.Message):
-    __slots__ = ("id", "model", "instructions", "audio", "seed", "sampling")
+    __slots__ = ("id", "model", "instructions", "audio", "seed", "sampling", "voice_audio")
     ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     INSTRUCTIONS_FIELD_NUMBER: _ClassVar[int]
     AUDIO_FIELD_NUMBER: _ClassVar[int]
     SEED_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
+    VOICE_AUDIO_FIELD_NUMBER: _ClassVar[int]
     id: str
     model: str
     instructions: str
     audio: SessionAudio
     seed: int
     sampling: SamplingParams
-    def __init__(self, id: _Optional[str] = ..., model: _Optional[str] = ..., instructions: _Optional[str] = ..., audio: _Optional[_Union[SessionAudio, _Mapping]] = ..., seed: _Optional[int] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ...) -> None: ...
+    voice_audio: bytes
+    def __init__(self, id: _Optional[str] = ..., model: _Optional[str] = ..., instructions: _Optional[str] = ..., audio: _Optional[_Union[SessionAudio, _Mapping]] = ..., seed: _Optional[int] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., voice_audio: _Optional[bytes] = ...) -> None: ...
 
 class SessionUpdate(_message.Message):
     __slots__ = ("session",)
