@@ -11,7 +11,6 @@ fails. The talker's terminal is relayed after the last PCM.
 
 from __future__ import annotations
 
-import asyncio
 import itertools
 import time
 from collections import deque
@@ -28,9 +27,9 @@ from voxstage.codec.duplex_open import check_open, talker_open
 from voxstage.codec.duplex_relay import DuplexTalkerRelay
 from voxstage.codec.duplex_types import AgentAudio, AgentFrame, DuplexOutput, UserCodes
 from voxstage.codec.relay import TalkerRefused
+from voxstage.codec.stream import CodecStageStream
 from voxstage.internal.v1 import stage_pb2 as S
 from voxstage.stage_errors import StageFailure
-from voxstage.stage_stream import StageStream
 from voxstage.transport.payload import ack_message, read_payload
 from voxstage.transport.shm_layout import InvalidShmReference, ShmError, StaleShmReference
 
@@ -48,10 +47,7 @@ class _Piece:
     out: AgentAudio
 
 
-class DuplexCodecStream(StageStream):
-    role = "codec"
-    peer = "gateway"
-    outbox: asyncio.Queue[S.CodecStreamResponse]
+class DuplexCodecStream(CodecStageStream):
 
     def __init__(self, servicer: CodecServicer, context: grpc.aio.ServicerContext) -> None:
         super().__init__(f"cd{next(_keys)}")
@@ -107,7 +103,7 @@ class DuplexCodecStream(StageStream):
         elif kind == "cancel":
             self.cancel_requested = True
             self.loans.forfeit()
-            self._leave()
+            self._release()
             relay.cancel(msg.cancel.reason or "gateway cancelled")
             self._terminal(S.END_REASON_CANCELLED)
         elif kind in ("text", "flush"):
@@ -143,7 +139,7 @@ class DuplexCodecStream(StageStream):
         try:
             talker = await self.relay.open(talker_open(op, codes))
         except TalkerRefused as exc:  # no `opened` for us either: its error is our only message
-            self._leave()
+            self._release()
             self._terminal(S.END_REASON_ERROR, exc.error)
             return
         if talker.num_code_groups != rt.num_groups:
@@ -244,7 +240,7 @@ class DuplexCodecStream(StageStream):
         relay = self.relay
         if self.talker_eos is not None and not self.pieces and relay is not None:
             if self.decoded >= relay.received:
-                self._leave()
+                self._release()
                 self._terminal(self.talker_eos.reason)
 
     def _send_pcm(self, piece: _Piece) -> None:
@@ -278,47 +274,29 @@ class DuplexCodecStream(StageStream):
     async def talker_ended(self, eos: S.EndOfStream, segment_done: S.SegmentDone | None) -> None:
         """The talker's terminal: relay its error or cancel now, its end after the last PCM."""
         if eos.reason == S.END_REASON_ERROR:
-            self._leave()
+            self._release()
             e = eos.error
             self._terminal(S.END_REASON_ERROR, S.StreamError(code=e.code, message=e.message, origin=e.origin))
         elif eos.reason in (S.END_REASON_EOS, S.END_REASON_MAX_FRAMES):
             self.talker_eos = eos
             self.pump()
         else:
-            self._leave()
+            self._release()
             self._terminal(S.END_REASON_CANCELLED)
 
     # -- termination -------------------------------------------------------------------------------------
     def fail(self, code: str, message: str) -> None:
         if self.terminal_sent:
             return
-        self._leave()
+        self._release()
         if self.relay is not None:
             self.relay.cancel(message)
         self._terminal(S.END_REASON_ERROR, wire.stream_error(code, message, "codec"))
 
-    def _leave(self) -> None:
+    def _release(self) -> None:
         if self.joined:
             self.joined = False
             self.worker.leave(self.key)
-
-    def _terminal(self, reason: int, error: S.StreamError | None = None) -> None:
-        if self.terminal_sent:
-            return
-        self.pieces.clear()
-        queued = None if self.relay is None else self.relay.queued_s
-        frames, samples = self.frames_sent, self.samples_sent
-        self._send_terminal(reason, error, frames=frames, samples=samples, queued=queued)
-
-    def _response(self, **fields: Any) -> S.CodecStreamResponse:
-        return S.CodecStreamResponse(**fields)
-
-    def close(self) -> None:
-        """The handler returns: free the session's slot, stop the talker call, reclaim shm loans."""
-        self._leave()
-        if self.relay is not None:
-            self.relay.close()
-        self.loans.close()
 
     # -- status --------------------------------------------------------------------------------------------
     def state(self, view: Mapping[str, Any], tick: int) -> S.RequestState:

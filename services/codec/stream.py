@@ -44,10 +44,41 @@ class _Piece:
     frames: int
 
 
-class CodecStream(StageStream):
+class CodecStageStream(StageStream):
+    """What the codec's TTS and duplex streams share: the terminal fence (with the relay's queued time and
+    the PCM counts) and the teardown. Subclasses free their engine-side state in ``_release``."""
+
     role = "codec"
     peer = "gateway"
     outbox: asyncio.Queue[S.CodecStreamResponse]
+    relay: TalkerRelay | None
+    pieces: deque[Any]
+    frames_sent: int
+    samples_sent: int
+
+    def _release(self) -> None:
+        raise NotImplementedError
+
+    def _terminal(self, reason: int, error: S.StreamError | None = None) -> None:
+        if self.terminal_sent:
+            return
+        self.pieces.clear()
+        queued = None if self.relay is None else self.relay.queued_s
+        frames, samples = self.frames_sent, self.samples_sent
+        self._send_terminal(reason, error, frames=frames, samples=samples, queued=queued)
+
+    def _response(self, **fields: Any) -> S.CodecStreamResponse:
+        return S.CodecStreamResponse(**fields)
+
+    def close(self) -> None:
+        """The handler returns: free the engine-side state, stop the talker call, reclaim shm loans."""
+        self._release()
+        if self.relay is not None:
+            self.relay.close()
+        self.loans.close()
+
+
+class CodecStream(CodecStageStream):
 
     def __init__(self, servicer: CodecServicer, context: grpc.aio.ServicerContext) -> None:
         super().__init__(f"cs{next(_keys)}")
@@ -97,7 +128,7 @@ class CodecStream(StageStream):
         elif kind == "cancel":
             self.cancel_requested = True
             self.loans.forfeit()
-            self._stop_engine()
+            self._release()
             relay.cancel(msg.cancel.reason or "gateway cancelled")
             self._terminal(S.END_REASON_CANCELLED)
         elif kind == "user_audio":
@@ -161,7 +192,7 @@ class CodecStream(StageStream):
         try:
             talker = await self.relay.open(talker_open)
         except TalkerRefused as exc:  # no `opened` for us either: its error is our only message
-            self._stop_engine()
+            self._release()
             self._terminal(S.END_REASON_ERROR, exc.error)
             return
         if talker.num_code_groups != rt.num_groups:
@@ -280,7 +311,7 @@ class CodecStream(StageStream):
         """The talker's terminal: finish decoding (then relay its reason) or relay its error/cancel."""
         self.segment_done = segment_done
         if eos.reason == S.END_REASON_ERROR:
-            self._stop_engine()
+            self._release()
             e = eos.error
             self._terminal(S.END_REASON_ERROR, S.StreamError(code=e.code, message=e.message, origin=e.origin))
         elif eos.reason in (S.END_REASON_EOS, S.END_REASON_MAX_FRAMES):
@@ -288,41 +319,23 @@ class CodecStream(StageStream):
             if self.engine_open:
                 await self.srv.worker.finish(self.key)
         else:
-            self._stop_engine()
+            self._release()
             self._terminal(S.END_REASON_CANCELLED)
 
     # -- termination -----------------------------------------------------------------------------------
     def fail(self, code: str, message: str) -> None:
         if self.terminal_sent:
             return
-        self._stop_engine()
+        self._release()
         if self.relay is not None:
             self.relay.cancel(message)
         self._terminal(S.END_REASON_ERROR, wire.stream_error(code, message, "codec"))
 
-    def _stop_engine(self) -> None:
+    def _release(self) -> None:
         if self.engine_open:
             self.engine_open = False
             self.srv.worker.cancel(self.key)
         self.pieces.clear()
-
-    def _terminal(self, reason: int, error: S.StreamError | None = None) -> None:
-        if self.terminal_sent:
-            return
-        self.pieces.clear()
-        queued = None if self.relay is None else self.relay.queued_s
-        frames, samples = self.frames_sent, self.samples_sent
-        self._send_terminal(reason, error, frames=frames, samples=samples, queued=queued)
-
-    def _response(self, **fields: Any) -> S.CodecStreamResponse:
-        return S.CodecStreamResponse(**fields)
-
-    def close(self) -> None:
-        """The handler returns: free the decoder state, stop the talker call, reclaim shm loans."""
-        self._stop_engine()
-        if self.relay is not None:
-            self.relay.close()
-        self.loans.close()
 
     # -- status --------------------------------------------------------------------------------------------
     def state(self, buffered: dict[str, int], tick: int) -> S.RequestState:
