@@ -6,10 +6,11 @@ half-silently: a missing key would otherwise keep its random init and produce pl
 
 from __future__ import annotations
 
+import contextlib
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 from safetensors.torch import load_file
@@ -84,3 +85,26 @@ def load_state_dict_strict(
     with torch.no_grad():
         for k, v in expected.items():
             v.copy_(state[k].to(dtype=v.dtype))
+
+
+M = TypeVar("M", bound=nn.Module)
+
+
+@contextlib.contextmanager
+def _default_dtype(dtype: torch.dtype) -> Iterator[None]:
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(previous)
+
+
+def build_module(make: Callable[[], M], device: torch.device | str, dtype: torch.dtype) -> M:
+    """``make()`` with its parameters created directly on ``device`` in ``dtype`` (no transient fp32 copy of
+    a multi-GB model; ``meta`` builds without memory), in eval mode without gradients."""
+    if not dtype.is_floating_point:
+        raise ValueError(f"dtype must be a floating point type, got {dtype}")
+    with _default_dtype(dtype), torch.device(device):
+        module = make()
+    return module.eval().requires_grad_(False)

@@ -12,18 +12,22 @@ teacher-forced user stream) loads its first 8: the agent's tokens never depend o
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
 import re
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import torch
 from safetensors.torch import save_file
 
-from voxstage.checkpoint import CheckpointError, load_state_dict_strict, read_json, read_safetensors
+from voxstage.checkpoint import (
+    CheckpointError,
+    build_module,
+    load_state_dict_strict,
+    read_json,
+    read_safetensors,
+)
 
 from .config import MOSHI_NAME, TOKENIZER_NAME, LMConfig, parse_lm_config
 from .model import PersonaPlexLM
@@ -42,22 +46,8 @@ def tokenizer_path(checkpoint_dir: Path, config: LMConfig) -> Path:
     return Path(checkpoint_dir) / config.files.get("tokenizer_name", TOKENIZER_NAME)
 
 
-@contextlib.contextmanager
-def _default_dtype(dtype: torch.dtype) -> Iterator[None]:
-    previous = torch.get_default_dtype()
-    torch.set_default_dtype(dtype)
-    try:
-        yield
-    finally:
-        torch.set_default_dtype(previous)
-
-
 def build_model(config: LMConfig, device: torch.device | str, dtype: torch.dtype) -> PersonaPlexLM:
-    if not dtype.is_floating_point:
-        raise ValueError(f"dtype must be a floating point type, got {dtype}")
-    with _default_dtype(dtype), torch.device(device):
-        model = PersonaPlexLM(config)
-    return model.eval().requires_grad_(False)
+    return build_module(lambda: PersonaPlexLM(config), device, dtype)
 
 
 def select_agent_steps(state: dict[str, torch.Tensor], config: LMConfig) -> dict[str, torch.Tensor]:

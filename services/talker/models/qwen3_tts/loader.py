@@ -8,14 +8,18 @@ missing, unexpected or mis-shaped ``talker.*`` key (the message names them with 
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
 from pathlib import Path
 
 import torch
 from torch import nn
 
-from voxstage.checkpoint import CheckpointError, load_state_dict_strict, read_json, read_safetensors
+from voxstage.checkpoint import (
+    CheckpointError,
+    build_module,
+    load_state_dict_strict,
+    read_json,
+    read_safetensors,
+)
 
 from .config import Qwen3TTSConfig, parse_config
 from .model import Qwen3TTSTalker
@@ -34,23 +38,8 @@ def read_config(checkpoint_dir: Path) -> Qwen3TTSConfig:
     return parse_config(read_json(config_path), generation, source=str(config_path))
 
 
-@contextlib.contextmanager
-def _default_dtype(dtype: torch.dtype) -> Iterator[None]:
-    # Building parameters directly in the target dtype avoids a transient fp32 copy of a 2B-param model.
-    previous = torch.get_default_dtype()
-    torch.set_default_dtype(dtype)
-    try:
-        yield
-    finally:
-        torch.set_default_dtype(previous)
-
-
 def build_model(config: Qwen3TTSConfig, device: torch.device | str, dtype: torch.dtype) -> Qwen3TTSTalker:
-    if not dtype.is_floating_point:
-        raise ValueError(f"dtype must be a floating point type, got {dtype}")
-    with _default_dtype(dtype), torch.device(device):
-        model = Qwen3TTSTalker(config)
-    return model.eval().requires_grad_(False)
+    return build_module(lambda: Qwen3TTSTalker(config), device, dtype)
 
 
 def _read_weights(checkpoint_dir: Path) -> dict[str, torch.Tensor]:
