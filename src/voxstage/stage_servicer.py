@@ -11,6 +11,7 @@ never run model code and never re-raise ``asyncio.CancelledError`` (grpc/grpc#29
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator, Mapping
 from typing import Any, Generic, TypeVar
 
@@ -24,6 +25,11 @@ from voxstage.transport.payload import hello_to_proto
 from voxstage.transport.shm import ShmWriter
 
 S = TypeVar("S", bound=StageStream)
+
+# After its terminal a stage keeps the call open until the peer half-closes (docs/protocol.md §5): ending it
+# first races the peer's next write (a credit, an ack), and grpc.aio then fails the peer's whole call with
+# INTERNAL "Internal error from Core", dropping the terminal it had not read yet (grpc/grpc#36066).
+PEER_CLOSE_GRACE_S = 1.0
 
 
 class StageServicer(Generic[S]):
@@ -71,6 +77,8 @@ class StageServicer(Generic[S]):
                 if msg.HasField("end_of_stream"):
                     break
             await stream.loans.settle()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(reader), PEER_CLOSE_GRACE_S)
         except asyncio.CancelledError:
             pass  # the peer cancelled the call or went away: nothing more can be written
         finally:

@@ -35,6 +35,13 @@ def _eos(reason: int, code: grpc.StatusCode | None = None, message: str = "") ->
     return stage_pb2.CodecStreamResponse(end_of_stream=eos)
 
 
+async def _peer_close(reader: asyncio.Task[None]) -> None:
+    """As a real stage does (protocol.md §5): end the call only once the gateway half-closed after the
+    terminal, so none of its writes races the call's end."""
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(asyncio.shield(reader), 1.0)
+
+
 @dataclass
 class FakeDuplexCodec(stage_pb2_grpc.CodecServicer):
     refuse: bool = False  # every talker slot held: RESOURCE_EXHAUSTED at open
@@ -118,10 +125,12 @@ class FakeDuplexCodec(stage_pb2_grpc.CodecServicer):
                 elif kind == "end_of_input":
                     self.end_of_inputs += 1
                     yield _eos(stage_pb2.END_REASON_EOS)
+                    await _peer_close(reader)
                     return
                 elif kind == "cancel":
                     self.cancels += 1
                     yield _eos(stage_pb2.END_REASON_CANCELLED)
+                    await _peer_close(reader)
                     return
                 while owed and agent_credit >= FRAME:
                     frame = owed.pop(0)
@@ -141,6 +150,7 @@ class FakeDuplexCodec(stage_pb2_grpc.CodecServicer):
                     yield stage_pb2.CodecStreamResponse(credit=grant)
                     if self.fail_after_frames and sent >= self.fail_after_frames:
                         yield _eos(stage_pb2.END_REASON_ERROR, grpc.StatusCode.INTERNAL, "engine exploded")
+                        await _peer_close(reader)
                         return
         finally:
             reader.cancel()
