@@ -14,7 +14,15 @@ import numpy as np
 
 from bench.clients import Client, Synthesis
 from bench.playback import percentile, poisson_arrivals
-from bench.records import Gate, Outcome, RequestRecord, build_record, record_dict, summarize
+from bench.records import (
+    FRAME_RATE_HZ,
+    Gate,
+    Outcome,
+    RequestRecord,
+    build_record,
+    record_dict,
+    summarize,
+)
 
 LAG_PROBE_S = 0.01
 ERROR_BACKOFF_S = 0.05  # closed loop: a refused worker waits this long instead of spinning
@@ -28,6 +36,7 @@ class RunConfig:
     language: str = "english"
     model: str = ""
     frames: int | None = None
+    frame_rate_hz: float = FRAME_RATE_HZ  # the model's codec frames per second (fixed-length check)
     initial_chunk_frames: int = 0
     steady_chunk_frames: int = 0
     timeout_s: float = 120.0
@@ -111,6 +120,7 @@ class Level:
                 scheduled_s=scheduled_s,
                 warmup=scheduled_s < cfg.warmup_s,
                 fixed_frames=cfg.frames,
+                frame_rate_hz=cfg.frame_rate_hz,
                 tolerance_s=cfg.tolerance_s,
             )
         )

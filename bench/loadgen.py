@@ -89,8 +89,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     ap.add_argument("--prompts", type=Path, default=PROMPTS)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--voice", default="ryan")
-    ap.add_argument("--language", default="english")
+    ap.add_argument("--voice", default="ryan", help="'' = the model's default voice")
+    ap.add_argument("--language", default="english", help="'' = the model's default")
+    ap.add_argument(
+        "--frame-rate-hz", type=float, default=12.5, help="codec frames per second (fixed-length check)"
+    )
     ap.add_argument("--model", default="", help="served model name (empty: the deployment's default)")
     ap.add_argument("--timeout", type=float, default=120.0, help="per-request deadline (s)")
     ap.add_argument("--ttfa-slo-ms", type=float, default=1000.0, help="gate: p95 TTFA bound; 0 = none")
@@ -121,6 +124,7 @@ async def amain(args: argparse.Namespace) -> dict[str, Any]:
         language=args.language,
         model=args.model,
         frames=args.frames,
+        frame_rate_hz=args.frame_rate_hz,
         initial_chunk_frames=initial,
         steady_chunk_frames=steady,
         timeout_s=args.timeout,

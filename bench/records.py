@@ -8,7 +8,7 @@ from typing import Any
 
 from bench.playback import Playback, pcm_arrivals, percentile, simulate_playback
 
-FRAME_RATE_HZ = 12.5  # Qwen3-TTS 12 Hz codec: one frame is 80 ms of audio
+FRAME_RATE_HZ = 12.5  # default: the Qwen3-TTS 12 Hz codec, one frame is 80 ms of audio (Audio8: 44100/2048)
 PERCENTILES = (50, 90, 95, 99)
 
 
@@ -74,6 +74,7 @@ def build_record(
     warmup: bool,
     fixed_frames: int | None,
     tolerance_s: float = 0.0,
+    frame_rate_hz: float = FRAME_RATE_HZ,
 ) -> RequestRecord:
     rec = RequestRecord(
         index=index,
@@ -104,7 +105,7 @@ def build_record(
     rec.audio_s = rec.samples / out.sample_rate
     rec.rtf = rec.e2e_s / rec.audio_s
     if fixed_frames is not None:
-        expected = round(fixed_frames * out.sample_rate / FRAME_RATE_HZ)
+        expected = round(fixed_frames * out.sample_rate / frame_rate_hz)
         rec.length_ok = rec.samples == expected
     play: Playback = simulate_playback(
         [(t - out.start, n) for t, n in arrivals], out.sample_rate, tolerance_s=tolerance_s

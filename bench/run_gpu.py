@@ -38,7 +38,39 @@ from bench.stack import REPO, Stack, StackSpec
 
 SERVE_PHASES = ("latency", "poisson", "closed")
 ALL_PHASES = (*SERVE_PHASES, "engine", "reference", "report")
-SEED_SCHEDULE = "1,25"  # deploy/qwen3_tts.yaml: initial_codec_chunk_frames 1, codec_chunk_frames 25
+
+
+@dataclass(frozen=True)
+class Family:
+    """What the harness needs to know per model family: its seed deploy file and chunk schedule, the request
+    defaults its API accepts, its codec frame rate and its engine micro-benchmark."""
+
+    deploy: Path
+    seed_schedule: str  # the deploy file's initial_codec_chunk_frames,codec_chunk_frames
+    voice: str
+    language: str
+    frame_rate_hz: float
+    engine_script: str
+    has_reference: bool  # an official reference implementation the `reference` phase can run
+
+
+FAMILIES = {
+    "qwen3-tts-": Family(
+        REPO / "deploy" / "qwen3_tts.yaml", "1,25", "ryan", "english", 12.5, "engine_gpu.py", True
+    ),
+    # Audio8 has no preset speakers and reads the text's language; its reference is remote code only.
+    "audio8-tts-": Family(
+        REPO / "deploy" / "audio8_tts.yaml", "4,25", "", "", 44100 / 2048, "audio8_gpu.py", False
+    ),
+}
+
+
+def family_of(model: str) -> Family:
+    for prefix, family in FAMILIES.items():
+        if model.startswith(prefix):
+            return family
+    known = ", ".join(prefix + "*" for prefix in FAMILIES)
+    raise SystemExit(f"--models: {model!r} is not a benchmarked preset ({known})")
 
 
 @dataclass(frozen=True)
@@ -68,7 +100,7 @@ PROFILES = {
 
 
 def size_of(model: str) -> str:
-    return model.removeprefix("qwen3-tts-")
+    return model.removeprefix("qwen3-tts-")  # audio8 presets keep their full name as the tag
 
 
 def run_loadgen(out: Path, name: str, args: list[str], log: list[dict]) -> dict:
@@ -84,6 +116,7 @@ def run_loadgen(out: Path, name: str, args: list[str], log: list[dict]) -> dict:
 
 def serve_phases(a: argparse.Namespace, model: str, phases: list[str], out: Path, prof: Profile) -> None:
     tag = size_of(model)
+    fam = family_of(model)
     chunks = None
     if a.chunk_schedule:
         initial, steady = (int(x) for x in a.chunk_schedule.split(","))
@@ -91,7 +124,9 @@ def serve_phases(a: argparse.Namespace, model: str, phases: list[str], out: Path
     stack = None
     slots = a.slots
     for _ in range(3):  # a stack that cannot start with this many slots is retried with half
-        spec = StackSpec(model, a.device, a.frames, slots, a.max_model_len, chunks, a.threads, tuple(a.set))
+        spec = StackSpec(
+            model, a.device, a.frames, slots, a.max_model_len, chunks, a.threads, tuple(a.set), fam.deploy
+        )
         stack = Stack(spec, out / f"serve_{tag}.log")
         if stack.start():
             break
@@ -109,6 +144,7 @@ def serve_phases(a: argparse.Namespace, model: str, phases: list[str], out: Path
     meta["chunk_schedule"] = a.chunk_schedule or "deploy"
     runs: list[dict] = []
     common = ["--grpc", stack.grpc, "--http", stack.http, "--frames", str(a.frames), "--label", model]
+    common += ["--voice", fam.voice, "--language", fam.language, "--frame-rate-hz", str(fam.frame_rate_hz)]
     common += ["--ttfa-slo-ms", str(a.ttfa_slo_ms), "--settle", "1" if a.profile == "smoke" else "3"]
     try:
         # Both stages capture their CUDA graphs at start-up; this ramp through the batch sizes the searches
@@ -133,7 +169,7 @@ def serve_phases(a: argparse.Namespace, model: str, phases: list[str], out: Path
             c1 = [*common, "--closed", "1", "--duration", "600"]
             run_loadgen(out, f"c1_{tag}", [*c1, "--requests", str(prof.c1_requests)], runs)
             few = [*c1, "--requests", str(max(2, prof.c1_requests // 2))]
-            run_loadgen(out, f"c1_seed_schedule_{tag}", [*few, "--chunk-schedule", SEED_SCHEDULE], runs)
+            run_loadgen(out, f"c1_seed_schedule_{tag}", [*few, "--chunk-schedule", fam.seed_schedule], runs)
             run_loadgen(out, f"c1_http_{tag}", [*few, "--api", "http"], runs)
             stack.scrape(out / f"metrics_{tag}_1latency")
         level = ["--duration", str(prof.level_s), "--warmup", str(prof.level_warmup_s)]
@@ -165,18 +201,22 @@ def serve_phases(a: argparse.Namespace, model: str, phases: list[str], out: Path
 
 def engine_phase(a: argparse.Namespace, model: str, out: Path, prof: Profile) -> None:
     tag = size_of(model)
-    cmd = [sys.executable, str(REPO / "bench" / "engine_gpu.py"), "--out", str(out / f"engine_{tag}.json")]
+    script = family_of(model).engine_script
+    cmd = [sys.executable, str(REPO / "bench" / script), "--out", str(out / f"engine_{tag}.json")]
     cmd += ["--size", tag, "--device", a.device, *(["--quick"] if prof.engine_quick else [])]
     cmd += a.engine_args.split()
     print(f"\n== engine {tag}: {' '.join(cmd)}", flush=True)
     with (out / f"engine_{tag}.log").open("wb") as log:
         code = subprocess.run(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT).returncode
     if code != 0:
-        raise RuntimeError(f"engine_gpu.py exited {code}; see {out / f'engine_{tag}.log'}")
+        raise RuntimeError(f"{script} exited {code}; see {out / f'engine_{tag}.log'}")
 
 
 def reference_phase(a: argparse.Namespace, model: str, out: Path, prof: Profile) -> None:
     tag = size_of(model)
+    if not family_of(model).has_reference:
+        print(f"\n== reference {tag}: skipped (no runnable reference implementation)", flush=True)
+        return
     weights = Path(a.scratch) / f"ref-weights-{tag}"
     export = [sys.executable, str(REPO / "bench" / "export_reference_weights.py"), "--model", model]
     export += ["--out", str(weights), "--device", a.device]
@@ -257,6 +297,8 @@ def main(argv: list[str] | None = None) -> int:
     a.out.mkdir(parents=True, exist_ok=True)
     environment(a.out, a.device)
     models = [m for m in a.models.split(",") if m]
+    for model in models:
+        family_of(model)  # an unknown model fails here, before any device time is spent
     failures: list[str] = []
 
     def guarded(name: str, fn: Callable[[], None]) -> None:

@@ -39,6 +39,9 @@ BCP47_NAMES: dict[str, str] = {
 AUTO_LANGUAGE = "auto"
 # Families whose talker only converses (full duplex, docs/protocol.md §11): text-to-speech is refused.
 DUPLEX_ONLY_FAMILIES = frozenset({"personaplex"})
+# Audio8 (arktts) speaks in its own voice, or clones one from ``ref_audio`` + ``ref_text``; it has no preset
+# speakers, no language switch (it reads the text's language) and no instructions.
+PLAIN_VOICE = "default"
 
 
 @dataclass(frozen=True)
@@ -56,13 +59,26 @@ class ModelInfo:
     # None: the checkpoint was out of reach, so voices/languages are unknown here (the talker decides).
     voices: tuple[VoiceInfo, ...] | None = None
     languages: tuple[str, ...] | None = None
-    # "custom_voice" (preset speakers), "base" (voice clone), "voice_design" (instructions); None if unknown.
+    # "custom_voice" (preset speakers), "base" (voice clone), "voice_design" (instructions), "plain" (its
+    # own voice, voice clone optional: Audio8); None if unknown.
     variant: str | None = None
     aliases: tuple[str, ...] = field(default=())
 
     @property
     def duplex_only(self) -> bool:
         return self.family in DUPLEX_ONLY_FAMILIES
+
+    @property
+    def takes_reference(self) -> bool:
+        return self.variant in (None, "base", "plain")
+
+    @property
+    def needs_reference(self) -> bool:
+        return self.variant == "base"
+
+    @property
+    def takes_instructions(self) -> bool:
+        return self.variant not in ("base", "plain")
 
     @property
     def default_voice(self) -> str:
@@ -179,6 +195,17 @@ def build_model_info(
             sample_rate_hz=rate,
             voices=_stored_voices(directory),
             languages=(),
+            aliases=aliases,
+        )
+    if talker.family == "arktts":
+        own = VoiceInfo(PLAIN_VOICE, (), "the model's own voice; send ref_audio and ref_text to clone one")
+        return ModelInfo(
+            name=Path(name).name or name,
+            family=talker.family,
+            sample_rate_hz=rate,
+            voices=(own,),
+            languages=(),
+            variant="plain",
             aliases=aliases,
         )
     voices, languages, variant = _voices_from_config(config)

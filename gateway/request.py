@@ -214,6 +214,8 @@ def _check_output(raw: RawRequest, model: ModelInfo, names: FieldNames) -> int:
             rate = validate_sample_rate(raw.sample_rate, field=names.sample_rate)
         except AudioError as exc:
             raise invalid(names.sample_rate, str(exc).split(": ", 1)[1], reason="bad_sample_rate") from None
+    if raw.fmt is AudioFormat.OPUS and raw.sample_rate == 0 and rate not in OPUS_RATES:
+        rate = 48_000  # Opus has no 44.1 kHz mode: a native rate it lacks is resampled to its full band
     if raw.fmt is AudioFormat.OPUS and rate not in OPUS_RATES:
         raise invalid(
             names.sample_rate,
@@ -248,10 +250,11 @@ def build_job(
             )
         language = resolved
     if raw.instructions:
-        if model.variant == "base":
+        if not model.takes_instructions:
+            kind = "a voice-clone (base)" if model.variant == "base" else f"an {model.family}"
             raise invalid(
                 names.instructions,
-                f"model {model.name!r} is a voice-clone (base) model and takes no instructions",
+                f"model {model.name!r} is {kind} model and takes no instructions",
                 reason="instructions_not_supported",
             )
         if len(raw.instructions) > max_text_chars:
@@ -261,13 +264,20 @@ def build_job(
                 f"{max_text_chars} (gateway.max_text_chars)",
                 reason="text_too_long",
             )
-    if raw.reference is not None and model.variant not in (None, "base"):
+    if raw.reference is not None and not model.takes_reference:
         raise invalid(
             names.ref_audio,
             f"model {model.name!r} ({model.variant}) does not support voice cloning; use a base model",
             reason="voice_clone_not_supported",
         )
-    if raw.reference is None and model.variant == "base":
+    if raw.reference is not None and model.variant == "plain" and not raw.reference.text.strip():
+        raise invalid(
+            names.ref_text,
+            f"required with {names.ref_audio}: model {model.name!r} clones a voice from the reference audio "
+            "together with its transcript",
+            reason="reference_text_required",
+        )
+    if raw.reference is None and model.needs_reference:
         raise invalid(
             names.ref_audio,
             f"model {model.name!r} is a voice-clone (base) model and needs reference audio",

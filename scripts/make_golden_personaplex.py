@@ -12,9 +12,6 @@ voxstage dependency. Reruns give byte-identical files.
 
 from __future__ import annotations
 
-import argparse
-import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -37,38 +34,28 @@ REFERENCE = "moshi==0.2.13"
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    return golden_venv.run_in_venv(
+        argv,
+        script=__file__,
+        doc=__doc__ or "",
+        default_venv=DEFAULT_VENV,
+        default_out=DEFAULT_OUT,
+        requirements=REQUIREMENTS,
+        no_deps=[REFERENCE],
+        inner=_build,
+        env={"NO_TORCH_COMPILE": "1"},
     )
-    parser.add_argument("--venv", type=Path, default=DEFAULT_VENV, help="throwaway venv for the reference")
-    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="fixture directory to (re)write")
-    parser.add_argument("--inner", action="store_true", help="internal: run inside the reference venv")
-    args = parser.parse_args(argv)
-    out = args.out.resolve()
-    if args.inner:
-        import torch
-        from golden_personaplex_lm import build_lm_fixtures
-        from golden_personaplex_mimi import build_mimi_fixtures
-
-        torch.manual_seed(0)
-        build_lm_fixtures(out / "lm", command=_command_line(out))
-        build_mimi_fixtures(out / "mimi")
-        return 0
-    python = golden_venv.ensure_venv(args.venv.resolve(), REQUIREMENTS, [REFERENCE])
-    env = {
-        **os.environ,
-        "NO_TORCH_COMPILE": "1",
-        "PYTHONHASHSEED": "0",
-        "OMP_NUM_THREADS": "1",
-        "MKL_NUM_THREADS": "1",
-    }
-    cmd = [str(python), str(Path(__file__).resolve()), "--inner", "--out", str(out)]
-    return subprocess.run(cmd, env=env, cwd=str(REPO)).returncode
 
 
-def _command_line(out: Path) -> str:
-    shown = out.relative_to(REPO) if out.is_relative_to(REPO) else out
-    return f"python scripts/make_golden_personaplex.py --out {shown}"
+def _build(out: Path, command: str) -> None:
+    """Inside the venv: the LM fixtures into ``out/lm``, the Mimi ones into ``out/mimi``."""
+    import torch
+    from golden_personaplex_lm import build_lm_fixtures
+    from golden_personaplex_mimi import build_mimi_fixtures
+
+    torch.manual_seed(0)
+    build_lm_fixtures(out / "lm", command=command)
+    build_mimi_fixtures(out / "mimi")
 
 
 if __name__ == "__main__":

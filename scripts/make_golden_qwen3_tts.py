@@ -11,9 +11,6 @@ and record its outputs. The reference is never a voxstage dependency. Reruns giv
 
 from __future__ import annotations
 
-import argparse
-import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -37,12 +34,9 @@ REQUIREMENTS = [
     "librosa==0.11.0",  # the speaker encoder's mel filterbank
     "soundfile==0.14.0",
 ]
+# Installed --no-deps: qwen-tts pins gradio, torchaudio, sox and onnxruntime, none of which the 12 Hz paths
+# use.
 REFERENCE = "qwen-tts==0.1.1"
-
-
-def ensure_venv(venv_dir: Path) -> Path:
-    # --no-deps: qwen-tts pins gradio, torchaudio, sox and onnxruntime, none of which the 12 Hz paths use.
-    return golden_venv.ensure_venv(venv_dir, REQUIREMENTS, [REFERENCE])
 
 
 def stub_unused_modules() -> None:
@@ -63,31 +57,24 @@ def stub_unused_modules() -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    return golden_venv.run_in_venv(
+        argv,
+        script=__file__,
+        doc=__doc__ or "",
+        default_venv=DEFAULT_VENV,
+        default_out=DEFAULT_OUT,
+        requirements=REQUIREMENTS,
+        no_deps=[REFERENCE],
+        inner=_build,
     )
-    parser.add_argument("--venv", type=Path, default=DEFAULT_VENV, help="throwaway venv for the reference")
-    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="fixture directory to (re)write")
-    parser.add_argument("--inner", action="store_true", help="internal: run inside the reference venv")
-    args = parser.parse_args(argv)
-    out = args.out.resolve()
-    if args.inner:
-        sys.path.insert(0, str(Path(__file__).resolve().parent))
-        stub_unused_modules()
-        from golden_qwen3_tts_build import build_fixtures
-
-        build_fixtures(out, command=_command_line(args))
-        return 0
-    python = ensure_venv(args.venv.resolve())
-    env = {**os.environ, "PYTHONHASHSEED": "0", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-    cmd = [str(python), str(Path(__file__).resolve()), "--inner", "--out", str(out)]
-    return subprocess.run(cmd, env=env, cwd=str(REPO)).returncode
 
 
-def _command_line(args: argparse.Namespace) -> str:
-    out = args.out.resolve()
-    shown = out.relative_to(REPO) if out.is_relative_to(REPO) else out
-    return f"python scripts/make_golden_qwen3_tts.py --out {shown}"
+def _build(out: Path, command: str) -> None:
+    """Inside the venv: stub what the reference imports but never uses here, then build the fixtures."""
+    stub_unused_modules()
+    from golden_qwen3_tts_build import build_fixtures
+
+    build_fixtures(out, command=command)
 
 
 if __name__ == "__main__":

@@ -11,6 +11,11 @@ Chunk schedule (deploy file, ``voxstage.chunking``): the first chunk goes out on
 ``codec_chunk_frames`` (or are all ``codec_chunk_frames`` with the ramp off); the remainder is flushed at end
 of stream. When the talker runs ahead (the usual case), every whole chunk that is ready decodes in one go so
 the codec never falls behind its producer.
+
+Overlap+crop (``left_context > 0``, the deploy file's ``codec_decode: overlap_crop``): instead of carrying
+state, each chunk is decoded from a reset slot behind up to ``left_context`` of the stream's earlier frames,
+whose audio is cropped. It is what vllm-omni does, only approximate unless the context covers the decoder's
+receptive field, and kept as a documented alternative (docs/models.md gives its measured error).
 """
 
 from __future__ import annotations
@@ -91,6 +96,7 @@ class _Stream:
     pending_frames: int = 0
     emitted_frames: int = 0
     prefix_frames: int = 0  # decoded for state only (voice-clone reference codes); their audio is dropped
+    history: np.ndarray | None = None  # overlap+crop: the last left_context frames, decoded again each chunk
     sample_offset: int = 0
     ended: bool = False
     opened_at: float = field(default_factory=time.perf_counter)
@@ -126,6 +132,7 @@ class CodecEngine:
         frame_buckets: tuple[int, ...] = (),
         sample_rate: int = 24000,
         codebook_size: int = 2048,
+        left_context: int = 0,
     ) -> None:
         # Padding rows of a batch bucket need distinct slots of their own: the pool holds 2x max_streams and
         # the upper half is scratch.
@@ -142,6 +149,9 @@ class CodecEngine:
         self.decode_fn = decode_fn  # GraphedDecode on CUDA: the worker captures its graphs at start-up
         self._decode = decode_fn or (lambda c, s, n: codec.decode(c, s, n))
         self.frame_buckets = tuple(sorted(set(frame_buckets)))
+        if left_context < 0:
+            raise ValueError(f"left_context must be >= 0, got {left_context}")
+        self.left_context = left_context
         self._free = list(range(max_streams - 1, -1, -1))
         self._streams: dict[str, _Stream] = {}
         self.ticks = 0
@@ -165,8 +175,11 @@ class CodecEngine:
         self._streams[stream_id] = stream
         if prefix is not None and prefix.shape[0]:
             self._check_codes(prefix)
-            stream.pending.append(prefix.astype(np.int64, copy=False))
-            stream.pending_frames = stream.prefix_frames = prefix.shape[0]
+            if self.left_context:  # no state to build: the prefix is context for the first chunks
+                stream.history = prefix[-self.left_context :].astype(np.int64)
+            else:
+                stream.pending.append(prefix.astype(np.int64, copy=False))
+                stream.pending_frames = stream.prefix_frames = prefix.shape[0]
         self._update_gauges()
         return slot
 
@@ -219,7 +232,9 @@ class CodecEngine:
         # 4-frame chunks pay for one stream's 100-frame catch-up.
         groups: dict[int, list[tuple[_Stream, int]]] = {}
         for stream, n in work:
-            groups.setdefault(next((b for b in self.frame_buckets if b >= n), n), []).append((stream, n))
+            total = n + self._context(stream)
+            bucket = next((b for b in self.frame_buckets if b >= total), total)
+            groups.setdefault(bucket, []).append((stream, n))
         for t_bucket, group in sorted(groups.items()):
             self._decode_group(group, t_bucket, outputs)
         self.ticks += 1
@@ -240,19 +255,30 @@ class CodecEngine:
         codes = np.zeros((b_bucket, self.num_groups, t_bucket), dtype=np.int64)
         lengths = np.zeros(b_bucket, dtype=np.int64)
         slots = np.empty(b_bucket, dtype=np.int64)
-        for i, (stream, n) in enumerate(work):
-            codes[i, :, :n] = stream.take(n).T
-            lengths[i] = n
+        contexts = [self._context(stream) for stream, _ in work]
+        for i, ((stream, n), ctx) in enumerate(zip(work, contexts, strict=True)):
+            new = stream.take(n)
+            if ctx:
+                assert stream.history is not None
+                codes[i, :, :ctx] = stream.history[-ctx:].T
+            if self.left_context:
+                seen = new if stream.history is None else np.concatenate([stream.history, new])
+                stream.history = seen[-self.left_context :]
+            codes[i, :, ctx : ctx + n] = new.T
+            lengths[i] = ctx + n
             slots[i] = stream.slot
         slots[b_real:] = np.arange(self.max_streams, self.max_streams + b_bucket - b_real)
+        slots_t = torch.from_numpy(slots).to(self.device, non_blocking=True)
+        if self.left_context:
+            self.codec.reset(slots_t[:b_real])  # every chunk starts from frame 0 of its window
         wav = self._decode(
             torch.from_numpy(codes).to(self.device, non_blocking=True),
-            torch.from_numpy(slots).to(self.device, non_blocking=True),
+            slots_t,
             torch.from_numpy(lengths).to(self.device, non_blocking=True),
         )
         wav_np = wav[:b_real].float().to("cpu", copy=True).numpy()  # graph outputs are reused buffers
-        for i, (stream, n) in enumerate(work):
-            pcm = wav_np[i, : n * self.spf]
+        for i, ((stream, n), ctx) in enumerate(zip(work, contexts, strict=True)):
+            pcm = wav_np[i, ctx * self.spf : (ctx + n) * self.spf]
             drop = min(stream.prefix_frames, n)
             if drop:
                 stream.prefix_frames -= drop
@@ -265,6 +291,10 @@ class CodecEngine:
                 stream.emitted_frames += real
             if final:
                 self._release(self._streams.pop(stream.stream_id))
+
+    def _context(self, s: _Stream) -> int:
+        """Frames decoded again in front of ``s``'s next chunk (overlap+crop only)."""
+        return 0 if s.history is None else min(self.left_context, s.history.shape[0])
 
     def _ready_frames(self, s: _Stream) -> int:
         if s.prefix_frames:  # reference prefix: decode it as soon as the stream opens

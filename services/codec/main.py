@@ -47,6 +47,7 @@ def build(args: argparse.Namespace) -> StageParts:
     # fp32 by default on every device: the decoder's Snake activations and long conv stacks are where
     # half precision audibly degrades audio, and the codec is small next to the talker.
     config, device, dtype, source = load_stage_setup(args, log, cuda_default="float32")
+    dtype = _family_dtype(config, source, args.dtype, dtype)
     if source.family == "personaplex":
         return _build_duplex(config, device, dtype, source)
     stage = config.codec
@@ -63,6 +64,7 @@ def build(args: argparse.Namespace) -> StageParts:
         )
         log.info("codec: memory budget %s; stream state %.2f GiB", budget.describe(), state / (1 << 30))
     plan = config.chunk_plan
+    left = plan.left_context_frames if plan.overlap_crop else 0
     decode_fn = None
     buckets: tuple[int, ...] = ()
     if device == "cuda" and not stage.enforce_eager:
@@ -71,7 +73,8 @@ def build(args: argparse.Namespace) -> StageParts:
         # Chunks are padded up to the next bucket; the chunk sizes in force always get one of their own.
         sizes = config.stream.decode_cudagraph_capture_sizes or []
         chunks = chunk_sizes(plan.initial_frames, plan.steady_frames, plan.ramp)
-        buckets = tuple(sorted({*sizes, *chunks}))
+        # Overlap+crop decodes a chunk behind up to `left` frames of context: its steady windows get graphs.
+        buckets = tuple(sorted({*sizes, *chunks, *(c + left for c in chunks if left)}))
         decode_fn = GraphedDecode(
             runtime.decoder,
             num_groups=runtime.num_groups,
@@ -93,6 +96,7 @@ def build(args: argparse.Namespace) -> StageParts:
         frame_buckets=buckets,
         sample_rate=runtime.sample_rate,
         codebook_size=runtime.codebook_size,
+        left_context=left,
     )
     worker = CodecWorker(runtime, engine)
     sweep_dead_regions()
@@ -101,9 +105,10 @@ def build(args: argparse.Namespace) -> StageParts:
     pool = TalkerPool(reader)
     servicer = CodecServicer(worker, plan=plan, stream_config=config.stream, shm_writer=writer, pool=pool)
     log.info(
-        "codec: %s (%s) on %s/%s: %d streams, chunks %d then %s%d frames, %s, voice clone %s, shm %s",
+        "codec: %s (%s) on %s/%s: %d streams, chunks %d then %s%d frames, %s, %s, voice clone %s, shm %s",
         runtime.model, runtime.family, device, str(dtype).removeprefix("torch."), stage.max_num_seqs,
         plan.initial_frames, "growing to " if plan.ramp else "", plan.steady_frames,
+        f"overlap+crop behind {left} frames" if left else "exact stateful decode",
         f"CUDA graphs for {buckets} frames" if decode_fn else "eager",
         "on" if runtime.voice_clone else "off",
         f"above {writer.threshold_bytes} B" if writer else "off",
@@ -111,6 +116,20 @@ def build(args: argparse.Namespace) -> StageParts:
 
     binding = ServiceBinding(SERVICE_NAME, servicer, stage_pb2_grpc.add_CodecServicer_to_server)
     return stage_parts("codec", binding, servicer, worker, worker.warm_up, writer, reader)
+
+
+def _family_dtype(config: DeployConfig, source: ModelSource, flag: str, dtype: Any) -> Any:
+    """The Audio8 codec's compute dtype comes from the deploy file's ``audio8_tts_codec_dtype`` unless
+    ``--dtype`` names one; other families never read the key (the config checks warn about it)."""
+    import torch
+
+    chosen = config.stream.audio8_tts_codec_dtype
+    if source.family != "arktts" or chosen is None:
+        return dtype
+    if flag != "auto":
+        log.info("codec: --dtype %s overrides audio8_tts_codec_dtype %s", flag, chosen)
+        return dtype
+    return getattr(torch, chosen)
 
 
 def _build_duplex(config: DeployConfig, device: str, dtype: Any, source: ModelSource) -> StageParts:

@@ -234,6 +234,12 @@ class CodecStream(CodecStageStream):
             )
         if not ref.audio_sample_rate_hz:
             raise StageFailure("INVALID_ARGUMENT", "reference.audio_sample_rate_hz: required")
+        if self.rt.clone_from_codes and not ref.text.strip():
+            raise StageFailure(
+                "INVALID_ARGUMENT",
+                f"reference.text: required: {self.rt.model} clones a voice from the reference audio together "
+                "with its transcript",
+            )
         try:
             data, _ = read_payload(ref.audio, None)  # in `open`: shm is not negotiated yet
         except InvalidShmReference as exc:

@@ -37,8 +37,8 @@ class CodecSnapshot:
 
 @dataclass(frozen=True)
 class Reference:
-    codes: np.ndarray | None  # [frames, groups] int64 (ICL only)
-    x_vector: np.ndarray  # float32 [dim]
+    codes: np.ndarray | None  # [frames, groups] int64 (ICL, or a family that clones from codes)
+    x_vector: np.ndarray | None  # float32 [dim]; None for a family without a speaker encoder
 
 
 class CodecWorker(StageWorker[CodecOutput, PcmListener]):
@@ -111,7 +111,7 @@ class CodecWorker(StageWorker[CodecOutput, PcmListener]):
 
         def run() -> Reference:
             xvec = rt.speaker_embedding(pcm, sample_rate)
-            codes = rt.encode_reference(pcm, sample_rate) if with_codes else None
+            codes = rt.encode_reference(pcm, sample_rate) if with_codes or rt.clone_from_codes else None
             return Reference(codes=codes, x_vector=xvec)
 
         return await self._call(run)

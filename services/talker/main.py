@@ -81,7 +81,14 @@ def build(args: argparse.Namespace) -> StageParts:
             async_scheduling=stage.async_scheduling,
         ),
     )
-    worker = TalkerWorker(engine, info, TalkerDefaults.from_deploy(stage, info))
+    defaults = TalkerDefaults.from_deploy(stage, info)
+    check_sampling = getattr(adapter, "check_sampling", None)
+    if check_sampling is not None:
+        try:
+            check_sampling(defaults.sampling, defaults.subtalker)
+        except ValueError as exc:
+            raise StageStartError(f"stages[0].default_sampling_params: {exc}") from None
+    worker = TalkerWorker(engine, info, defaults)
     sweep_dead_regions()  # files of dead voxstage processes (both ends crashed earlier)
     writer = ShmWriter(threshold_bytes=config.stream.shm_threshold_bytes) if config.shared_memory else None
     servicer = TalkerServicer(worker, plan=config.chunk_plan, shm_writer=writer)
@@ -111,6 +118,8 @@ def _family_limits(adapter: Any, family: str) -> tuple[int, int]:
     if family == "qwen3_tts":
         backbone = adapter.model.config.talker.backbone
         return backbone.max_position_embeddings, backbone.hidden_size
+    if family == "arktts":
+        return adapter.config.max_seq_len, 0  # packed prompt + frames; clones from codes, not an x-vector
     raise StageStartError(f"talker: model family {family!r} is not implemented")
 
 

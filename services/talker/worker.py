@@ -210,12 +210,20 @@ class TalkerWorker(StageWorker[TalkerOutput, OutputListener]):
             non_streaming=params.non_streaming,
             text_complete=complete,
         )
+        sampling = apply_overrides(d.sampling, params.sampling, "sampling")
+        subtalker = apply_overrides(d.subtalker, params.subtalker, "subtalker_sampling")
+        check = getattr(self.engine.adapter, "check_sampling", None)  # a family's own sampling limits
+        if check is not None:
+            try:
+                check(sampling, subtalker)
+            except ValueError as exc:
+                raise StageFailure("INVALID_ARGUMENT", str(exc)) from None
         return TalkerRequest(
             key,
             spec,
             seed=seed,
-            sampling=apply_overrides(d.sampling, params.sampling, "sampling"),
-            subtalker=apply_overrides(d.subtalker, params.subtalker, "subtalker_sampling"),
+            sampling=sampling,
+            subtalker=subtalker,
             max_frames=params.max_frames or d.max_frames,
             min_frames=d.min_frames,
         )

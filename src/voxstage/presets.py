@@ -28,9 +28,15 @@ QWEN3_TTS_PRESETS: dict[str, tuple[str, str]] = {
     "qwen3-tts-1.7b-voice-design": ("qwen3-tts-1.7b", "voice_design"),
 }
 PERSONAPLEX_PRESETS: tuple[str, ...] = ("personaplex-tiny", "personaplex-7b")
+AUDIO8_PRESETS: tuple[str, ...] = ("audio8-tts-tiny", "audio8-tts-0.6b")
 # config.json model_type -> family folder. moshi checkpoints say "moshi" or nothing at all (PersonaPlex ships
 # an empty config.json): their layout, a Mimi ``tokenizer-*.safetensors`` beside the LM, identifies them.
-FAMILIES = {"qwen3_tts": "qwen3_tts", "moshi": "personaplex", "personaplex": "personaplex"}
+FAMILIES = {
+    "qwen3_tts": "qwen3_tts",
+    "moshi": "personaplex",
+    "personaplex": "personaplex",
+    "arktts": "arktts",
+}
 PRESET_MARKER = "voxstage_preset.json"
 PRESET_SEED = 0
 
@@ -67,7 +73,13 @@ def resolve_model(spec: str, *, cache: Path | None = None) -> ModelSource:
             _materialize_personaplex(spec, out)
         info = read_json(out / PRESET_MARKER)
         return ModelSource(spec, out, "personaplex", random_init=bool(info["random_init"]), seed=PRESET_SEED)
-    known = ", ".join((*QWEN3_TTS_PRESETS, *PERSONAPLEX_PRESETS))
+    if spec in AUDIO8_PRESETS:
+        out = (cache or cache_dir()) / "presets" / spec
+        if not (out / PRESET_MARKER).is_file():
+            _materialize_audio8(spec, out)
+        info = read_json(out / PRESET_MARKER)
+        return ModelSource(spec, out, "arktts", random_init=bool(info["random_init"]), seed=PRESET_SEED)
+    known = ", ".join((*QWEN3_TTS_PRESETS, *PERSONAPLEX_PRESETS, *AUDIO8_PRESETS))
     raise CheckpointError(f"model: {spec!r} is neither a checkpoint directory nor a preset ({known})")
 
 
@@ -133,6 +145,24 @@ def _materialize_personaplex(name: str, out: Path) -> None:
     else:
         _write_json(tmp / "config.json", lm_kwargs)
     _write_json(tmp / PRESET_MARKER, {"preset": name, "random_init": not tiny, "seed": PRESET_SEED})
+    _publish(tmp, out)
+
+
+def _materialize_audio8(name: str, out: Path) -> None:
+    """The released layout: one flat ``config.json`` (talker fields and the ``codec_*`` fields both stages
+    read), ``generation_config.json``, ``tokenizer.json``, and for the tiny preset ``model.safetensors`` and
+    ``codec.pth`` (seeded). The 0.6B draws its weights on each stage's device at load."""
+    from voxstage.codec.models.audio8.presets import codec_config_fields, codec_preset, write_tiny_codec
+    from voxstage.talker.models.arktts.presets import write_preset
+
+    tmp = out.with_name(out.name + f".tmp{os.getpid()}")
+    random_init = write_preset(name, tmp, seed=PRESET_SEED)
+    # The talker writes the released codec fields; a preset's codec geometry (tiny: 2 post layers) wins.
+    config = read_json(tmp / "config.json")
+    _write_json(tmp / "config.json", {**config, **codec_config_fields(codec_preset(name))})
+    if not random_init:
+        write_tiny_codec(tmp, seed=PRESET_SEED + 1)
+    _write_json(tmp / PRESET_MARKER, {"preset": name, "random_init": random_init, "seed": PRESET_SEED})
     _publish(tmp, out)
 
 

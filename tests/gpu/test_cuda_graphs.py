@@ -6,12 +6,13 @@ import numpy as np
 import pytest
 import torch
 
+from tests.unit.talker.talker_kit import run_graphed
 from voxstage.codec.graphs import GraphedDecode
 from voxstage.codec.models.qwen3_tts.loader import random_init as random_decoder
 from voxstage.codec.models.qwen3_tts.presets import decoder_preset
 from voxstage.codec.models.qwen3_tts.streaming import StreamingDecoder
 from voxstage.presets import resolve_model
-from voxstage.talker.engine import EngineConfig, TalkerEngine, TalkerRequest
+from voxstage.talker.engine import TalkerRequest
 from voxstage.talker.models import load_talker
 from voxstage.talker.sampling import SamplingParams
 from voxstage.talker.spec import SpeechSpec
@@ -24,16 +25,6 @@ def run_engine(
     graphs: bool, async_scheduling: bool = False, capture_all: bool = False
 ) -> dict[str, np.ndarray]:
     adapter, _ = load_talker(resolve_model("qwen3-tts-tiny"), device="cuda", dtype=torch.float32)
-    if graphs:
-        adapter.enable_cuda_graphs()
-    cfg = EngineConfig(
-        max_num_seqs=4, max_model_len=256, max_num_batched_tokens=32, async_scheduling=async_scheduling
-    )
-    eng = TalkerEngine(adapter, cfg)
-    if capture_all:  # what the talker stage does after its warm-up request
-        decode, prefill = adapter.graph_keys()
-        assert adapter.capture_all_graphs() == len(decode) + len(prefill)
-    out: dict[str, list[np.ndarray]] = {}
     reqs = [
         TalkerRequest(
             f"r{i}",
@@ -45,14 +36,7 @@ def run_engine(
         )  # fmt: skip
         for i in range(6)
     ]
-    tick = 0
-    while reqs or eng.has_work():
-        if reqs and tick % 3 == 0:
-            eng.submit(reqs.pop(0))
-        for o in eng.step():
-            out.setdefault(o.request_id, []).append(o.codes)
-        tick += 1
-    return {k: np.concatenate(v) for k, v in out.items()}
+    return run_graphed(adapter, reqs, graphs, async_scheduling, capture_all)
 
 
 @pytest.mark.parametrize("async_scheduling,capture_all", [(False, False), (True, False), (True, True)])

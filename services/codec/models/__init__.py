@@ -42,6 +42,9 @@ class CodecRuntime:
     decoder_window_frames: int
     state_bytes_per_stream: int
     stateful: bool = True
+    # The family clones a voice from the reference's codes and transcript alone (Audio8: they become prompt
+    # frames), with no speaker encoder; the transcript is then required.
+    clone_from_codes: bool = False
 
     @property
     def frame_rate_hz(self) -> float:
@@ -49,16 +52,19 @@ class CodecRuntime:
 
     @property
     def voice_clone(self) -> bool:
-        return self.speaker_encoder is not None
+        return self.speaker_encoder is not None or self.clone_from_codes
 
     def encode_reference(self, pcm: np.ndarray, sample_rate: int) -> np.ndarray:
         """Reference clip (float PCM, any rate) -> int64 codes ``[frames, num_groups]``."""
         codes = self.encoder.encode_reference(pcm, sample_rate)  # type: ignore[operator]
         return np.ascontiguousarray(codes.numpy().T, dtype=np.int64)
 
-    def speaker_embedding(self, pcm: np.ndarray, sample_rate: int) -> np.ndarray:
-        """Reference clip -> the talker's speaker embedding (x-vector), float32 ``[dim]``."""
+    def speaker_embedding(self, pcm: np.ndarray, sample_rate: int) -> np.ndarray | None:
+        """Reference clip -> the talker's speaker embedding (x-vector), float32 ``[dim]``; None for a family
+        that clones from codes alone."""
         if self.speaker_encoder is None:
+            if self.clone_from_codes:
+                return None
             raise VoiceCloneUnsupported(
                 f"reference: {self.model} has no speaker encoder; voice cloning needs a Base checkpoint"
             )
@@ -129,14 +135,17 @@ def load_codec(
     """Load the codec of ``source`` with a decoder pool for ``max_streams`` streams (2x slots: the upper
     half is the engine's scratch rows). With ``config``, the stream's chunk settings are checked against the
     loaded decoder (errors raise ``ConfigError``; warnings are logged)."""
-    if source.family != "qwen3_tts":
+    if source.family == "qwen3_tts":
+        runtime = _load_qwen3_tts(source, device=device, dtype=dtype, max_streams=max_streams)
+    elif source.family == "arktts":
+        runtime = _load_audio8(source, device=device, dtype=dtype, max_streams=max_streams)
+    else:
         raise ValueError(f"codec: model family {source.family!r} is not implemented")
-    runtime = _load_qwen3_tts(source, device=device, dtype=dtype, max_streams=max_streams)
     if config is not None:
         issues = check_codec_against_model(
             config,
             decoder_window_frames=runtime.decoder_window_frames,
-            stateful=runtime.stateful,
+            stateful=runtime.stateful and not config.chunk_plan.overlap_crop,
             num_codebooks=runtime.num_groups,
         )
         for warning in raise_for_errors(issues):
@@ -187,4 +196,38 @@ def _load_qwen3_tts(
         samples_per_frame=cfg.samples_per_frame,
         decoder_window_frames=cfg.sliding_window,
         state_bytes_per_stream=pool.state_bytes_per_stream(),
+    )
+
+
+def _load_audio8(
+    source: ModelSource, *, device: str | torch.device, dtype: torch.dtype, max_streams: int
+) -> CodecRuntime:
+    """Audio8-TTS (``arktts``): one ``codec.pth`` holds both halves, so the decoder pool and the
+    reference-audio encoder share one model. Voice cloning needs only the reference codes (no speaker
+    encoder). The talker samples every codebook over 4096 classes; the codec clamps residual codes."""
+    from voxstage.checkpoint import read_json
+    from voxstage.codec.models.audio8 import loader
+    from voxstage.codec.models.audio8.streaming import Audio8StreamingDecoder
+
+    if source.random_init:
+        # Size-true preset: config.json only; weights drawn on the device with the preset seed.
+        config = loader.config_from_json(read_json(source.path / "config.json"))
+        model = loader.random_init(config, source.seed, device=device, dtype=dtype)
+    else:
+        model = loader.load_audio8_codec(source.path, device=device, dtype=dtype)
+    cfg = model.config
+    pool = Audio8StreamingDecoder(model, 2 * max_streams)
+    return CodecRuntime(
+        family="arktts",
+        model=source.name,
+        decoder=pool,
+        encoder=model,
+        speaker_encoder=None,
+        num_groups=cfg.num_codebooks,
+        codebook_size=cfg.semantic_codebook_size,
+        sample_rate=cfg.sample_rate,
+        samples_per_frame=cfg.samples_per_frame,
+        decoder_window_frames=cfg.window,
+        state_bytes_per_stream=pool.state_bytes_per_stream(),
+        clone_from_codes=True,  # the reference's codes and transcript become prompt frames (models.md §2.4)
     )

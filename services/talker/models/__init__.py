@@ -38,6 +38,8 @@ def load_talker(
 ) -> tuple[TalkerAdapter, TalkerInfo]:
     if source.family == "personaplex":
         return _load_personaplex(source, device=device, dtype=dtype)  # type: ignore[return-value]
+    if source.family == "arktts":
+        return _load_arktts(source, device=device, dtype=dtype)
     if source.family != "qwen3_tts":
         raise ValueError(f"talker: model family {source.family!r} is not implemented")
     from voxstage.talker.models.qwen3_tts.adapter import Qwen3TTSAdapter
@@ -109,3 +111,40 @@ def _load_personaplex(
         max_new_frames=model.config.context,
     )
     return PersonaPlexAdapter(model, tokenizer, voices), info
+
+
+
+def _load_arktts(
+    source: ModelSource, *, device: str | torch.device, dtype: torch.dtype
+) -> tuple[TalkerAdapter, TalkerInfo]:
+    from voxstage.talker.models.arktts.adapter import VOICES, ArkTTSAdapter
+    from voxstage.talker.models.arktts.config import read_config, read_generation_config
+    from voxstage.talker.models.arktts.loader import load_arktts_talker, random_init
+    from voxstage.talker.models.arktts.tokenizer import ArkTokenizer
+
+    if source.random_init:  # size-true preset: weights drawn on the device
+        config = read_config(source.path)
+        model = random_init(config, seed=source.seed, device=device, dtype=dtype)
+        tokenizer = ArkTokenizer.from_dir(source.path)
+    else:
+        model, config, tokenizer = load_arktts_talker(source.path, device=device, dtype=dtype)
+    gen = read_generation_config(source.path)
+    sampling = SamplingParams(
+        do_sample=gen.do_sample, temperature=gen.temperature, top_k=gen.top_k, top_p=gen.top_p
+    )
+    info = TalkerInfo(
+        family="arktts",
+        model=source.name,
+        num_code_groups=config.num_codebooks,
+        frame_rate_hz=config.frame_rate_hz,
+        voices=VOICES,
+        # The model reads the text's language (11 of them, docs/models.md); it takes no language switch.
+        languages=("auto",),
+        # Its own voice, or one cloned from reference audio + transcript (the gateway's "plain" variant).
+        variant="plain",
+        default_sampling=sampling,
+        # The released model samples the fast AR with the same settings as the semantic token.
+        default_subtalker_sampling=sampling,
+        max_new_frames=config.max_seq_len,
+    )
+    return ArkTTSAdapter(model, tokenizer), info  # type: ignore[return-value]

@@ -36,6 +36,9 @@ class ConnectorExtra(StrictModel):
     initial_codec_chunk_frames: int | None = Field(default=None, ge=1)
     # voxstage: chunks double from the first one up to codec_chunk_frames (voxstage.chunking says why).
     codec_chunk_ramp: bool = True
+    # voxstage: "stateful" (exact per-stream streaming state) or "overlap_crop" (vllm-omni's way: each chunk
+    # is decoded afresh behind codec_left_context_frames of already-decoded frames whose audio is cropped).
+    codec_decode: Literal["stateful", "overlap_crop"] = "stateful"
     decode_cudagraph_capture_sizes: list[int] | None = None
     audio8_tts_codec_dtype: CodecDType | None = None
 
@@ -122,6 +125,7 @@ class ChunkPlan:
     left_context_frames: int
     whole_take: bool
     ramp: bool = True
+    overlap_crop: bool = False  # decode each chunk afresh behind left_context_frames (codec_decode)
 
     def chunk_due(self, frames: int) -> bool:
         """True when a chunk boundary falls after a take's ``frames``-th frame (before the take ends)."""
@@ -138,4 +142,5 @@ class ChunkPlan:
             left_context_frames=extra.codec_left_context_frames,
             whole_take=whole_take,
             ramp=extra.codec_chunk_ramp,
+            overlap_crop=extra.codec_decode == "overlap_crop",
         )

@@ -3,11 +3,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 import torch
 
+from tests.unit.codec.codec_kit import random_codes
 from voxstage.codec.models.qwen3_tts.decoder import Qwen3TokenizerDecoder
 from voxstage.codec.models.qwen3_tts.loader import random_init
 from voxstage.codec.models.qwen3_tts.presets import decoder_preset
@@ -16,19 +15,11 @@ from voxstage.codec.models.qwen3_tts.streaming import StreamingDecoder
 pytestmark = [
     pytest.mark.gpu,
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
+    pytest.mark.usefixtures("no_tf32"),  # conftest.py
 ]
 
 SPF = 1920
 TOL = 1e-5
-
-
-@pytest.fixture(autouse=True)
-def _no_tf32() -> Iterator[None]:
-    # TF32 convs/matmuls would make fp32 comparisons meaningless at 1e-5.
-    saved = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
-    yield
-    torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = saved
 
 
 def _model(dtype: torch.dtype = torch.float32) -> Qwen3TokenizerDecoder:
@@ -36,8 +27,7 @@ def _model(dtype: torch.dtype = torch.float32) -> Qwen3TokenizerDecoder:
 
 
 def _codes(seed: int, frames: int, batch: int = 1) -> torch.Tensor:
-    gen = torch.Generator().manual_seed(seed)
-    return torch.randint(0, 2048, (batch, 16, frames), generator=gen).cuda()
+    return random_codes(seed, frames, batch).cuda()
 
 
 def test_cuda_stream_equals_single_pass() -> None:

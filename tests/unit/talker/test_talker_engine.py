@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import torch
 
+from tests.unit.talker.talker_kit import drive, frames_of
 from voxstage.talker.engine import (
     AdmissionError,
     EngineConfig,
@@ -37,25 +38,6 @@ def request(i: int, sampling: SamplingParams = SAMPLED, frames: int = 8, **spec:
     voice = str(spec.pop("voice", "ryan"))
     s = SpeechSpec(text=text, voice=voice, language="english", **spec)  # type: ignore[arg-type]
     return TalkerRequest(f"r{i}", s, seed=1000 + i, sampling=sampling, subtalker=sampling, max_frames=frames)
-
-
-def drive(engine: TalkerEngine, reqs: list[TalkerRequest], stagger: int = 1) -> dict[str, list[TalkerOutput]]:
-    """Submit one request every ``stagger`` ticks and run until idle; returns outputs per request."""
-    out: dict[str, list[TalkerOutput]] = {}
-    pending = list(reqs)
-    tick = 0
-    while pending or engine.has_work():
-        if pending and tick % stagger == 0:
-            engine.submit(pending.pop(0))
-        for o in engine.step():
-            out.setdefault(o.request_id, []).append(o)
-        tick += 1
-        assert tick < 10_000
-    return out
-
-
-def frames_of(outs: list[TalkerOutput]) -> np.ndarray:
-    return np.concatenate([o.codes for o in outs])
 
 
 def assert_same_frames(
@@ -237,7 +219,7 @@ def test_out_of_range_codes_end_only_their_request(
 def test_startup_capture_covers_every_key_the_engine_can_use(
     tiny_custom_voice: Qwen3TTSTalker, tiny_tokenizer: QwenTextTokenizer
 ) -> None:
-    from voxstage.talker.models.qwen3_tts.adapter import bucket
+    from voxstage.talker.launch import bucket
     from voxstage.talker.models.qwen3_tts.prefill import PrefillChunk
 
     adapter = Qwen3TTSAdapter(tiny_custom_voice, tiny_tokenizer)

@@ -22,6 +22,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from voxstage.codec.checks import check_codes
+from voxstage.codec.slot_pool import collect_state_shapes, name_state_keys
+
 from .config import MimiConfig
 from .layers import Downsample, StreamConv1d, StreamConvTranspose1d, Upsample
 from .quantizer import SplitResidualVQ
@@ -48,10 +51,7 @@ class MimiModel(nn.Module):
         # moshi builds no resamplers when the encoder already runs at the frame rate.
         self.downsample = Downsample(dim, stride) if stride > 1 else None
         self.upsample = Upsample(dim, stride) if stride > 1 else None
-        # Each stateful block files its history under its module path: unique, stable, readable.
-        for name, module in self.named_modules():
-            if isinstance(module, _STATEFUL):
-                module.state_key = name
+        name_state_keys(self, _STATEFUL)
         self.encode_layout = StateLayout(self._state_shapes(_ENCODE_SIDE))
         self.decode_layout = StateLayout(self._state_shapes(_DECODE_SIDE))
 
@@ -81,28 +81,11 @@ class MimiModel(nn.Module):
         return self._state_shapes(_DECODE_SIDE)
 
     def _state_shapes(self, sides: tuple[str, ...]) -> dict[str, tuple[int, ...]]:
-        shapes: dict[str, tuple[int, ...]] = {}
-        for side in sides:
-            part = getattr(self, side)
-            if part is None:
-                continue
-            for module in part.modules():
-                if isinstance(module, _STATEFUL):
-                    shapes.update(module.state_shapes())
-        return shapes
+        return collect_state_shapes((getattr(self, side) for side in sides), _STATEFUL)
 
     # -- input checks (no device sync: value ranges are only checked on CPU tensors) ------------------
     def check_codes(self, codes: torch.Tensor) -> None:
-        k, bins = self.num_codebooks, self.codebook_size
-        if codes.dim() != 3 or codes.shape[1] != k or codes.shape[2] < 1:
-            raise ValueError(f"codes must be [batch, {k}, frames >= 1], got {tuple(codes.shape)}")
-        if codes.dtype not in (torch.int64, torch.int32):
-            raise ValueError(f"codes must be int64 or int32, got {codes.dtype}")
-        # An out-of-range index on CUDA is a device-side assert that kills the process.
-        if codes.device.type == "cpu" and codes.numel():
-            lo, hi = int(codes.min()), int(codes.max())
-            if lo < 0 or hi >= bins:
-                raise ValueError(f"codes must lie in [0, {bins}), got values in [{lo}, {hi}]")
+        check_codes(codes, self.num_codebooks, self.codebook_size, min_frames=1)
 
     def check_pcm(self, pcm: torch.Tensor, whole_frames: bool) -> None:
         if pcm.dim() != 2 or pcm.shape[1] < 1:

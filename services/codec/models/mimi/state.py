@@ -9,42 +9,12 @@ gathered copy of arbitrary slots that is scattered back afterwards; the math is 
 
 from __future__ import annotations
 
-import math
-
 import torch
 
+# The flat layout is the one every codec family's slot pool uses; Mimi's in-place step reads it too.
+from voxstage.codec.slot_pool import StateLayout
 
-class StateLayout:
-    """Column ranges of each history key in one stream's flat state row (keys in model order)."""
-
-    def __init__(self, shapes: dict[str, tuple[int, ...]]) -> None:
-        self.shapes = dict(shapes)
-        self.offsets: dict[str, tuple[int, int]] = {}
-        width = 0
-        for key, shape in self.shapes.items():
-            size = math.prod(shape)
-            self.offsets[key] = (width, width + size)
-            width += size
-        self.width = width
-
-    def view(self, flat: torch.Tensor, key: str) -> torch.Tensor:
-        try:
-            a, b = self.offsets[key]
-        except KeyError as exc:
-            raise KeyError(f"streaming state has no entry {key!r}") from exc
-        return flat[:, a:b].view(flat.shape[0], *self.shapes[key])
-
-    def pair(self, flat: torch.Tensor, first: str, second: str) -> torch.Tensor:
-        """``[B, 2, *shape]`` view of two same-shaped keys stored back to back (an attention layer's K and V),
-        so both are carried by one concatenation and one write."""
-        (a, mid), (mid2, b) = self.offsets[first], self.offsets[second]
-        shape = self.shapes[first]
-        if mid != mid2 or self.shapes[second] != shape:
-            raise ValueError(f"state keys {first!r} and {second!r} are not adjacent and equally shaped")
-        return flat[:, a:b].view(flat.shape[0], 2, *shape)
-
-    def views(self, flat: torch.Tensor) -> dict[str, torch.Tensor]:
-        return {key: self.view(flat, key) for key in self.shapes}
+__all__ = ["StateLayout", "StreamContext"]
 
 
 class StreamContext:

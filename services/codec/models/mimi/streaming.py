@@ -31,14 +31,15 @@ static slice instead of a per-row gather.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from typing import Literal, TypeVar
 
 import torch
 
+from voxstage.codec.checks import check_lengths, check_slots
+from voxstage.codec.slot_pool import StateLayout, state_bytes
+
 from .model import MimiModel
-from .state import StateLayout
 
 Direction = Literal["both", "encode", "decode"]
 _Out = TypeVar("_Out")
@@ -47,9 +48,8 @@ _Out = TypeVar("_Out")
 def state_bytes_per_stream(model: MimiModel, dtype: torch.dtype | None = None) -> int:
     """Bytes one slot needs (both directions' histories in ``dtype`` plus two int64 positions), so an
     engine can size its pool from a memory budget before allocating it."""
-    elem = torch.empty((), dtype=dtype or model.compute_dtype).element_size()
     shapes = [*model.encode_state_shapes().values(), *model.decode_state_shapes().values()]
-    return sum(math.prod(shape) for shape in shapes) * elem + 2 * 8
+    return state_bytes(shapes, dtype or model.compute_dtype, positions=2)
 
 
 class _SlotPool:
@@ -231,25 +231,11 @@ class MimiStreamingCodec:
         return self._enc.advance(slots, batch, frames, lengths, step)
 
     def _check_slots(self, slots: torch.Tensor, batch: int) -> torch.Tensor:
-        if slots.shape != (batch,) or slots.dtype != torch.int64:
-            raise ValueError(
-                f"slots must be an int64 tensor of shape [{batch}], got {slots.dtype} {tuple(slots.shape)}"
-            )
-        if slots.device.type == "cpu" and batch:
-            if int(slots.min()) < 0 or int(slots.max()) >= self.max_streams:
-                raise ValueError(f"slots must lie in [0, {self.max_streams}), got {slots.tolist()}")
-            if len(set(slots.tolist())) != batch:
-                raise ValueError(f"slots must be distinct within one call, got {slots.tolist()}")
+        check_slots(slots, batch, self.max_streams)
         return slots.to(self.device)
 
     def _check_lengths(self, lengths: torch.Tensor | None, batch: int, frames: int) -> torch.Tensor | None:
         if batch > self.max_streams:
             raise ValueError(f"a call holds at most max_streams={self.max_streams} rows, got {batch}")
-        if lengths is None:
-            return None
-        if lengths.shape != (batch,) or lengths.dtype != torch.int64:
-            got = f"{lengths.dtype} {tuple(lengths.shape)}"
-            raise ValueError(f"lengths must be an int64 tensor of shape [{batch}], got {got}")
-        if lengths.device.type == "cpu" and batch and (int(lengths.min()) < 0 or int(lengths.max()) > frames):
-            raise ValueError(f"lengths must lie in [0, {frames}], got {lengths.tolist()}")
-        return lengths.to(self.device)
+        check_lengths(lengths, batch, frames)
+        return None if lengths is None else lengths.to(self.device)

@@ -13,20 +13,21 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from voxstage.nn.layers import RMSNorm, rope_cos_sin, rope_inv_freq
-
-from .config import Qwen3DecoderConfig
-from .layers import (
+from voxstage.codec.checks import check_codes
+from voxstage.codec.slot_pool import collect_state_shapes, name_state_keys
+from voxstage.codec.stream_layers import (
     CausalConv1d,
     CausalConvTranspose1d,
     ConvNeXtBlock,
-    DecoderBlock,
-    SnakeBeta,
     StreamContext,
-    TransformerLayer,
-    WindowAttention,
     window_mask,
 )
+from voxstage.nn.layers import RMSNorm, rope_cos_sin, rope_inv_freq
+
+from .config import Qwen3DecoderConfig
+from .layers import DecoderBlock, SnakeBeta, TransformerLayer, WindowAttention
+
+_STATEFUL = (CausalConv1d, CausalConvTranspose1d, WindowAttention)
 
 
 class EuclideanCodebook(nn.Module):
@@ -142,10 +143,7 @@ class Qwen3TokenizerDecoder(nn.Module):
         out_dim = cfg.decoder_dim // 2 ** len(cfg.upsample_rates)
         stages += [SnakeBeta(out_dim), CausalConv1d(out_dim, 1, 7)]
         self.decoder = nn.ModuleList(stages)
-        # Each stateful block files its history under its own module path, which is unique and stable.
-        for name, module in self.named_modules():
-            if isinstance(module, CausalConv1d | CausalConvTranspose1d | WindowAttention):
-                module.state_key = name
+        name_state_keys(self, _STATEFUL)
 
     @property
     def samples_per_frame(self) -> int:
@@ -156,26 +154,17 @@ class Qwen3TokenizerDecoder(nn.Module):
         """Activation dtype (the quantizer may be kept in fp32; everything after it runs in this)."""
         return self.pre_conv.conv.weight.dtype
 
+    @property
+    def device(self) -> torch.device:
+        return self.pre_conv.conv.weight.device
+
     def check_codes(self, codes: torch.Tensor) -> None:
-        """Shape/dtype checks (no device sync); value range is also checked when ``codes`` is on the CPU,
-        because an out-of-range index on CUDA is a device-side assert that kills the process."""
-        cfg = self.config
-        if codes.dim() != 3 or codes.shape[1] != cfg.num_quantizers:
-            raise ValueError(f"codes must be [batch, {cfg.num_quantizers}, frames], got {tuple(codes.shape)}")
-        if codes.dtype not in (torch.int64, torch.int32):
-            raise ValueError(f"codes must be int64 or int32, got {codes.dtype}")
-        if codes.device.type == "cpu" and codes.numel():
-            lo, hi = int(codes.min()), int(codes.max())
-            if lo < 0 or hi >= cfg.codebook_size:
-                raise ValueError(f"codes must lie in [0, {cfg.codebook_size}), got values in [{lo}, {hi}]")
+        """Shape/dtype checks (no device sync); the value range only on the CPU (``codec.checks``)."""
+        check_codes(codes, self.config.num_quantizers, self.config.codebook_size)
 
     def stream_state_shapes(self) -> dict[str, tuple[int, ...]]:
         """Per-stream shape of every streaming history tensor, keyed by module path."""
-        shapes: dict[str, tuple[int, ...]] = {}
-        for module in self.modules():
-            if isinstance(module, CausalConv1d | CausalConvTranspose1d | WindowAttention):
-                shapes.update(module.state_shapes())
-        return shapes
+        return collect_state_shapes([self], _STATEFUL)
 
     def forward(self, codes: torch.Tensor) -> torch.Tensor:
         """Offline single pass from position 0 (zero left padding, window-limited causal attention)."""
@@ -190,14 +179,14 @@ class Qwen3TokenizerDecoder(nn.Module):
         codes: torch.Tensor,
         state: dict[str, torch.Tensor],
         start: torch.Tensor,
-        lengths: torch.Tensor,
+        lengths: torch.Tensor | None,
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """One streaming step for B streams: the next T frames of each, given their history.
 
         ``state`` holds ``[B, *shape]`` for every key of :meth:`stream_state_shapes` (zeros for a fresh
         stream); ``start`` [B] is each stream's absolute frame index, ``lengths`` [B] how many of the T
         frames are real (the rest is right padding whose output is garbage and whose effect on the state
-        is discarded). Returns the waveform [B, T*spf] and the new state. No host syncs.
+        is discarded; ``None``: all T). Returns the waveform [B, T*spf] and the new state. No host syncs.
         """
         t = codes.shape[-1]
         steps = torch.arange(t, device=codes.device)

@@ -15,12 +15,13 @@ import torch
 from torch import nn
 
 from voxstage.checkpoint import CheckpointError, load_state_dict_strict, read_json
+from voxstage.codec.stream_layers import ConvNeXtBlock
 from voxstage.nn.layers import RMSNorm
 
 from .checkpoint_io import read_prefixed_tensors
 from .config import DecoderConfigError, Qwen3DecoderConfig, decoder_config_from_tokenizer_json
 from .decoder import EuclideanCodebook, Qwen3TokenizerDecoder
-from .layers import ConvNeXtBlock, LayerScale, SnakeBeta
+from .layers import LayerScale, SnakeBeta
 
 DECODER_PREFIX = "decoder."
 

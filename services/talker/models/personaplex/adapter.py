@@ -12,14 +12,13 @@ text sampling, 8 depformer steps with sampling, state update) for slots ``[0, b)
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 
 import numpy as np
 import torch
 
 from voxstage.cudagraphs import GraphCache
+from voxstage.talker.launch import HostRing, Pending, all_inactive, bucket, collect
 
 from ...sampling import SamplingParams
 from .config import AGENT_STREAMS, LMConfig
@@ -30,18 +29,6 @@ from .tokenizer import PersonaTokenizer
 from .voices import VoiceLibrary
 
 MIN_ATTN_BUCKET = 64
-
-
-def bucket(n: int, cap: int, minimum: int = 1) -> int:
-    """The next power of two >= ``max(n, minimum)``, at most ``cap``."""
-    return min(1 << (max(n, minimum) - 1).bit_length(), cap)
-
-
-@dataclass
-class _Pending:
-    tokens: torch.Tensor  # host [n, 9]
-    valid: torch.Tensor  # host [n]
-    event: torch.cuda.Event | None
 
 
 class PersonaPlexAdapter:
@@ -76,14 +63,8 @@ class PersonaPlexAdapter:
         self.kv = RingKV(torch.zeros(shape, **kw), torch.zeros(shape, **kw))  # type: ignore[arg-type]
         self.state = DuplexState.allocate(num_slots, c.num_codebooks, self.device)
         self.scratch = DepformerScratch.allocate(self.model, num_slots)
-        pin = self.device.type == "cuda"
-        ring = range(3)  # two steps may be in flight with async scheduling; a pinned buffer is reused after
-        self._host_tokens = [
-            torch.zeros(num_slots, OUT_ROWS, dtype=torch.int64, pin_memory=pin) for _ in ring
-        ]
-        self._host_valid = [torch.zeros(num_slots, dtype=torch.bool, pin_memory=pin) for _ in ring]
-        self._host_flags = [torch.zeros(num_slots, dtype=torch.bool, pin_memory=pin) for _ in ring]
-        self._ring = 0
+        # Pinned host buffers: the active mask up, each step's tokens [n, 9] and valid flags [n] down.
+        self.host = HostRing(num_slots, OUT_ROWS, self.device)
 
     def prepare(
         self, *, persona: str = "", voice: str | None = None, voice_codes: np.ndarray | None = None
@@ -166,35 +147,22 @@ class PersonaPlexAdapter:
         return bucket(min(max_position + 1, self.window), self.window, MIN_ATTN_BUCKET)
 
     @torch.inference_mode()
-    def launch(self, active: Sequence[bool], max_position: int, all_greedy: bool = False) -> _Pending:
+    def launch(self, active: Sequence[bool], max_position: int, all_greedy: bool = False) -> Pending:
         """Start one frame for slots ``[0, len(active))``; returns a handle, the device may still be busy."""
         n = len(active)
         b = bucket(n, self.num_slots)
         length = self.attn_bucket(max_position)
-        ring = self._ring = (self._ring + 1) % len(self._host_tokens)
-        flags = self._host_flags[ring]
-        flags.zero_()
-        flags[:n] = torch.tensor(list(active), dtype=torch.bool)
-        self.state.active[:b].copy_(flags[:b], non_blocking=True)
+        self.host.upload_active(active, self.state.active[:b])
         if self.graphs is not None:
             self.graphs.run(b, length, int(all_greedy))
         else:
             self.decode_core(b, length, int(all_greedy))
-        tokens, valid = self._host_tokens[ring][:n], self._host_valid[ring][:n]
-        tokens.copy_(self.state.out[:n], non_blocking=True)
-        valid.copy_(self.state.out_valid[:n], non_blocking=True)
-        event = None
-        if self.device.type == "cuda":
-            event = torch.cuda.Event()
-            event.record()
-        return _Pending(tokens, valid, event)
+        return self.host.download(self.state.out, self.state.out_valid, n)
 
-    def collect(self, handle: _Pending) -> tuple[np.ndarray, np.ndarray]:
+    def collect(self, handle: Pending) -> tuple[np.ndarray, np.ndarray]:
         """Host arrays ``tokens [n, 9]`` (text, agent codebooks 0..7 of the frame that step finished) and
         ``valid [n]`` (false for inactive rows and a session's first step)."""
-        if handle.event is not None:
-            handle.event.synchronize()
-        return handle.tokens.numpy().copy(), handle.valid.numpy().copy()
+        return collect(handle)
 
     def step(
         self, active: Sequence[bool], max_position: int, all_greedy: bool = False
@@ -208,7 +176,10 @@ class PersonaPlexAdapter:
 
     # -- CUDA graphs -----------------------------------------------------------------------------------------
     def enable_cuda_graphs(self) -> None:
-        self.graphs = GraphCache(self.decode_core, enabled=True, quiesce=self._all_inactive)
+        # Warm-up runs execute for real; with every row inactive they leave all slot state as it was.
+        self.graphs = GraphCache(
+            self.decode_core, enabled=True, quiesce=lambda key: all_inactive(self.state.active)
+        )
 
     def graph_keys(self) -> list[tuple[int, int, int]]:
         batches = sorted({bucket(n, self.num_slots) for n in range(1, self.num_slots + 1)})
@@ -221,13 +192,3 @@ class PersonaPlexAdapter:
         if self.graphs is None:
             return 0
         return sum(self.graphs.capture(*key) for key in self.graph_keys())
-
-    @contextlib.contextmanager
-    def _all_inactive(self, key: tuple[int, ...]) -> Iterator[None]:
-        # Warm-up runs execute for real; with every row inactive they leave all slot state as it was.
-        saved = self.state.active.clone()
-        self.state.active.zero_()
-        try:
-            yield
-        finally:
-            self.state.active.copy_(saved)

@@ -3,21 +3,22 @@
 Owns the device state of all slots: the KV pool, the code predictor's frame-local cache, the per-slot
 ``FrameState`` (seen c0 codes, frame counters, trailing text queue, sampling rows), each slot's next talker
 input and position. ``decode`` runs one masked frame step over slots ``[0, B)`` (B a power-of-two bucket),
-which is the unit a CUDA graph captures (see ``voxstage.talker.graphs``).
+which is the unit a CUDA graph captures; launch / collect and the graphs come from
+``voxstage.talker.packed`` (shared with Audio8-TTS).
 """
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 from collections import OrderedDict
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 from voxstage.cudagraphs import GraphCache
+from voxstage.talker.packed import PackedDecodeAdapter
 from voxstage.talker.sampling import SamplingParams
 from voxstage.talker.spec import SpeechSpec
 
@@ -25,7 +26,7 @@ from .backbone import KVCache
 from .config import Qwen3TTSConfig
 from .frame import FrameState, frame_step
 from .model import Qwen3TTSTalker
-from .prefill import Prefill, PrefillChunk, bucket
+from .prefill import PrefillChunk
 from .prompt import PromptError, PromptSpec, TalkerPrompt, build_prompt, icl_text_tokens_needed
 from .tokenizer import IncrementalEncoder, QwenTextTokenizer
 
@@ -139,13 +140,6 @@ class QwenPrepared:
 
 
 @dataclass
-class _Pending:
-    codes: torch.Tensor  # host [n, G]
-    eos: torch.Tensor  # host [n]
-    event: torch.cuda.Event | None
-
-
-@dataclass
 class _PrefixEntry:
     k: torch.Tensor  # [layers, kv_heads, n, head_dim]
     v: torch.Tensor
@@ -155,7 +149,7 @@ class _PrefixEntry:
         return 2 * self.k.numel() * self.k.element_size()
 
 
-class Qwen3TTSAdapter:
+class Qwen3TTSAdapter(PackedDecodeAdapter):
     def __init__(
         self,
         model: Qwen3TTSTalker,
@@ -181,7 +175,6 @@ class Qwen3TTSAdapter:
 
     def allocate(self, num_slots: int, max_len: int) -> None:
         m, dev = self.model, self.device
-        self.num_slots, self.max_len = num_slots, max_len
         self.kv = m.allocate_kv_cache(num_slots, max_len)
         self.cp_cache = m.allocate_predictor_cache(num_slots)
         self.state = FrameState.allocate(m, num_slots, max_text=max_len + 1)
@@ -191,55 +184,7 @@ class Qwen3TTSAdapter:
         self.rows = torch.arange(num_slots, device=dev)
         self.codes_out = torch.zeros(num_slots, self.num_groups, device=dev, dtype=torch.int64)
         self.eos_out = torch.zeros(num_slots, device=dev, dtype=torch.bool)
-        pin = dev.type == "cuda"
-        self._host_flags = [torch.zeros(num_slots, dtype=torch.bool, pin_memory=pin) for _ in range(3)]
-        self._host_codes = [
-            torch.zeros(num_slots, self.num_groups, dtype=torch.int64, pin_memory=pin) for _ in range(3)
-        ]
-        self._host_eos = [torch.zeros(num_slots, dtype=torch.bool, pin_memory=pin) for _ in range(3)]
-        self._ring_next = 0
-        self.prefill_runner = Prefill(m, self.kv, max_len=max_len, min_attn_bucket=self.min_attn_bucket)
-        if self.graphs is not None:  # graphs were enabled before the slots existed (the stage's order)
-            self.prefill_runner.enable_cuda_graphs()
-
-    def enable_cuda_graphs(self) -> None:
-        """Graph ``decode_core`` per (batch, context) and the prefill per (rows, length, context) bucket
-        (``enforce_eager: false``): all at once with ``capture_all_graphs``, else each on first use."""
-        self.graphs = GraphCache(self.decode_core, enabled=True, quiesce=self._all_inactive)
-        # The prefill keeps its own pool: a prefill and a decode graph are never replayed concurrently
-        # either, but separate pools keep one's capture from reusing memory the other's outputs occupy.
-        if hasattr(self, "prefill_runner"):  # else allocate() enables it once the slots exist
-            self.prefill_runner.enable_cuda_graphs()
-
-    def graph_keys(self) -> tuple[list[tuple[int, int]], list[tuple[int, int, int]]]:
-        """Every (batch, context) decode key and (rows, length, context) prefill key the engine can reach."""
-        batches = sorted({bucket(n, self.num_slots) for n in range(1, self.num_slots + 1)})
-        contexts = sorted({bucket(n, self.max_len, self.min_attn_bucket) for n in range(1, self.max_len + 1)})
-        return [(b, c) for b in batches for c in contexts], self.prefill_runner.graph_keys()
-
-    def capture_all_graphs(self) -> int:
-        """Capture every graph before serving (call with no request in flight): a lazily captured bucket
-        stalls every running stream for the capture, which showed as first-audio outliers and cold
-        underruns. Returns how many graphs were captured."""
-        prefill_graphs = self.prefill_runner.graphs
-        if self.graphs is None or prefill_graphs is None:
-            return 0
-        decode, prefill = self.graph_keys()
-        n = sum(self.graphs.capture(*key) for key in decode)
-        # Prefill warm-up runs write junk K/V into the first positions of the slots in its static input;
-        # no request holds a slot yet, and a slot's prefill rewrites every position it later reads.
-        return n + sum(prefill_graphs.capture(*key) for key in prefill)
-
-    @contextlib.contextmanager
-    def _all_inactive(self, key: tuple[int, ...]) -> Iterator[None]:
-        # Warm-up runs execute for real: with every row inactive they leave all slot state as it was (the
-        # junk K/V they write sits at each row's next position, which its next real step overwrites).
-        saved = self.active.clone()
-        self.active.zero_()
-        try:
-            yield
-        finally:
-            self.active.copy_(saved)
+        self.allocate_launch(m, self.kv, num_slots, max_len)
 
     def prepare(self, spec: SpeechSpec) -> QwenPrepared:
         return QwenPrepared(self, spec)
@@ -281,41 +226,9 @@ class Qwen3TTSAdapter:
         self.next_input[slot] = prepared.prompt.prefill_embeds[-1].to(self.dtype)
         self.positions[slot] = prepared.length - 1
 
-    @torch.inference_mode()
-    def launch(self, active: Sequence[bool], attn_len: int) -> _Pending:
-        n = len(active)
-        b = bucket(n, self.num_slots)
-        length = bucket(attn_len, self.max_len, self.min_attn_bucket)
-        # Host buffers come from a ring of 3: with async scheduling two steps can be outstanding, and a pinned
-        # buffer must not be rewritten before the device has read (or written) it.
-        ring = self._ring_next = (self._ring_next + 1) % len(self._host_codes)
-        flags = self._host_flags[ring]
-        flags.zero_()
-        flags[:n] = torch.tensor(list(active), dtype=torch.bool)
-        # From pinned memory, so the copy does not wait for the step still in flight.
-        self.active[:b].copy_(flags[:b], non_blocking=True)
-        if self.graphs is not None:
-            self.graphs.run(b, length)
-        else:
-            self.decode_core(b, length)
-        codes, eos = self._host_codes[ring][:n], self._host_eos[ring][:n]
-        codes.copy_(self.codes_out[:n], non_blocking=True)
-        eos.copy_(self.eos_out[:n], non_blocking=True)
-        event = None
-        if self.device.type == "cuda":
-            event = torch.cuda.Event()
-            event.record()
-        return _Pending(codes, eos, event)
-
-    def collect(self, handle: object) -> tuple[np.ndarray, np.ndarray]:
-        assert isinstance(handle, _Pending)
-        if handle.event is not None:
-            handle.event.synchronize()
-        return handle.codes.numpy().copy(), handle.eos.numpy().copy()
-
-    def decode(self, active: Sequence[bool], attn_len: int) -> tuple[np.ndarray, np.ndarray]:
-        """Launch and collect one step (the synchronous form, for tests and benchmarks)."""
-        return self.collect(self.launch(active, attn_len))
+    # -- the tick (launch, collect and CUDA graphs: ``PackedDecodeAdapter``) ---------------------------------
+    def step_io(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        return self.active, self.codes_out, self.eos_out
 
     def decode_core(self, b: int, attn_len: int) -> None:
         """The captured unit: static shapes for a given (b, attn_len), no host syncs."""
@@ -336,9 +249,7 @@ class Qwen3TTSAdapter:
 
     @torch.inference_mode()
     def move_slot(self, src: int, dst: int, kv_len: int) -> None:
-        if kv_len:
-            self.kv.k[:, dst, :, :kv_len] = self.kv.k[:, src, :, :kv_len]
-            self.kv.v[:, dst, :, :kv_len] = self.kv.v[:, src, :, :kv_len]
+        self.kv.copy_slot(src, dst, kv_len)
         for t in (self.next_input, self.positions):
             t[dst] = t[src]
         st = self.state

@@ -1,12 +1,8 @@
 """Qwen3 decoder stack over a caller-owned, static KV cache.
 
-The engine owns one KV pool for all slots (``KVCache``: ``[layers, slots, kv_heads, max_len, head_dim]``)
-and passes, per call, which slot each batch row belongs to and the absolute position of every token. The
-same call shape covers chunked prefill (one row, ``T`` tokens from position ``p``) and batched decode
-(``B`` rows, one token each, different lengths). New K/V are scattered into the pool first; attention then
-reads the rows' slots with an explicit ``key_pos <= query_pos`` mask, so every shape is static and nothing
-syncs with the host (CUDA-graph capturable). Stale entries beyond a slot's length are masked, which is why
-a slot is "reset" just by restarting its positions at 0.
+The pool, its call shape (slot per row, absolute positions, ``attn_len``), the causal mask and the cached
+GQA attention are the talker-wide ones of ``voxstage.talker.kv``; this module adds Qwen3's projections,
+per-head q/k RMSNorm and its rotary embedding.
 
 Rotary embedding: the talker config carries interleaved MRoPE (sections [24, 20, 20]). For text-only input
 the reference builds its position ids as three identical copies (``get_rope_index`` expands one cumsum to 3
@@ -17,23 +13,24 @@ same ``inv_freq``. That is what this module implements (checked against qwen-tts
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from voxstage.nn.layers import FusedLinears, RMSNorm, SwiGLU, apply_rope, rope_cos_sin, rope_inv_freq
+from voxstage.talker.kv import (
+    KVPool,
+    attend,
+    check_call,
+    grouped_causal_mask,
+    kv_bytes_per_token,
+)
+from voxstage.talker.kv import write_index as pool_write_index  # the layers' ``write_index`` is its result
 
 from .config import BackboneConfig
 
 
-@dataclass
-class KVCache:
-    """Static K/V pool: ``k``/``v`` are ``[num_layers, num_slots, kv_heads, max_len, head_dim]``."""
-
-    k: torch.Tensor
-    v: torch.Tensor
+class KVCache(KVPool):
+    """The shared static pool, sized from a ``BackboneConfig``."""
 
     @classmethod
     def allocate(
@@ -44,27 +41,12 @@ class KVCache:
         device: torch.device | str = "cpu",
         dtype: torch.dtype = torch.float32,
     ) -> KVCache:
-        if num_slots <= 0 or max_len <= 0:
-            raise ValueError(f"KV cache needs num_slots > 0 and max_len > 0, got {num_slots}, {max_len}")
-        shape = (cfg.num_layers, num_slots, cfg.num_kv_heads, max_len, cfg.head_dim)
-        return cls(
-            torch.zeros(shape, device=device, dtype=dtype), torch.zeros(shape, device=device, dtype=dtype)
-        )
-
-    @property
-    def num_slots(self) -> int:
-        return self.k.shape[1]
-
-    @property
-    def max_len(self) -> int:
-        return self.k.shape[3]
+        return cls.zeros(cfg.num_layers, num_slots, cfg.num_kv_heads, max_len, cfg.head_dim, device, dtype)
 
     @staticmethod
     def bytes_per_token(cfg: BackboneConfig, dtype: torch.dtype) -> int:
         """K+V bytes one token occupies across all layers (for memory-budget admission)."""
-        return (
-            2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * torch.empty((), dtype=dtype).element_size()
-        )
+        return kv_bytes_per_token(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, dtype)
 
 
 class Qwen3Attention(nn.Module):
@@ -108,22 +90,8 @@ class Qwen3Attention(nn.Module):
         v = v.view(b, t, nkv, self.head_dim)
         # One rotary pass over q and k together (it is elementwise per head): half the kernels.
         q, k = apply_rope(torch.cat([q, k], dim=2), cos, sin).split([nh, nkv], dim=2)
-        # (slot [B,1], :, pos [B,T]) addresses a [B, T, kv_heads, head_dim] block (an index_put, no sync).
-        rows, cols = write_index
-        k_pool[rows, :, cols] = k.to(k_pool.dtype)
-        v_pool[rows, :, cols] = v.to(v_pool.dtype)
-        if slot_ids is None:
-            keys, values = k_pool[:b, :, :attn_len], v_pool[:b, :, :attn_len]
-        else:
-            keys, values = k_pool[slot_ids, :, :attn_len], v_pool[slot_ids, :, :attn_len]
-        # GQA without repeating K/V: fold each KV head's query group into the query-length axis, so the
-        # call is plain multi-head SDPA over kv_heads (any backend that takes a mask can run it).
-        rep = self.num_heads // self.num_kv_heads
-        qg = q.reshape(b, t, self.num_kv_heads, rep, self.head_dim).permute(0, 2, 3, 1, 4)
-        qg = qg.reshape(b, self.num_kv_heads, rep * t, self.head_dim)
-        out = F.scaled_dot_product_attention(qg, keys.to(q.dtype), values.to(q.dtype), attn_mask=mask)
-        out = out.view(b, self.num_kv_heads, rep, t, self.head_dim).permute(0, 3, 1, 2, 4)
-        return self.o_proj(out.reshape(b, t, self.num_heads * self.head_dim))
+        out = attend(q, k, v, k_pool, v_pool, write_index, slot_ids, attn_len, mask)
+        return self.o_proj(out)
 
 
 class Qwen3DecoderLayer(nn.Module):
@@ -179,23 +147,12 @@ class Qwen3Backbone(nn.Module):
         position in the call and defaults to the whole cache. The caller guarantees positions lie in
         ``[0, attn_len)`` and that padding rows of a bucket point at a scratch slot.
         """
-        if x.dim() != 3 or positions.shape != x.shape[:2]:
-            raise ValueError(
-                f"x must be [B, T, H], positions [B, T]; got {tuple(x.shape)}, {tuple(positions.shape)}"
-            )
-        b = x.shape[0]
         attn_len = cache.max_len if attn_len is None else attn_len
-        if not 0 < attn_len <= cache.max_len:
-            raise ValueError(f"attn_len must be in (0, {cache.max_len}], got {attn_len}")
-        rows = torch.arange(b, device=x.device) if slot_ids is None else slot_ids
-        write_index = (rows.unsqueeze(1), positions)
+        check_call(x, positions, attn_len, cache)
+        write = pool_write_index(positions, slot_ids)
         cos, sin = rope_cos_sin(positions, self.inv_freq, x.dtype)
         cos, sin = cos.unsqueeze(2), sin.unsqueeze(2)  # broadcast over heads: [B, T, 1, head_dim]
-        key_pos = torch.arange(attn_len, device=x.device)
-        mask = key_pos.view(1, 1, attn_len) <= positions.unsqueeze(-1)  # [B, T, attn_len]
-        # In the grouped-query layout the attention call uses (see Qwen3Attention), built once for all layers.
-        rep = self.cfg.num_heads // self.cfg.num_kv_heads
-        mask = mask.unsqueeze(1).expand(b, rep, *mask.shape[1:]).reshape(b, 1, rep * mask.shape[1], attn_len)
+        mask = grouped_causal_mask(positions, attn_len, self.cfg.num_heads // self.cfg.num_kv_heads)
         for i, layer in enumerate(self.layers):
-            x = layer(x, cos, sin, cache.k[i], cache.v[i], write_index, slot_ids, attn_len, mask)
+            x = layer(x, cos, sin, cache.k[i], cache.v[i], write, slot_ids, attn_len, mask)
         return self.norm(x)

@@ -13,13 +13,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from voxstage.checkpoint import (
-    CheckpointError,
-    build_module,
-    load_state_dict_strict,
-    read_json,
-    read_safetensors,
-)
+from voxstage.checkpoint import CheckpointError, build_module, load_state_dict_strict, read_json
+from voxstage.talker.checkpoint import init_like_reference, read_weights
 
 from .config import Qwen3TTSConfig, parse_config
 from .model import Qwen3TTSTalker
@@ -40,22 +35,6 @@ def read_config(checkpoint_dir: Path) -> Qwen3TTSConfig:
 
 def build_model(config: Qwen3TTSConfig, device: torch.device | str, dtype: torch.dtype) -> Qwen3TTSTalker:
     return build_module(lambda: Qwen3TTSTalker(config), device, dtype)
-
-
-def _read_weights(checkpoint_dir: Path) -> dict[str, torch.Tensor]:
-    single = checkpoint_dir / "model.safetensors"
-    index = checkpoint_dir / "model.safetensors.index.json"
-    if single.is_file():
-        return read_safetensors(single)
-    if index.is_file():
-        weight_map = read_json(index).get("weight_map")
-        if not isinstance(weight_map, dict):
-            raise CheckpointError(f"{index}: weight_map must be an object")
-        state: dict[str, torch.Tensor] = {}
-        for shard in sorted(set(weight_map.values())):
-            state.update(read_safetensors(checkpoint_dir / str(shard)))
-        return state
-    raise CheckpointError(f"missing weights file {single} (or {index})")
 
 
 class _Holder(nn.Module):
@@ -99,7 +78,7 @@ def load_qwen3_tts_talker(
     if missing:
         raise CheckpointError(f"{checkpoint_dir}: tokenizer_config.json lacks {', '.join(missing)}")
     model = build_model(config, device, dtype)
-    weights = _read_weights(checkpoint_dir)
+    weights = read_weights(checkpoint_dir)
     load_talker_weights(model, weights, source=str(checkpoint_dir / "model.safetensors"))
     return model, config, tokenizer
 
@@ -114,14 +93,7 @@ def random_init(
     """A talker with the reference's init scheme (N(0, 0.02) weights and embeddings, zero biases, unit norms),
     drawn on ``device`` from a generator seeded with ``seed`` (deterministic per device type)."""
     model = build_model(config, device, dtype)
-    gen = torch.Generator(device=torch.device(device)).manual_seed(seed)
-    for name, param in sorted(model.named_parameters()):
-        if name.endswith("bias"):
-            param.zero_()
-        elif name.endswith("norm.weight"):
-            param.fill_(1.0)
-        else:
-            param.normal_(0.0, INIT_STD, generator=gen)
+    init_like_reference(model, seed, device, INIT_STD)
     return model
 
 

@@ -85,6 +85,26 @@ _NON_SPECIAL = {
 }
 
 
+def qwen2_pre_tokenizer() -> pre_tokenizers.PreTokenizer:
+    """The Qwen2 regex split, then the byte-level mapping (the split already isolated the words)."""
+    return pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(QWEN2_SPLIT_REGEX), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
+
+
+def qwen2_bpe(vocab: dict[str, int], merges: list[tuple[str, str]]) -> Tokenizer:
+    """The pipeline the Qwen2 fast tokenizer is built with (NFC, ``qwen2_pre_tokenizer``, byte-level BPE
+    without an unknown token), before any added tokens."""
+    tok = Tokenizer(BPE(vocab=vocab, merges=merges, unk_token=None, fuse_unk=False, byte_fallback=False))
+    tok.normalizer = normalizers.NFC()
+    tok.pre_tokenizer = qwen2_pre_tokenizer()
+    tok.decoder = decoders.ByteLevel()
+    return tok
+
+
 def byte_symbols() -> list[str]:
     """The 256 byte-level symbols in GPT-2/Qwen vocabulary order (printable bytes first, then the rest)."""
     printable = (
@@ -99,11 +119,32 @@ def byte_symbols() -> list[str]:
     return [symbol[b] for b in printable] + [symbol[b] for b in range(256) if b not in printable]
 
 
-class QwenTextTokenizer:
+class BackedTokenizer:
+    """What a family tokenizer over one ``tokenizers.Tokenizer`` shares (Qwen3-TTS, Audio8-TTS): decoding,
+    id lookup by content, and the backend itself."""
+
+    def __init__(self, tokenizer: Tokenizer) -> None:
+        self._tok = tokenizer
+
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:
+        return self._tok.decode(list(ids), skip_special_tokens=skip_special_tokens)
+
+    def token_id(self, content: str) -> int:
+        tid = self._tok.token_to_id(content)
+        if tid is None:
+            raise KeyError(f"token {content!r} is not in the tokenizer vocabulary")
+        return tid
+
+    @property
+    def backend(self) -> Tokenizer:
+        return self._tok
+
+
+class QwenTextTokenizer(BackedTokenizer):
     """Byte-level BPE with Qwen2's normalizer/pre-tokenizer and the checkpoint's special tokens."""
 
     def __init__(self, tokenizer: Tokenizer, special_ids: dict[str, int]) -> None:
-        self._tok = tokenizer
+        super().__init__(tokenizer)
         self.special_ids = special_ids
 
     @classmethod
@@ -127,35 +168,14 @@ class QwenTextTokenizer:
             merges.append((parts[0], parts[1]))
         config_path = directory / "tokenizer_config.json"
         config = read_json(config_path)
-        tok = Tokenizer(BPE(vocab=vocab, merges=merges, unk_token=None, fuse_unk=False, byte_fallback=False))
-        tok.normalizer = normalizers.NFC()
-        tok.pre_tokenizer = pre_tokenizers.Sequence(
-            [
-                pre_tokenizers.Split(Regex(QWEN2_SPLIT_REGEX), behavior="isolated", invert=False),
-                pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-            ]
-        )
-        tok.decoder = decoders.ByteLevel()
+        tok = qwen2_bpe(vocab, merges)
         special_ids = _add_declared_tokens(tok, config, config_path)
         return cls(tok, special_ids)
 
-    # ---- raw encode/decode ------------------------------------------------------------------------
+    # ---- raw encoding (decoding: BackedTokenizer) ------------------------------------------------
     def encode(self, text: str) -> list[int]:
         """Token ids of ``text``; special-token strings inside it are recognised, as in the reference."""
         return list(self._tok.encode(text, add_special_tokens=False).ids)
-
-    def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:
-        return self._tok.decode(list(ids), skip_special_tokens=skip_special_tokens)
-
-    def token_id(self, content: str) -> int:
-        tid = self._tok.token_to_id(content)
-        if tid is None:
-            raise KeyError(f"token {content!r} is not in the tokenizer vocabulary")
-        return tid
-
-    @property
-    def backend(self) -> Tokenizer:
-        return self._tok
 
     # ---- Qwen3-TTS chat formatting ---------------------------------------------------------------
     def assistant_ids(self, text: str) -> tuple[list[int], list[int]]:

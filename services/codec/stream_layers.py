@@ -1,0 +1,205 @@
+"""Causal building blocks that the text-to-speech codecs (Qwen3-TTS 12 Hz, Audio8) share, each runnable
+offline or as one exact streaming step.
+
+Every block takes an optional :class:`StreamContext`. Without one it behaves like the references (causal
+zero left padding, positions from 0). With one, the left padding is replaced by the stream's saved history
+and the new history is filed, taken at each row's *real* end, so a batch can carry right-padded rows (fewer
+new frames than the bucket's T) without corrupting their state. Everything is shape-static in (B, T).
+
+Checkpoint names are the references' (``X.conv.weight`` for every conv; ConvNeXt's ``dwconv``/``norm``/
+``pwconv1``/``pwconv2``/``gamma``), so both families load these modules strictly. Mimi streams through an
+in-place context of its own (``models/mimi/state.py``) and does not use these.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class StreamContext:
+    """Histories in and out of one streaming step of B rows.
+
+    ``state_in`` maps a state key to its ``[B, ...]`` history; blocks put their new history in ``state_out``.
+    ``frames`` is the bucket's T (a Python int), so a block derives its time scale (steps per frame at its
+    rate) from static shapes. ``lengths`` [B] counts each row's real frames; ``None`` means all T are real,
+    which takes every new history as a static slice instead of a per-row gather.
+    """
+
+    def __init__(self, state_in: dict[str, torch.Tensor], lengths: torch.Tensor | None, frames: int) -> None:
+        self.state_in = state_in
+        self.state_out: dict[str, torch.Tensor] = {}
+        self.lengths = lengths
+        self.frames = frames
+        self._index: dict[tuple[int, int, str], torch.Tensor] = {}  # shared by blocks of one rate
+
+    def history(self, key: str) -> torch.Tensor:
+        try:
+            return self.state_in[key]
+        except KeyError as exc:
+            raise KeyError(f"streaming state has no entry {key!r}") from exc
+
+    def keep_tail(self, key: str, joined: torch.Tensor, size: int, dim: int) -> None:
+        """File the ``size`` steps of ``joined`` (history ++ new, along ``dim``) ending at each row's real
+        end: with ``lengths[b]`` real frames at ``scale`` steps per frame that is
+        ``joined[b, ..., lengths[b]*scale : lengths[b]*scale + size]``. A row with 0 real frames gets its
+        old history back unchanged. A gather rather than a slice per row keeps the step free of host syncs
+        (graph capture)."""
+        if self.lengths is None:
+            self.state_out[key] = joined.narrow(dim, joined.shape[dim] - size, size)
+            return
+        scale = (joined.shape[dim] - size) // self.frames
+        cache_key = (scale, size, str(joined.device))
+        index = self._index.get(cache_key)
+        if index is None:
+            index = self.lengths[:, None] * scale + torch.arange(size, device=joined.device)
+            self._index[cache_key] = index
+        view = [1] * joined.dim()
+        view[0], view[dim] = joined.shape[0], size
+        shape = list(joined.shape)
+        shape[dim] = size
+        self.state_out[key] = torch.gather(joined, dim, index.view(view).expand(shape))
+
+
+class CausalConv1d(nn.Module):
+    """Conv with ``(k-1)*d + 1 - stride`` zeros of left padding, plus right padding that completes the last
+    window, so T inputs give ``ceil(T / stride)`` outputs and none sees the future (for stride 1 the right
+    padding is always zero and the output length equals the input length).
+
+    Stride 1 (every decode-side conv) is streamable: its history is the last ``(k-1)*d`` inputs.
+    """
+
+    def __init__(
+        self, cin: int, cout: int, kernel: int, *, stride: int = 1, dilation: int = 1, groups: int = 1
+    ) -> None:
+        super().__init__()
+        self.conv = nn.Conv1d(cin, cout, kernel, stride=stride, dilation=dilation, groups=groups)
+        self.stride = stride
+        self.span = (kernel - 1) * dilation + 1
+        self.left = self.span - stride
+        self.history = self.left if stride == 1 else 0
+        self.state_key = ""
+
+    def state_shapes(self) -> dict[str, tuple[int, ...]]:
+        return {self.state_key: (self.conv.in_channels, self.history)} if self.history else {}
+
+    def forward(self, x: torch.Tensor, ctx: StreamContext | None = None) -> torch.Tensor:
+        if ctx is not None and self.stride == 1 and self.history:
+            joined = torch.cat([ctx.history(self.state_key), x], dim=-1)
+            ctx.keep_tail(self.state_key, joined, self.history, dim=joined.dim() - 1)
+            return self.conv(joined)
+        if ctx is not None and self.stride != 1:
+            raise RuntimeError("strided convs belong to the encoder, which does not stream")
+        length = x.shape[-1]
+        right = -(-length // self.stride) * self.stride - length
+        if self.left or right:
+            x = F.pad(x, (self.left, right))
+        return self.conv(x)
+
+
+class CausalConvTranspose1d(nn.Module):
+    """ConvTranspose1d(k, s) with the last ``k - s`` outputs cropped: n inputs give exactly ``n * s``.
+
+    Streaming keeps the last ``ceil(k/s) - 1`` *inputs* (not the overlapping outputs): re-running the
+    transposed conv over them reproduces the overlap-add of the previous chunk's tail with the same arithmetic
+    as offline, bias added once. A k == s upsampler needs no history at all.
+    """
+
+    def __init__(self, cin: int, cout: int, kernel: int, stride: int) -> None:
+        super().__init__()
+        if kernel < stride:
+            raise ValueError(f"transposed conv kernel {kernel} must be >= stride {stride}")
+        self.conv = nn.ConvTranspose1d(cin, cout, kernel, stride=stride)
+        self.stride = stride
+        self.history = math.ceil(kernel / stride) - 1
+        self.state_key = ""
+
+    def state_shapes(self) -> dict[str, tuple[int, ...]]:
+        return {self.state_key: (self.conv.in_channels, self.history)} if self.history else {}
+
+    def forward(self, x: torch.Tensor, ctx: StreamContext | None = None) -> torch.Tensor:
+        n = x.shape[-1]
+        if ctx is None or self.history == 0:
+            return self.conv(x)[..., : n * self.stride]
+        joined = torch.cat([ctx.history(self.state_key), x], dim=-1)
+        ctx.keep_tail(self.state_key, joined, self.history, dim=joined.dim() - 1)
+        start = self.history * self.stride
+        return self.conv(joined)[..., start : start + n * self.stride]
+
+
+class ConvNeXtBlock(nn.Module):
+    """Causal depthwise conv (k7), LayerNorm(1e-6), 4x pointwise MLP with exact GELU, per-channel gain."""
+
+    def __init__(self, dim: int, kernel: int = 7) -> None:
+        super().__init__()
+        self.dwconv = CausalConv1d(dim, dim, kernel, groups=dim)
+        self.norm = nn.LayerNorm(dim, eps=1e-6)
+        self.pwconv1 = nn.Linear(dim, 4 * dim)
+        self.pwconv2 = nn.Linear(4 * dim, dim)
+        self.gamma = nn.Parameter(torch.full((dim,), 1e-6))
+
+    def forward(self, x: torch.Tensor, ctx: StreamContext | None = None) -> torch.Tensor:
+        h = self.dwconv(x, ctx).transpose(1, 2)
+        h = self.pwconv2(F.gelu(self.pwconv1(self.norm(h))))
+        return x + (self.gamma * h).transpose(1, 2)
+
+
+def run_blocks(blocks: nn.ModuleList, x: torch.Tensor, ctx: StreamContext | None) -> torch.Tensor:
+    """Run ``blocks`` in order, each with the same stream context."""
+    for block in blocks:
+        x = block(x, ctx)
+    return x
+
+
+def window_mask(q_pos: torch.Tensor, k_pos: torch.Tensor, window: int, head_dims: int = 1) -> torch.Tensor:
+    """Boolean ``[B|1, *(1,) * head_dims, Tq, Tk]``: key visible iff ``q - window < k <= q`` and ``k >= 0``
+    (``q_pos`` ``[B|1, Tq]``, ``k_pos`` ``[B|1, Tk]``). The size-1 head dims broadcast over the attention's
+    head layout. ``k >= 0`` hides the zero-filled history of a fresh stream, which offline never sees."""
+    q = q_pos[:, :, None]
+    k = k_pos[:, None, :]
+    visible = (k <= q) & (k > q - window) & (k >= 0)
+    return visible.view(visible.shape[0], *(1,) * head_dims, *visible.shape[1:])
+
+
+class WindowKVAttention(nn.Module):
+    """What the codecs' sliding-window attentions share, apart from their projections and RoPE.
+
+    A query at p sees keys in ``(p - window, p]``, so a stream keeps the last ``window - 1`` keys and values
+    of each layer, stored after RoPE at their absolute positions (``<state_key>.k`` / ``.v``). Scores are at
+    most T x (window - 1 + T) per head, so the explicit scores -> fp32 softmax -> weighted sum form costs
+    nothing next to the convs, and it keeps fp32 results bit-identical to the references' eager attention
+    instead of differing by a fused kernel's rounding.
+    """
+
+    def __init__(self, heads: int, kv_heads: int, head_dim: int, window: int) -> None:
+        super().__init__()
+        self.heads, self.kv_heads, self.head_dim = heads, kv_heads, head_dim
+        self.kv_history = window - 1
+        self.state_key = ""
+
+    def state_shapes(self) -> dict[str, tuple[int, ...]]:
+        shape = (self.kv_heads, self.kv_history, self.head_dim)
+        return {f"{self.state_key}.k": shape, f"{self.state_key}.v": shape}
+
+    def with_history(
+        self, k: torch.Tensor, v: torch.Tensor, ctx: StreamContext | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Prepend the stream's saved keys/values to ``k``/``v`` ``[B, KV, T, D]`` and file the new tails
+        (offline: returned unchanged)."""
+        if ctx is None or not self.kv_history:
+            return k, v
+        k = torch.cat([ctx.history(f"{self.state_key}.k"), k], dim=2)
+        v = torch.cat([ctx.history(f"{self.state_key}.v"), v], dim=2)
+        ctx.keep_tail(f"{self.state_key}.k", k, self.kv_history, dim=2)
+        ctx.keep_tail(f"{self.state_key}.v", v, self.kv_history, dim=2)
+        return k, v
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """``softmax(q k^T / sqrt(d), masked) v`` over the last two dims, the softmax in fp32."""
+        scores = torch.matmul(q, k.transpose(-1, -2)) * self.head_dim**-0.5
+        scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
+        probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(v.dtype)
+        return torch.matmul(probs, v)

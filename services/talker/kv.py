@@ -1,0 +1,126 @@
+"""Static KV pool and cached GQA attention shared by the talker stacks that run over one (Qwen3 backbone,
+Audio8 slow and fast AR).
+
+The engine owns one pool for all slots (``[layers, slots, kv_heads, positions, head_dim]``) and passes, per
+call, which slot each batch row belongs to and the absolute position of every token. The same call shape
+covers chunked prefill (one row, ``T`` tokens) and batched decode (``B`` rows, one token each). New K/V are
+scattered into the pool first; attention then reads the rows' slots under an explicit ``key <= query``
+mask, so every shape is static and nothing syncs with the host (CUDA-graph capturable). Stale entries beyond
+a slot's length are masked, which is why a slot is "reset" just by restarting its positions at 0.
+
+Only the family-independent part lives here: projections, q/k norms and the rotary flavour (rotate-half
+in fp32 for Qwen3, interleaved on a bf16 table for Audio8) stay with each family, so sharing this changes
+no numbers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Self
+
+import torch
+import torch.nn.functional as F
+
+
+@dataclass
+class KVPool:
+    """Static K/V: ``k``/``v`` are ``[layers, slots, kv_heads, positions, head_dim]``."""
+
+    k: torch.Tensor
+    v: torch.Tensor
+
+    @classmethod
+    def zeros(
+        cls,
+        num_layers: int,
+        num_slots: int,
+        kv_heads: int,
+        max_len: int,
+        head_dim: int,
+        device: torch.device | str,
+        dtype: torch.dtype,
+    ) -> Self:
+        if num_slots <= 0 or max_len <= 0:
+            raise ValueError(f"a KV pool needs num_slots > 0 and max_len > 0, got {num_slots}, {max_len}")
+        shape = (num_layers, num_slots, kv_heads, max_len, head_dim)
+        return cls(
+            torch.zeros(shape, device=device, dtype=dtype), torch.zeros(shape, device=device, dtype=dtype)
+        )
+
+    @property
+    def num_slots(self) -> int:
+        return self.k.shape[1]
+
+    @property
+    def max_len(self) -> int:
+        return self.k.shape[3]
+
+    def copy_slot(self, src: int, dst: int, n: int) -> None:
+        """Positions ``[0, n)`` of slot ``src`` into slot ``dst`` (slot compaction when a request leaves)."""
+        if n:
+            self.k[:, dst, :, :n] = self.k[:, src, :, :n]
+            self.v[:, dst, :, :n] = self.v[:, src, :, :n]
+
+
+def kv_bytes_per_token(num_layers: int, kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
+    """K+V bytes one position of one slot occupies across all layers (memory-budget admission)."""
+    return 2 * num_layers * kv_heads * head_dim * torch.empty((), dtype=dtype).element_size()
+
+
+def check_call(x: torch.Tensor, positions: torch.Tensor, attn_len: int, pool: KVPool) -> None:
+    """The stack call's contract: ``x [B, T, D]`` at ``positions [B, T]``, ``attn_len`` in (0, max_len]."""
+    if x.dim() != 3 or positions.shape != x.shape[:2]:
+        raise ValueError(
+            f"x must be [B, T, D], positions [B, T]; got {tuple(x.shape)}, {tuple(positions.shape)}"
+        )
+    if not 0 < attn_len <= pool.max_len:
+        raise ValueError(f"attn_len must lie in (0, {pool.max_len}], got {attn_len}")
+
+
+def write_index(positions: torch.Tensor, slot_ids: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(slot [B, 1], position [B, T])``: where each row's new K/V go (an index_put, no sync).
+    ``slot_ids`` None means rows ``0..B-1`` (a frame-local scratch cache)."""
+    b = positions.shape[0]
+    rows = torch.arange(b, device=positions.device) if slot_ids is None else slot_ids
+    return rows.unsqueeze(1), positions
+
+
+def grouped_causal_mask(positions: torch.Tensor, attn_len: int, group: int) -> torch.Tensor:
+    """Causal mask over absolute positions (``key <= query``) in the grouped-query layout ``attend`` uses:
+    ``[B, 1, group * T, attn_len]``, built once per call and shared by every layer."""
+    b, t = positions.shape
+    key_pos = torch.arange(attn_len, device=positions.device)
+    mask = key_pos.view(1, 1, attn_len) <= positions.unsqueeze(-1)  # [B, T, attn_len]
+    return mask.unsqueeze(1).expand(b, group, t, attn_len).reshape(b, 1, group * t, attn_len)
+
+
+def attend(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    k_pool: torch.Tensor,
+    v_pool: torch.Tensor,
+    write: tuple[torch.Tensor, torch.Tensor],
+    slot_ids: torch.Tensor | None,
+    attn_len: int,
+    mask: torch.Tensor,
+) -> torch.Tensor:
+    """Write the rows' ``k``/``v [B, T, kv_heads, hd]`` into one layer's pools ``[slots, kv_heads, positions,
+    hd]`` at ``write``, then attend ``q [B, T, heads, hd]`` (rotated) over positions ``[0, attn_len)`` of the
+    rows' slots; returns ``[B, T, heads * hd]`` (before the output projection)."""
+    b, t, nh, hd = q.shape
+    nkv = k.shape[2]
+    group = nh // nkv
+    rows, cols = write  # (slot [B, 1], :, position [B, T]) addresses a [B, T, kv_heads, hd] block
+    k_pool[rows, :, cols] = k.to(k_pool.dtype)
+    v_pool[rows, :, cols] = v.to(v_pool.dtype)
+    if slot_ids is None:  # a view, not a gather
+        keys, values = k_pool[:b, :, :attn_len], v_pool[:b, :, :attn_len]
+    else:
+        keys, values = k_pool[slot_ids, :, :attn_len], v_pool[slot_ids, :, :attn_len]
+    # GQA without repeating K/V: each KV head's query group is folded into the query-length axis, so the
+    # call is plain multi-head SDPA over kv_heads (query head j uses KV head j // group, as the references;
+    # any backend that takes a mask can run it).
+    qg = q.reshape(b, t, nkv, group, hd).permute(0, 2, 3, 1, 4).reshape(b, nkv, group * t, hd)
+    out = F.scaled_dot_product_attention(qg, keys.to(q.dtype), values.to(q.dtype), attn_mask=mask)
+    return out.view(b, nkv, group, t, hd).permute(0, 3, 1, 2, 4).reshape(b, t, nh * hd)

@@ -1,0 +1,104 @@
+"""Frame-step plumbing shared by the talker adapters whose step is one graphed ``decode_core(b, attn_len)``
+over packed slots, with prompts written by the shared prefill runner (Qwen3-TTS, Audio8-TTS).
+
+``PackedDecodeAdapter`` is a mixin: the family's ``__init__`` sets ``num_groups``, ``device``,
+``min_attn_bucket`` and ``graphs = None``, its ``allocate`` ends with ``allocate_launch``, and it provides
+``decode_core`` and ``step_io``. The mixin then launches and collects steps through the pinned ``HostRing``
+(``voxstage.talker.launch``) and captures CUDA graphs per (batch, context) decode bucket and per (rows,
+length, context) prefill bucket.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+
+from voxstage.cudagraphs import GraphCache
+from voxstage.talker.launch import HostRing, Pending, all_inactive, bucket, collect, decode_graph_keys
+from voxstage.talker.prefill import KVPoolLike, Prefill, PrefillModel
+
+
+class PackedDecodeAdapter:
+    num_groups: int
+    device: torch.device
+    min_attn_bucket: int
+    graphs: GraphCache | None
+    # Set by ``allocate_launch``.
+    num_slots: int
+    max_len: int
+    host: HostRing
+    prefill_runner: Prefill
+
+    def decode_core(self, b: int, attn_len: int) -> None:
+        """The captured unit over slots ``[0, b)``: static shapes for a given (b, attn_len), no host syncs."""
+        raise NotImplementedError
+
+    def step_io(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The frame step's device tensors: ``active [slots]`` (its input mask), ``codes [slots, G]`` and
+        ``eos [slots]`` (its outputs)."""
+        raise NotImplementedError
+
+    def allocate_launch(self, model: PrefillModel, kv: KVPoolLike, num_slots: int, max_len: int) -> None:
+        """The launch ring and the prefill runner over ``kv``, once the slots' device state exists."""
+        self.num_slots, self.max_len = num_slots, max_len
+        self.host = HostRing(num_slots, self.num_groups, self.device)
+        self.prefill_runner = Prefill(model, kv, max_len=max_len, min_attn_bucket=self.min_attn_bucket)
+        if self.graphs is not None:  # graphs were enabled before the slots existed (the stage's order)
+            self.prefill_runner.enable_cuda_graphs()
+
+    # -- the tick ------------------------------------------------------------------------------------------
+    @torch.inference_mode()
+    def launch(self, active: Sequence[bool], attn_len: int) -> Pending:
+        n = len(active)
+        b = bucket(n, self.num_slots)
+        length = bucket(attn_len, self.max_len, self.min_attn_bucket)
+        mask, codes, eos = self.step_io()
+        # Host buffers come from a pinned ring: with async scheduling two steps can be outstanding, and a
+        # pinned buffer must not be rewritten before the device has used it.
+        self.host.upload_active(active, mask[:b])
+        if self.graphs is not None:
+            self.graphs.run(b, length)
+        else:
+            self.decode_core(b, length)
+        return self.host.download(codes, eos, n)
+
+    def collect(self, handle: object) -> tuple[np.ndarray, np.ndarray]:
+        return collect(handle)
+
+    def decode(self, active: Sequence[bool], attn_len: int) -> tuple[np.ndarray, np.ndarray]:
+        """Launch and collect one step (the synchronous form, for tests and benchmarks)."""
+        return self.collect(self.launch(active, attn_len))
+
+    # -- CUDA graphs ---------------------------------------------------------------------------------------
+    def enable_cuda_graphs(self) -> None:
+        """Graph ``decode_core`` per (batch, context) and the prefill per (rows, length, context) bucket
+        (``enforce_eager: false``): all at once with ``capture_all_graphs``, else each on first use."""
+        # Warm-up runs execute for real: with every row inactive they leave all slot state as it was (the
+        # junk K/V they write sits at each row's next position, which its next real step overwrites).
+        self.graphs = GraphCache(
+            self.decode_core, enabled=True, quiesce=lambda key: all_inactive(self.step_io()[0])
+        )
+        # The prefill keeps its own pool: a prefill and a decode graph are never replayed concurrently
+        # either, but separate pools keep one's capture from reusing memory the other's outputs occupy.
+        if hasattr(self, "prefill_runner"):  # else allocate_launch() enables it once the slots exist
+            self.prefill_runner.enable_cuda_graphs()
+
+    def graph_keys(self) -> tuple[list[tuple[int, int]], list[tuple[int, int, int]]]:
+        """Every (batch, context) decode key and (rows, length, context) prefill key the engine can reach."""
+        decode = decode_graph_keys(self.num_slots, self.max_len, self.min_attn_bucket)
+        return decode, self.prefill_runner.graph_keys()
+
+    def capture_all_graphs(self) -> int:
+        """Capture every graph before serving (call with no request in flight): a lazily captured bucket
+        stalls every running stream for the capture, which showed as first-audio outliers and cold
+        underruns. Returns how many graphs were captured."""
+        prefill_graphs = self.prefill_runner.graphs
+        if self.graphs is None or prefill_graphs is None:
+            return 0
+        decode, prefill = self.graph_keys()
+        n = sum(self.graphs.capture(*key) for key in decode)
+        # Prefill warm-up runs write junk K/V into the first positions of the slots in its static input;
+        # no request holds a slot yet, and a slot's prefill rewrites every position it later reads.
+        return n + sum(prefill_graphs.capture(*key) for key in prefill)

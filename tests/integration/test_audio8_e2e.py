@@ -1,0 +1,144 @@
+"""Audio8-TTS end to end: ``voxstage serve deploy/audio8_tts.yaml --model audio8-tts-tiny`` (the seed file,
+unchanged) as three processes, called as a user would: the official ``openai`` client over HTTP and the SDK
+over gRPC, plain text-to-speech and voice clone, 44.1 kHz audio natively and resampled on request.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import signal
+import subprocess
+import sys
+import time
+import wave
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import httpx
+import numpy as np
+import pytest
+import soundfile as sf
+
+from tests.integration.stagekit import ROOT, stage_env
+from voxstage.health_probe import check
+
+pytestmark = pytest.mark.timeout(300)
+
+MODEL = "audio8-tts-tiny"
+DEPLOY = ROOT / "deploy" / "audio8_tts.yaml"
+RATE, SPF = 44_100, 2048
+FRAMES = 6  # every request is capped here (the deploy's max_tokens): a random model rarely stops by itself
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def reference_wav(seconds: float = 1.0, rate: int = 24_000) -> bytes:
+    t = np.arange(int(seconds * rate)) / rate
+    buf = io.BytesIO()
+    sf.write(buf, (0.3 * np.sin(2 * np.pi * 180 * t)).astype(np.float32), rate, format="WAV")
+    return buf.getvalue()
+
+
+class Served:
+    def __init__(self, proc: subprocess.Popen[bytes], log: Path, grpc_port: int, http_port: int) -> None:
+        self.proc, self.log = proc, log
+        self.grpc_addr = f"127.0.0.1:{grpc_port}"
+        self.http_url = f"http://127.0.0.1:{http_port}"
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    from voxstage.presets import resolve_model
+
+    cache = tmp_path_factory.mktemp("vxcache-audio8")
+    resolve_model(MODEL, cache=cache)
+    log = tmp_path_factory.mktemp("audio8-logs") / "serve.log"
+    grpc_port, http_port = free_port(), free_port()
+    cmd = [sys.executable, "-m", "voxstage", "serve", str(DEPLOY), "--model", MODEL, "--device", "cpu"]
+    cmd += ["--threads", "1", "--drain-grace", "10", "--start-timeout", "120", "--host", "127.0.0.1"]
+    cmd += ["--grpc-port", str(grpc_port), "--http-port", str(http_port)]
+    cmd += ["--set", f"stages.0.default_sampling_params.max_tokens={FRAMES}"]
+    with log.open("wb") as out:
+        proc = subprocess.Popen(cmd, env=stage_env(cache), stdout=out, stderr=subprocess.STDOUT, cwd=ROOT)
+    try:
+        deadline = time.monotonic() + 180
+        while not check(f"127.0.0.1:{grpc_port}", timeout=1.0):
+            assert proc.poll() is None, log.read_text()[-4000:]
+            assert time.monotonic() < deadline, log.read_text()[-4000:]
+            time.sleep(0.3)
+        yield Served(proc, log, grpc_port, http_port)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == 0, log.read_text()[-3000:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_openai_client_plain_and_clone(served: Served) -> None:
+    from openai import OpenAI
+
+    client = OpenAI(base_url=f"{served.http_url}/v1", api_key="unused", max_retries=0)
+    reply = client.audio.speech.create(
+        model=MODEL, voice="default", input="Hello from Audio8.", response_format="wav"
+    )
+    with wave.open(io.BytesIO(reply.content)) as w:  # the header carries the native rate
+        assert w.getframerate() == RATE and w.getnchannels() == 1
+        frames = w.getnframes()
+    assert frames == FRAMES * SPF  # capped at FRAMES codec frames of 2048 samples each
+    pcm, _ = sf.read(io.BytesIO(reply.content))
+    assert np.abs(pcm).max() > 1e-3
+    clone = client.audio.speech.create(
+        model=MODEL, voice="default", input="Now in a cloned voice.", response_format="wav",
+        extra_body={"ref_audio": base64.b64encode(reference_wav()).decode(), "ref_text": "A reference."},
+    )  # fmt: skip
+    data, rate = sf.read(io.BytesIO(clone.content))
+    assert rate == RATE and len(data) == FRAMES * SPF
+
+
+def test_http_resampling_and_clear_errors(served: Served) -> None:
+    with httpx.Client(base_url=served.http_url, timeout=120) as http:
+        wav = http.post(
+            "/v1/audio/speech", json={"input": "Resampled.", "response_format": "wav", "sample_rate": 24000}
+        )
+        data, rate = sf.read(io.BytesIO(wav.content))
+        assert wav.status_code == 200 and rate == 24_000
+        assert abs(len(data) - FRAMES * SPF * 24_000 / RATE) <= 2
+        no_text = http.post(
+            "/v1/audio/speech",
+            json={"input": "x", "ref_audio": base64.b64encode(reference_wav()).decode()},
+        )
+        assert no_text.status_code == 400 and "ref_text" in no_text.json()["error"]["message"]
+        styled = http.post("/v1/audio/speech", json={"input": "x", "instructions": "Whisper."})
+        assert styled.status_code == 400 and "instructions" in styled.json()["error"]["message"]
+        voices = http.get("/v1/audio/voices").json()
+        assert [v["name"] for v in voices["voices"]] == ["default"]
+        assert voices["voices"][0]["native_sample_rate_hz"] == RATE
+
+
+def test_sdk_grpc_plain_streaming_and_clone(served: Served) -> None:
+    from voxstage.client import SpeechClient, SpeechError
+
+    with SpeechClient(served.grpc_addr, timeout=120) as client:
+        audio = client.synthesize("Over gRPC.", encoding="pcm_f32", seed=7)
+        assert audio.sample_rate == RATE and audio.to_numpy().size == FRAMES * SPF
+        again = client.synthesize("Over gRPC.", encoding="pcm_f32", seed=7)
+        np.testing.assert_array_equal(again.to_numpy(), audio.to_numpy())  # seeded: repeatable
+        streamed = client.synthesize_streamed("Streamed.", encoding="pcm", seed=1)
+        assert streamed.sample_rate == RATE and streamed.to_numpy().size == FRAMES * SPF
+        cloned = client.synthesize(
+            "Cloned over gRPC.", encoding="wav", seed=7,
+            reference_audio=reference_wav(), reference_text="A reference.",
+        )  # fmt: skip
+        assert cloned.sample_rate == RATE and cloned.to_numpy().size == FRAMES * SPF
+        with pytest.raises(SpeechError) as err:
+            client.synthesize("x", voice="ryan")
+        assert err.value.code is grpc.StatusCode.NOT_FOUND and "voice" in err.value.message
