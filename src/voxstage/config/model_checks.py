@@ -40,7 +40,8 @@ def check_codec_against_model(
                 "codec_left_context_frames",
                 f"is {left} but has no effect: this codec is stateful and carries its own "
                 f"{decoder_window_frames}-frame history across chunks (set it to 0 or "
-                f"{decoder_window_frames})",
+                f"{decoder_window_frames}, or set codec_decode: overlap_crop to decode each chunk behind "
+                f"{left} frames of context instead)",
                 "warning",
             )
     elif decoder_window_frames > 0 and left == 0:
