@@ -13,10 +13,14 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass, field
 
 from voxstage import metrics
+
+# One line per request (logger ``voxstage.gateway.access``): what an operator greps for a request id.
+access_log = logging.getLogger("voxstage.gateway.access")
 
 
 @dataclass
@@ -44,7 +48,14 @@ class RequestAccounting:
     last_audio: float | None = None
     audio_s: float = 0.0
     player: PlaybackSimulator = field(default_factory=PlaybackSimulator)
+    request_id: str = "-"  # known once the request is checked; a request refused before that has none
+    voice: str = "-"
+    model: str = "-"
     _done: bool = False
+    _outcome: str = ""
+
+    def describe(self, request_id: str, voice: str, model: str) -> None:
+        self.request_id, self.voice, self.model = request_id, voice or "-", model or "-"
 
     def start_work(self, now: float | None = None) -> None:
         if self.work_started is None:
@@ -71,6 +82,16 @@ class RequestAccounting:
         """The whole clip was handed to the transport (whole-clip responses only)."""
         if self.first_audio is None and self.audio_s > 0:
             self._first_byte(time.monotonic() if now is None else now)
+            if self._done:  # synthesis ended before the clip was encoded and sent: the line waited for it
+                self._log(self._outcome, self.first_audio)
+
+    def _log(self, outcome: str, end: float) -> None:
+        ttfa = "-" if self.ttfa_s is None else f"{1e3 * self.ttfa_s:.1f}"
+        access_log.info(
+            "request id=%s api=%s model=%s voice=%s outcome=%s ttfa_ms=%s duration_ms=%.1f audio_s=%.2f",
+            self.request_id, self.api, self.model, self.voice, outcome, ttfa, 1e3 * (end - self.arrival),
+            self.audio_s,
+        )  # fmt: skip
 
     def _first_byte(self, t: float) -> None:
         self.first_audio = t
@@ -81,8 +102,11 @@ class RequestAccounting:
             return
         self._done = True
         t = time.monotonic() if now is None else now
+        self._outcome = outcome
         metrics.REQUESTS.labels(outcome=outcome).inc()
         metrics.REQUEST_DURATION.labels(api=self.api).observe(t - self.arrival)
+        if not (self.whole_clip and self.audio_s > 0 and self.first_audio is None):
+            self._log(outcome, t)  # else clip_sent logs it, with the clip's time to first audio
         if self.last_audio is None or self.audio_s <= 0:
             return
         start = self.work_started if self.work_started is not None else self.arrival

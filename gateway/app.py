@@ -3,27 +3,40 @@
 Health turns SERVING once a ready codec and a ready talker have answered ``Status``, and back to
 NOT_SERVING while none is (or while draining). On SIGTERM/SIGINT the gateway drains: new requests get
 UNAVAILABLE, admitted ones get ``grace`` seconds to finish on both faces, then everything stops.
+
+The HTTP face runs with the limits of ``http_limits`` on slow, stalled and oversized requests.
+
+Security (``auth``, all off by default): API keys on both faces, TLS on both ports, and gRPC reflection and
+``/metrics`` switchable off on the public ports (``gateway.api_keys_*``, ``tls_*``, ``reflection``,
+``public_metrics``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import logging
 import signal
 import socket
-from collections.abc import Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
+import grpc
 import uvicorn
+from google.protobuf.message import DecodeError
 from grpc_health.v1 import health_pb2
 
 from voxstage.config import DeployConfig
+from voxstage.gateway.auth import ApiKeyInterceptor, KeyCheck, PublicHttpGuard, load_api_keys, read_tls
 from voxstage.gateway.core import GatewayCore
+from voxstage.gateway.errors import GatewayError, abort, invalid
 from voxstage.gateway.grpc_api import SpeechServicer
 from voxstage.gateway.http_api import build_app
+from voxstage.gateway.http_limits import http_config
 from voxstage.server import ServiceBinding, StageServer, start_stage_server
-from voxstage.v1 import speech_pb2_grpc
+from voxstage.v1 import speech_pb2
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +49,99 @@ class _EmbeddedUvicorn(uvicorn.Server):
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:
         yield
+
+
+class _Undecodable:
+    """What the Speech service's request deserializer returns for bytes that do not parse as the method's
+    message: the handler then answers INVALID_ARGUMENT. A raising deserializer made grpc.aio answer UNKNOWN
+    and log a traceback for every such request on the public port (issue 15)."""
+
+    def __init__(self, error: GatewayError) -> None:
+        self.error = error
+
+
+def _parser(message: Any) -> Callable[[bytes], Any]:
+    name = message.DESCRIPTOR.full_name
+
+    def parse(data: bytes) -> Any:
+        try:
+            return message.FromString(data)
+        except DecodeError:
+            log.debug("grpc: %d bytes that are not a %s", len(data), name)
+            return _Undecodable(invalid("request", f"not a valid {name} message", reason="malformed_request"))
+
+    return parse
+
+
+async def _checked(requests: AsyncIterator[Any], seen: list[GatewayError]) -> AsyncIterator[Any]:
+    # A bad message in a stream raises where the handler reads it, as its own bad input does.
+    async for request in requests:
+        if isinstance(request, _Undecodable):
+            seen.append(request.error)
+            raise request.error
+        yield request
+
+
+def _guarded(behavior: Callable[..., Any], client_streaming: bool) -> Callable[..., Any]:
+    async def request_of(request: Any, context: Any) -> Any:
+        if isinstance(request, _Undecodable):
+            await abort(context, request.error)
+        return request
+
+    async def coroutine(request: Any, context: Any) -> Any:
+        if client_streaming:
+            # Converse reads in a task and takes any end of its input as a half-close: the status is set here.
+            seen: list[GatewayError] = []
+            result = await behavior(_checked(request, seen), context)
+            if seen:
+                await abort(context, seen[0])
+            return result
+        return await behavior(await request_of(request, context), context)
+
+    async def generator_(request: Any, context: Any) -> AsyncIterator[Any]:
+        # StreamingSynthesize turns an error raised by its input into its status itself.
+        request = _checked(request, []) if client_streaming else await request_of(request, context)
+        async with contextlib.aclosing(behavior(request, context)) as responses:
+            async for response in responses:
+                yield response
+
+    return generator_ if inspect.isasyncgenfunction(behavior) else coroutine
+
+
+def add_speech_servicer(servicer: SpeechServicer, server: grpc.aio.Server) -> None:
+    """``speech_pb2_grpc.add_SpeechServicer_to_server``, with request deserializers that never raise."""
+    service = speech_pb2.DESCRIPTOR.services_by_name["Speech"]
+    handlers = {}
+    for method in service.methods:
+        ends = ["stream" if many else "unary" for many in (method.client_streaming, method.server_streaming)]
+        handlers[method.name] = getattr(grpc, f"{ends[0]}_{ends[1]}_rpc_method_handler")(
+            _guarded(getattr(servicer, method.name), method.client_streaming),
+            request_deserializer=_parser(getattr(speech_pb2, method.input_type.name)),
+            response_serializer=getattr(speech_pb2, method.output_type.name).SerializeToString,
+        )
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service.full_name, handlers),))
+    server.add_registered_method_handlers(service.full_name, handlers)
+
+
+async def start_public_grpc(
+    bindings: Sequence[ServiceBinding],
+    *,
+    host: str,
+    port: int,
+    check: KeyCheck,
+    tls: tuple[bytes, bytes] | None,
+    reflection_on: bool,
+) -> StageServer:
+    """``voxstage.server.start_stage_server`` for the public port: with the API-key interceptor, TLS
+    credentials and reflection as configured. Health is NOT_SERVING until ``set_ready``."""
+    return await start_stage_server(
+        bindings,
+        host=host,
+        port=port,
+        interceptors=[ApiKeyInterceptor(check)] if check.enabled else [],
+        credentials=None if tls is None else grpc.ssl_server_credentials([(tls[1], tls[0])]),
+        reflection_on=reflection_on,
+    )
 
 
 class GatewayServer:
@@ -64,10 +170,13 @@ class GatewayServer:
         self.http_port = 0
 
     async def start(self) -> None:
-        binding = ServiceBinding(
-            SPEECH_SERVICE, SpeechServicer(self.core), speech_pb2_grpc.add_SpeechServicer_to_server
+        gw = self.core.config.gateway
+        check = KeyCheck(load_api_keys(gw))  # read before anything binds: a bad setting fails fast
+        tls = read_tls(gw)
+        binding = ServiceBinding(SPEECH_SERVICE, SpeechServicer(self.core), add_speech_servicer)
+        self.stage = await start_public_grpc(
+            [binding], host=self.host, port=self._grpc_port, check=check, tls=tls, reflection_on=gw.reflection
         )
-        self.stage = await start_stage_server([binding], host=self.host, port=self._grpc_port)
         self.grpc_port = self.stage.port
         self.core.on_readiness(self._set_health)
         await self.core.start()
@@ -77,13 +186,10 @@ class GatewayServer:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((self.host, self._http_port))
         self.http_port = sock.getsockname()[1]
-        config = uvicorn.Config(
-            build_app(self.core),
-            log_level="warning",
-            access_log=False,
-            lifespan="off",
-            timeout_graceful_shutdown=max(int(self.grace_s), 1),
-        )
+        app = PublicHttpGuard(build_app(self.core), check, public_metrics=gw.public_metrics)
+        config = http_config(app, gw, grace_s=self.grace_s)
+        if tls is not None:
+            config.ssl_certfile, config.ssl_keyfile = gw.tls_cert_file, gw.tls_key_file
         self.http = _EmbeddedUvicorn(config)
         self._http_task = asyncio.create_task(self.http.serve(sockets=[sock]))
         while not self.http.started:
@@ -91,8 +197,11 @@ class GatewayServer:
                 self._http_task.result()  # raises the startup failure
             await asyncio.sleep(0.01)
         log.info(
-            "gateway: gRPC on %s:%d, HTTP on %s:%d", self.host, self.grpc_port, self.host, self.http_port
-        )
+            "gateway: gRPC on %s:%d, HTTP%s on %s:%d (API keys %s, reflection %s, /metrics %s)",
+            self.host, self.grpc_port, "S" if tls else "", self.host, self.http_port,
+            f"on: {len(check.keys)}" if check.enabled else "off",
+            "on" if gw.reflection else "off", "public" if gw.public_metrics else "off",
+        )  # fmt: skip
 
     async def _set_health(self, ready: bool) -> None:
         if self.stage is None or self.stage.draining:

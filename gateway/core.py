@@ -3,6 +3,12 @@
 Both faces (gRPC and HTTP) hold one ``GatewayCore``. It owns the background probes of every stage replica,
 derives readiness (at least one ready codec and one ready talker) and rebuilds the model catalog when the
 talker reports a different model.
+
+Readiness is computed from the replica pools whenever it is read, so ``/health``'s ``status`` can never
+disagree with its ``codec_ready`` / ``talker_ready`` (it used to be a snapshot refreshed every 0.5 s, which
+said "ok" next to ``codec_ready: false`` for that long after a codec died). While no codec (or no talker)
+is routable the gateway is not ready: ``/health`` answers 503 and gRPC health NOT_SERVING. The gRPC health
+follows the pools' change events at once, not on a timer.
 """
 
 from __future__ import annotations
@@ -58,7 +64,10 @@ class GatewayCore:
         self._model_key: tuple[str, str, int] | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._on_readiness: list[Callable[[bool], Awaitable[None]]] = []
-        self._ready = False
+        self._ready = False  # the readiness last announced to the callbacks (gRPC health)
+        self._kick = asyncio.Event()  # a replica went down or came back: refresh now
+        self.codecs.on_change(self._kick.set)
+        self.talkers.on_change(self._kick.set)
 
     # -- lifecycle --------------------------------------------------------------------------------------
 
@@ -87,7 +96,10 @@ class GatewayCore:
 
     async def _watch(self) -> None:
         while True:
-            await asyncio.sleep(min(self.probe_interval_s, 0.5))
+            # Event-driven (a pool changed); the timeout only catches what no event announces.
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._kick.wait(), timeout=min(self.probe_interval_s, 0.5))
+            self._kick.clear()
             await self._refresh()
 
     async def _refresh(self) -> None:
@@ -105,7 +117,7 @@ class GatewayCore:
                     self._model.sample_rate_hz,
                     "?" if self._model.voices is None else len(self._model.voices),
                 )
-        ready = talker is not None and codec is not None and not self.admission.draining
+        ready = self.ready
         if ready != self._ready:
             self._ready = ready
             for callback in self._on_readiness:
@@ -115,7 +127,8 @@ class GatewayCore:
 
     @property
     def ready(self) -> bool:
-        return self._ready
+        """Live: some codec and some talker are routable and ready, and the gateway is not draining."""
+        return self.codecs.any_ready and self.talkers.any_ready and not self.admission.draining
 
     @property
     def model(self) -> ModelInfo | None:

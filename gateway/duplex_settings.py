@@ -13,11 +13,12 @@ from dataclasses import dataclass, field, replace
 import grpc
 import numpy as np
 
+from voxstage import limits
 from voxstage.audio import AudioError, decode_audio
 from voxstage.duplex_audio import DEFAULT_FORMAT, DuplexFormat
 from voxstage.gateway.catalog import ModelInfo
 from voxstage.gateway.errors import GatewayError, invalid, not_found
-from voxstage.gateway.request import check_sampling, resolve_model
+from voxstage.gateway.request import check_number, check_sampling, resolve_model
 from voxstage.v1 import speech_pb2
 
 # Sampling fields a duplex session honours: the text stream's sampler (docs/protocol.md §11).
@@ -128,8 +129,7 @@ def apply_update(
     if update.output_format is not None:
         changes["output_format"] = update.output_format
     if update.seed is not None:
-        if not 0 <= update.seed < 2**63:
-            raise invalid(names.seed, f"must be an integer in [0, 2^63), got {update.seed}")
+        check_number(limits.SEED, update.seed, names.seed)  # the talker's range and words
         changes["seed"] = update.seed
     if update.sampling is not None:
         changes["sampling"] = _merge_sampling(current.sampling, update.sampling, names.sampling)

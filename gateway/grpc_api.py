@@ -8,6 +8,7 @@ reads the catalog; ``Converse`` runs a full-duplex session (``converse_grpc``) w
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import time
@@ -32,6 +33,7 @@ from voxstage.gateway.request import (
     check_text,
     reference_from_grpc,
 )
+from voxstage.gateway.stream_watch import StreamWatch
 from voxstage.gateway.synthesis import FLUSH, AudioOut, Finished, InputItem, SegmentEnd, Started, whole_text
 from voxstage.v1 import speech_pb2, speech_pb2_grpc
 
@@ -61,9 +63,13 @@ def _duration(seconds: float) -> duration_pb2.Duration:
     return d
 
 
-def _deadline(context: Context) -> float | None:
+def _deadline(context: Context, limit: float | None = None) -> float | None:
+    """The client's deadline (monotonic), or ``limit`` when that comes first."""
     remaining = context.time_remaining()
-    return None if remaining is None else time.monotonic() + remaining
+    client = None if remaining is None else time.monotonic() + remaining
+    if limit is None:
+        return client
+    return limit if client is None else min(client, limit)
 
 
 def _summary(done: Finished) -> speech_pb2.SynthesisSummary:
@@ -85,7 +91,7 @@ class SpeechServicer(speech_pb2_grpc.SpeechServicer):
     def __init__(self, core: GatewayCore) -> None:
         self.core = core
 
-    def _job(self, config: speech_pb2.SynthesisConfig, *, streaming: bool) -> SynthesisJob:
+    async def _job(self, config: speech_pb2.SynthesisConfig, *, streaming: bool) -> SynthesisJob:
         enc = config.encoding
         if enc == speech_pb2.AUDIO_ENCODING_UNSPECIFIED:
             raise invalid("config.encoding", "AUDIO_ENCODING_UNSPECIFIED is not allowed; choose an encoding")
@@ -115,7 +121,7 @@ class SpeechServicer(speech_pb2_grpc.SpeechServicer):
             steady_chunk_frames=config.chunk_schedule.steady_chunk_frames,
             non_streaming=config.non_streaming_mode,
         )
-        return build_job(
+        return await build_job(
             raw, self.core.model, GRPC_FIELDS, max_text_chars=self.core.config.gateway.max_text_chars
         )
 
@@ -126,7 +132,7 @@ class SpeechServicer(speech_pb2_grpc.SpeechServicer):
         try:
             if not request.HasField("config"):
                 raise invalid("config", "required (encoding at least)")
-            job = self._job(request.config, streaming=False)
+            job = await self._job(request.config, streaming=False)
             check_text(request.text, "text", self.core.config.gateway.max_text_chars)
             parts: list[np.ndarray] = []
             summary: Finished | None = None
@@ -161,8 +167,19 @@ class SpeechServicer(speech_pb2_grpc.SpeechServicer):
         self, request_iterator: AsyncIterator[speech_pb2.StreamingSynthesizeRequest], context: Context
     ) -> AsyncIterator[speech_pb2.StreamingSynthesizeResponse]:
         acct = RequestAccounting("grpc_streaming")
+        gw = self.core.config.gateway
         try:
-            first = await anext(aiter(request_iterator), None)
+            try:
+                # Even before it holds anything, a call waiting for a config that never comes is idle.
+                first = await asyncio.wait_for(anext(aiter(request_iterator), None), gw.stream_idle_timeout_s)
+            except TimeoutError:
+                raise GatewayError(
+                    grpc.StatusCode.DEADLINE_EXCEEDED,
+                    f"nothing from the client for {gw.stream_idle_timeout_s:g} s "
+                    "(gateway.stream_idle_timeout_s); send config first",
+                    field="config",
+                    reason="stream_idle_timeout",
+                ) from None
             if first is None:
                 raise invalid("config", "the stream ended before any message; send config first")
             kind = first.WhichOneof("request")
@@ -170,18 +187,37 @@ class SpeechServicer(speech_pb2_grpc.SpeechServicer):
                 raise invalid(
                     "config", f"the first message must carry config, got {kind or 'an empty message'}"
                 )
-            job = self._job(first.config, streaming=True)
+            job = await self._job(first.config, streaming=True)
         except Exception as exc:
             err = as_gateway_error(exc)
             acct.finish(err.outcome)
             await abort(context, err)
             return
         encoder = StreamingEncoder(job.fmt, job.sample_rate)
-        run = self.core.synth.run(job, _inputs(request_iterator), acct, deadline=_deadline(context))
+        # Idle timeout and lifetime limit (stream_watch.py): without them a client that never sends text nor
+        # half-closes holds its admission slot and codec stream forever.
+        watch = StreamWatch(gw.stream_idle_timeout_s, gw.max_stream_lifetime_s)
+        inputs = watch.inputs(_inputs(request_iterator))
+        run = self.core.synth.run(
+            job, inputs, acct, deadline=_deadline(context, watch.expires_at), watch=watch
+        )
+        guard = asyncio.create_task(watch.guard(run))
+        finished = False
         try:
-            async with contextlib.aclosing(run) as events:
-                async for event in events:
+            try:
+                async for event in run:
+                    if watch.error is not None:
+                        break  # expired while this event was on its way: write nothing more
+                    watch.writing()
                     yield _response(event, job, first.config.encoding, encoder)
+                    if not await watch.written():
+                        break  # the watch ended the run while the client was not taking this response
+                    finished = isinstance(event, Finished)
+            finally:
+                guard.cancel()
+                await watch.close(run, finished=finished)
+            if watch.error is not None and not finished:
+                raise watch.error
         except Exception as exc:
             await abort(context, as_gateway_error(exc))
 

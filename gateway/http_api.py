@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import binascii
 import contextlib
 import json
+import logging
 from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any, Literal
 
@@ -24,8 +24,10 @@ import numpy as np
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
+from starlette.types import Receive, Scope, Send
 
 from voxstage import metrics
 from voxstage.audio import AudioError, AudioFormat, StreamingEncoder, encode_clip, parse_format
@@ -41,12 +43,19 @@ from voxstage.gateway.errors import (
 )
 from voxstage.gateway.grpc_api import as_gateway_error, voices_of
 from voxstage.gateway.realtime_ws import register_realtime
-from voxstage.gateway.request import HTTP_FIELDS, RawRequest, build_job, check_text, reference_from_file
+from voxstage.gateway.request import (
+    HTTP_FIELDS,
+    RawRequest,
+    ReferenceInput,
+    build_job,
+    check_text,
+    sampling_from,
+)
 from voxstage.gateway.synthesis import AudioOut, Event, Finished, whole_text
-from voxstage.v1 import speech_pb2
 
 # Reference audio is capped at 10 MiB; base64 inflates it by 4/3, plus room for the other fields.
 MAX_BODY_BYTES = 14 * 1024 * 1024
+log = logging.getLogger(__name__)
 
 
 class VoiceId(BaseModel):
@@ -74,25 +83,11 @@ class SpeechRequest(BaseModel):
     top_k: int | None = None
     top_p: float | None = None
     repetition_penalty: float | None = None
-    max_frames: int | None = Field(default=None, ge=1, le=2**32 - 1)
+    max_frames: int | None = None  # ranges are checked against voxstage.limits, with the field's name
 
 
 def _error_response(err: GatewayError) -> JSONResponse:
     return JSONResponse(openai_body(err), status_code=err.http_status, headers=retry_after_header(err))
-
-
-def _decode_ref_audio(value: str) -> bytes:
-    text = value.strip()
-    if text.startswith(("http://", "https://")):
-        raise invalid("ref_audio", "URLs are not fetched; send base64 audio or a data: URL")
-    if text.startswith("data:"):
-        header, sep, text = text.partition(",")
-        if not sep or not header.endswith(";base64"):
-            raise invalid("ref_audio", "a data URL must be base64-encoded (data:audio/wav;base64,...)")
-    try:
-        return base64.b64decode(text, validate=True)
-    except (binascii.Error, ValueError):
-        raise invalid("ref_audio", "not valid base64", reason="bad_reference_audio") from None
 
 
 def _raw_request(body: SpeechRequest, streaming: bool) -> RawRequest:
@@ -108,18 +103,12 @@ def _raw_request(body: SpeechRequest, streaming: bool) -> RawRequest:
         )
     if body.speed != 1.0:
         raise invalid("speed", f"only 1.0 is supported, got {body.speed:g}", reason="unsupported_value")
-    sampling = speech_pb2.SamplingParams()
-    for name in ("temperature", "top_k", "top_p", "repetition_penalty", "max_frames"):
-        value = getattr(body, name)
-        if value is not None:
-            setattr(sampling, name, value)
-    if body.top_k is not None and not -(2**31) <= body.top_k < 2**31:
-        raise invalid("top_k", f"must be -1 (off) or >= 1, got {body.top_k}")
+    names = ("temperature", "top_k", "top_p", "repetition_penalty", "max_frames")
+    sampling = sampling_from({name: getattr(body, name) for name in names}, HTTP_FIELDS.sampling)
     reference = None
     if body.ref_audio is not None:
-        reference = reference_from_file(
-            _decode_ref_audio(body.ref_audio), body.ref_text, field_name="ref_audio"
-        )
+        # Kept as text: base64 and audio are decoded in a worker thread, once the rest has passed.
+        reference = ReferenceInput(body.ref_audio, body.ref_text, "ref_audio")
     elif body.ref_text:
         raise invalid("ref_text", "needs ref_audio (the transcript belongs to a reference clip)")
     return RawRequest(
@@ -155,11 +144,20 @@ async def _read_body(request: Request) -> bytes:
         raise _too_large(f"request body of {declared} bytes exceeds the limit of {MAX_BODY_BYTES} bytes")
     chunks: list[bytes] = []
     size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > MAX_BODY_BYTES:
-            raise _too_large(f"request body exceeds the limit of {MAX_BODY_BYTES} bytes")
-        chunks.append(chunk)
+    try:
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > MAX_BODY_BYTES:
+                raise _too_large(f"request body exceeds the limit of {MAX_BODY_BYTES} bytes")
+            chunks.append(chunk)
+    except ClientDisconnect:
+        # Routine on a public port (a body shorter than its Content-Length, a client that gave up): one line,
+        # not the traceback an unexpected error gets.
+        log.info("http: client disconnected after %d of %s request body bytes", size, declared or "?")
+        gone = "client disconnected before its request body was complete"
+        raise GatewayError(
+            grpc.StatusCode.CANCELLED, gone, field="body", reason="client_disconnected"
+        ) from None
     return b"".join(chunks)
 
 
@@ -205,7 +203,7 @@ def build_app(core: GatewayCore) -> FastAPI:
                 whole_clip=not streaming,
             )
             check_text(body.input, "input", core.config.gateway.max_text_chars)
-            job = build_job(
+            job = await build_job(
                 _raw_request(body, streaming),
                 core.model,
                 HTTP_FIELDS,
@@ -345,15 +343,46 @@ async def _stream(events: AsyncGenerator[Event, None], fmt: AudioFormat, rate: i
                     if (out := _render(event, encoder, sse)) is not None:
                         yield out
             except Exception as exc:
-                if not sse:
-                    raise  # cut the chunked body: a truncated stream must not look complete
                 err = as_gateway_error(exc)
-                payload = {"type": "error", **openai_body(err)}
-                yield f"data: {json.dumps(payload)}\n\n".encode()
+                if not sse:
+                    response.cut = err  # a truncated stream must not look complete
+                    return
+                yield f"data: {json.dumps({'type': 'error', **openai_body(err)})}\n\n".encode()
+        response.finished = True
 
     media = "text/event-stream" if sse else _content_type(fmt, rate)
     headers = {"X-Voxstage-Sample-Rate": str(rate), "Cache-Control": "no-cache"}
-    return StreamingResponse(body(), media_type=media, headers=headers)
+    response = _AudioStream(body(), media_type=media, headers=headers)
+    return response
+
+
+class _AudioStream(StreamingResponse):
+    """A streamed body whose every ending is one log line, never an ASGI traceback (issue 15): a client
+    that leaves mid-stream is routine (info); a raw stream cut on a failure after its first byte ends
+    without the terminating chunk (the server then closes the connection, and the client sees a truncated
+    body), since raw audio has no way to carry the error. SSE ends with an ``error`` event instead."""
+
+    cut: GatewayError | None = None
+    finished = False
+    sent = 0
+
+    async def stream_response(self, send: Send) -> None:
+        await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
+        async for chunk in self.body_iterator:
+            await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            self.sent += len(chunk)
+        if self.cut is not None:
+            log.warning("http: stream cut after %d bytes: %s", self.sent, self.cut.text)
+            return
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        except (ClientDisconnect, OSError):  # a write to a client that has gone
+            pass
+        if not self.finished and self.cut is None:  # the client left; the body's close cancelled upstream
+            log.info("http: client disconnected mid-stream after %d bytes", self.sent)
 
 
 def _render(event: Event, encoder: StreamingEncoder, sse: bool) -> bytes | None:

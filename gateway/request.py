@@ -9,21 +9,22 @@ the talker and relayed with its code.
 
 from __future__ import annotations
 
-import math
+import asyncio
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import grpc
 import numpy as np
 
-from voxstage.audio import OPUS_RATES, AudioError, AudioFormat, decode_audio, validate_sample_rate
+from voxstage import limits
+from voxstage.audio import OPUS_RATES, AudioError, AudioFormat, audio_from_base64, decode_audio
 from voxstage.gateway.catalog import AUTO_LANGUAGE, ModelInfo
 from voxstage.gateway.errors import GatewayError, invalid, not_found
 from voxstage.v1 import speech_pb2
 
-MAX_CHUNK_FRAMES = 1000
-MAX_REFERENCE_BYTES = 10 * 1024 * 1024
-MAX_REFERENCE_SECONDS = 60.0
+_SAMPLED = (limits.TEMPERATURE, limits.TOP_K, limits.TOP_P, limits.REPETITION_PENALTY, limits.MAX_FRAMES)
+_SAMPLING = {limit.name: limit for limit in _SAMPLED}  # keyed by the SamplingParams field
 
 
 @dataclass(frozen=True)
@@ -84,6 +85,20 @@ class Reference:
     text: str
 
 
+@dataclass(frozen=True)
+class ReferenceInput:
+    """Reference audio as it arrived. Nothing of it is parsed until the rest of the request has passed and
+    the model is known to take a reference (issue 15: an hour of FLAC was decoded for a model that could
+    not use it); then ``decode_reference`` decodes it off the event loop."""
+
+    payload: bytes | str  # str: base64 or a data: URL (HTTP), decoded in the worker thread too
+    text: str
+    field: str  # the name errors use
+    kind: str = "file"  # "file" (self-describing container), "s16" or "f32" (headerless, at sample_rate)
+    sample_rate: int = 0  # declared; 0 = from the container
+    rate_field: str = ""
+
+
 @dataclass
 class RawRequest:
     """What a face parsed from the wire, before any semantic check."""
@@ -97,7 +112,7 @@ class RawRequest:
     seed: int | None = None
     sampling: speech_pb2.SamplingParams = field(default_factory=speech_pb2.SamplingParams)
     subtalker: speech_pb2.SubtalkerSamplingParams = field(default_factory=speech_pb2.SubtalkerSamplingParams)
-    reference: Reference | None = None
+    reference: ReferenceInput | None = None
     initial_chunk_frames: int = 0
     steady_chunk_frames: int = 0
     non_streaming: bool = False
@@ -136,35 +151,35 @@ def check_text(text: str, name: str, limit: int, *, already: int = 0, delta: boo
         )
 
 
-def _finite(value: float, name: str) -> float:
-    if not math.isfinite(value):
-        raise invalid(name, f"must be a finite number, got {value}")
-    return value
+def check_number(limit: limits.IntRange | limits.FloatRange, value: object, name: str) -> None:
+    """Refuse ``value`` outside ``limit`` (src/voxstage/limits.py), naming the field."""
+    if (why := limit.problem(value)) is not None:
+        raise invalid(name, why)
 
 
-def check_sampling(params: speech_pb2.SamplingParams, prefix: str) -> None:
-    if params.HasField("temperature") and _finite(params.temperature, f"{prefix}temperature") < 0:
-        raise invalid(f"{prefix}temperature", f"must be >= 0 (0 = greedy), got {params.temperature:g}")
-    if params.HasField("top_k") and params.top_k != -1 and params.top_k < 1:
-        raise invalid(f"{prefix}top_k", f"must be -1 (off) or >= 1, got {params.top_k}")
-    if params.HasField("top_p") and not 0 < _finite(params.top_p, f"{prefix}top_p") <= 1:
-        raise invalid(f"{prefix}top_p", f"must be in (0, 1], got {params.top_p:g}")
-    if params.HasField("repetition_penalty"):
-        if _finite(params.repetition_penalty, f"{prefix}repetition_penalty") <= 0:
-            raise invalid(f"{prefix}repetition_penalty", f"must be > 0, got {params.repetition_penalty:g}")
-    if params.HasField("max_frames") and params.max_frames < 1:
-        raise invalid(f"{prefix}max_frames", f"must be >= 1, got {params.max_frames}")
+def check_sampling(
+    params: speech_pb2.SamplingParams | speech_pb2.SubtalkerSamplingParams, prefix: str
+) -> None:
+    for key, limit in _SAMPLING.items():
+        if key in params.DESCRIPTOR.fields_by_name and params.HasField(key):
+            check_number(limit, getattr(params, key), f"{prefix}{key}")
 
 
 def check_subtalker(params: speech_pb2.SubtalkerSamplingParams, prefix: str) -> None:
-    if params.HasField("temperature") and _finite(params.temperature, f"{prefix}temperature") < 0:
-        raise invalid(f"{prefix}temperature", f"must be >= 0, got {params.temperature:g}")
-    if params.HasField("top_k") and params.top_k != -1 and params.top_k < 1:
-        raise invalid(f"{prefix}top_k", f"must be -1 (off) or >= 1, got {params.top_k}")
-    if params.HasField("top_p") and not 0 < _finite(params.top_p, f"{prefix}top_p") <= 1:
-        raise invalid(f"{prefix}top_p", f"must be in (0, 1], got {params.top_p:g}")
+    check_sampling(params, prefix)
     if params.do_sample and params.HasField("temperature") and params.temperature == 0:
         raise invalid(f"{prefix}do_sample", "true requires temperature > 0")
+
+
+def sampling_from(values: Mapping[str, object], prefix: str) -> speech_pb2.SamplingParams:
+    """Sampling overrides from plain numbers (HTTP), each checked before it touches the protobuf: a setattr
+    of 2**40 into an int32 field raises, which answered 500 instead of naming the field (issue 15)."""
+    params = speech_pb2.SamplingParams()
+    for key, value in values.items():
+        if value is not None:
+            check_number(_SAMPLING[key], value, f"{prefix}{key}")
+            setattr(params, key, value)
+    return params
 
 
 def resolve_model(name: str, served: ModelInfo | None, field_name: str) -> ModelInfo:
@@ -207,13 +222,9 @@ def _resolve_voice(raw: RawRequest, model: ModelInfo, names: FieldNames) -> str:
 
 
 def _check_output(raw: RawRequest, model: ModelInfo, names: FieldNames) -> int:
-    if raw.sample_rate == 0:
-        rate = model.sample_rate_hz
-    else:
-        try:
-            rate = validate_sample_rate(raw.sample_rate, field=names.sample_rate)
-        except AudioError as exc:
-            raise invalid(names.sample_rate, str(exc).split(": ", 1)[1], reason="bad_sample_rate") from None
+    if (why := limits.SAMPLE_RATE.problem(raw.sample_rate)) is not None:
+        raise invalid(names.sample_rate, why, reason="bad_sample_rate")
+    rate = raw.sample_rate or model.sample_rate_hz
     if raw.fmt is AudioFormat.OPUS and raw.sample_rate == 0 and rate not in OPUS_RATES:
         rate = 48_000  # Opus has no 44.1 kHz mode: a native rate it lacks is resampled to its full band
     if raw.fmt is AudioFormat.OPUS and rate not in OPUS_RATES:
@@ -225,7 +236,18 @@ def _check_output(raw: RawRequest, model: ModelInfo, names: FieldNames) -> int:
     return rate
 
 
-def build_job(
+async def build_job(
+    raw: RawRequest, served: ModelInfo | None, names: FieldNames, *, max_text_chars: int
+) -> SynthesisJob:
+    """Every check, the cheap ones first; the reference clip (if any) is decoded last, in a worker thread,
+    and only when nothing else is wrong with the request."""
+    job = _check_job(raw, served, names, max_text_chars=max_text_chars)
+    if raw.reference is not None:
+        job.reference = await decode_reference(raw.reference)
+    return job
+
+
+def _check_job(
     raw: RawRequest, served: ModelInfo | None, names: FieldNames, *, max_text_chars: int
 ) -> SynthesisJob:
     model = resolve_model(raw.model, served, names.model)
@@ -283,16 +305,17 @@ def build_job(
             f"model {model.name!r} is a voice-clone (base) model and needs reference audio",
             reason="reference_required",
         )
-    if raw.seed is not None and not 0 <= raw.seed < 2**64:
-        raise invalid(names.seed, f"must be an integer in [0, 2^64), got {raw.seed}")
+    if raw.reference is not None:
+        _check_reference(raw.reference)
+    if raw.seed is not None:
+        check_number(limits.SEED, raw.seed, names.seed)  # the talker's own range and words: [0, 2**63)
     check_sampling(raw.sampling, names.sampling)
     check_subtalker(raw.subtalker, names.subtalker)
     for key, value in (
         ("initial_chunk_frames", raw.initial_chunk_frames),
         ("steady_chunk_frames", raw.steady_chunk_frames),
     ):
-        if not 0 <= value <= MAX_CHUNK_FRAMES:
-            raise invalid(f"{names.chunk}{key}", f"must be in [0, {MAX_CHUNK_FRAMES}] (0 = deploy value)")
+        check_number(limits.CHUNK_FRAMES, value, f"{names.chunk}{key}")
     if 0 < raw.steady_chunk_frames < raw.initial_chunk_frames:
         raise invalid(f"{names.chunk}initial_chunk_frames", "must not exceed steady_chunk_frames")
     return SynthesisJob(
@@ -304,7 +327,7 @@ def build_job(
         seed=raw.seed,
         sampling=raw.sampling,
         subtalker=raw.subtalker,
-        reference=raw.reference,
+        reference=None,  # decoded by build_job once everything else has passed
         initial_chunk_frames=raw.initial_chunk_frames,
         steady_chunk_frames=raw.steady_chunk_frames,
         non_streaming=raw.non_streaming,
@@ -313,71 +336,70 @@ def build_job(
     )
 
 
-def _decode(data: bytes, field_name: str, raw_sample_rate: int | None) -> tuple[np.ndarray, int]:
-    try:
-        return decode_audio(
-            data,
-            field=field_name,
-            max_bytes=MAX_REFERENCE_BYTES,
-            max_seconds=MAX_REFERENCE_SECONDS,
-            raw_sample_rate=raw_sample_rate,
-        )
-    except AudioError as exc:
-        raise invalid(field_name, str(exc).split(": ", 1)[-1], reason="bad_reference_audio") from None
+def reference_from_grpc(ref: speech_pb2.ReferenceAudio) -> ReferenceInput:
+    """``config.reference_audio``, not yet decoded; its encoding is judged with the other fields."""
+    kinds = {
+        speech_pb2.AUDIO_ENCODING_PCM_S16LE: "s16",
+        speech_pb2.AUDIO_ENCODING_PCM_F32LE: "f32",
+        speech_pb2.AUDIO_ENCODING_WAV: "file",
+    }
+    return ReferenceInput(
+        payload=ref.data,
+        text=ref.text,
+        field=GRPC_FIELDS.ref_audio,
+        kind=kinds.get(ref.encoding) or _encoding_name(ref.encoding),
+        sample_rate=ref.sample_rate_hz,
+        rate_field="config.reference_audio.sample_rate_hz",
+    )
 
 
-def _decode_f32(data: bytes, name: str, rate: int) -> tuple[np.ndarray, int]:
-    # decode_audio only knows s16 for headerless input, so float PCM gets the same limits here.
-    def bad(why: str) -> GatewayError:
-        return invalid(name, why, reason="bad_reference_audio")
-
-    if not data:
-        raise bad("empty audio")
-    if len(data) > MAX_REFERENCE_BYTES:
-        raise bad(f"{len(data)} bytes exceeds the limit of {MAX_REFERENCE_BYTES} bytes")
-    if len(data) % 4:
-        raise bad("f32le audio must be a multiple of 4 bytes")
-    try:
-        validate_sample_rate(rate, field="config.reference_audio.sample_rate_hz")
-    except AudioError as exc:
-        raise invalid("config.reference_audio.sample_rate_hz", str(exc).split(": ", 1)[-1]) from None
-    pcm = np.frombuffer(data, dtype="<f4").astype(np.float32)
-    if pcm.size / rate > MAX_REFERENCE_SECONDS:
-        raise bad(f"{pcm.size / rate:.1f} s exceeds the limit of {MAX_REFERENCE_SECONDS:.0f} s")
-    if not np.isfinite(pcm).all():
-        raise bad("audio contains NaN or infinite samples")
-    return pcm, rate
+def _encoding_name(value: int) -> str:
+    # Enums are open in proto3: a number no version of the proto names must not raise (500) here.
+    return speech_pb2.AudioEncoding.Name(value) if value in speech_pb2.AudioEncoding.values() else str(value)
 
 
-def reference_from_file(data: bytes, text: str, *, field_name: str) -> Reference:
-    """A reference clip in a self-describing container (WAV, FLAC, OGG, MP3)."""
-    pcm, rate = _decode(data, field_name, None)
-    return Reference(pcm=pcm, sample_rate=rate, text=text)
-
-
-def reference_from_grpc(ref: speech_pb2.ReferenceAudio) -> Reference:
-    name = GRPC_FIELDS.ref_audio
-    enc = ref.encoding
-    if enc == speech_pb2.AUDIO_ENCODING_PCM_S16LE:
-        if ref.sample_rate_hz == 0:
-            raise invalid("config.reference_audio.sample_rate_hz", "required for headerless PCM")
-        pcm, rate = _decode(ref.data, name, ref.sample_rate_hz)
-    elif enc == speech_pb2.AUDIO_ENCODING_PCM_F32LE:
-        if ref.sample_rate_hz == 0:
-            raise invalid("config.reference_audio.sample_rate_hz", "required for headerless PCM")
-        pcm, rate = _decode_f32(ref.data, name, ref.sample_rate_hz)
-    elif enc == speech_pb2.AUDIO_ENCODING_WAV:
-        pcm, rate = _decode(ref.data, name, None)
-        if ref.sample_rate_hz and ref.sample_rate_hz != rate:
-            raise invalid(
-                "config.reference_audio.sample_rate_hz",
-                f"{ref.sample_rate_hz} Hz does not match the WAV header's {rate} Hz",
-            )
-    else:
-        enc_name = speech_pb2.AudioEncoding.Name(enc)
+def _check_reference(ref: ReferenceInput) -> None:
+    # What can be judged without touching the audio, with the other cheap checks.
+    if ref.kind not in ("file", "s16", "f32"):
         raise invalid(
             "config.reference_audio.encoding",
-            f"{enc_name} is not accepted; use PCM_S16LE, PCM_F32LE or WAV",
+            f"{ref.kind} is not accepted; use PCM_S16LE, PCM_F32LE or WAV",
             reason="bad_reference_audio",
         )
+    if ref.kind != "file" and ref.sample_rate == 0:
+        raise invalid(ref.rate_field, "required for headerless PCM")
+    if ref.sample_rate:
+        check_number(limits.REFERENCE_SAMPLE_RATE, ref.sample_rate, ref.rate_field)
+
+
+async def decode_reference(ref: ReferenceInput) -> Reference:
+    """Decode the clip in a worker thread (a minute of 48 kHz FLAC is tens of ms of CPU the event loop,
+    /health included, must not wait for) and raise any refusal here, outside the decoding frames."""
+    outcome = await asyncio.to_thread(_decode_reference, ref)
+    if isinstance(outcome, GatewayError):
+        raise outcome  # created outside any except block: it carries no decoded audio in a chained context
+    return outcome
+
+
+def _decode_reference(ref: ReferenceInput) -> Reference | GatewayError:
+    # Worker thread. Returns refusals instead of raising them, so no traceback of this frame (and of the
+    # decoder's, where the samples lived) outlives the call: issue 15's arrays stayed until a GC cycle.
+    message = ""
+    try:
+        data = ref.payload if isinstance(ref.payload, bytes) else audio_from_base64(ref.payload)
+        pcm, rate = decode_audio(
+            data,
+            field=ref.field,
+            max_bytes=limits.REFERENCE_BYTES.end - 1,
+            max_seconds=limits.REFERENCE_SECONDS.high,
+            raw_sample_rate=None if ref.kind == "file" else ref.sample_rate,
+            raw_format="s16" if ref.kind == "file" else ref.kind,
+        )
+    except AudioError as exc:
+        message = str(exc).split(": ", 1)[-1]
+    if message:
+        return invalid(ref.field, message, reason="bad_reference_audio")
+    if ref.kind == "file" and ref.sample_rate and ref.sample_rate != rate:
+        del pcm
+        return invalid(ref.rate_field, f"{ref.sample_rate} Hz does not match the WAV header's {rate} Hz")
     return Reference(pcm=pcm, sample_rate=rate, text=ref.text)

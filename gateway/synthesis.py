@@ -15,6 +15,7 @@ import contextlib
 import time
 from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator
 from dataclasses import dataclass
+from typing import Protocol
 
 import grpc
 import numpy as np
@@ -87,6 +88,16 @@ class Finished:
 Event = Started | AudioOut | SegmentEnd | Finished
 
 
+class RunWatch(Protocol):
+    """A face's own clocks over one run (``stream_watch.StreamWatch``): it is handed the codec stream once
+    open, so that it can fail it, and told of each segment the codec finished, which may start its idle clock
+    (the ``SegmentEnd`` event comes later: it waits for the next audio or the end)."""
+
+    def attach(self, stream: CodecStream) -> None: ...
+
+    def segment_done(self) -> None: ...
+
+
 async def whole_text(text: str) -> AsyncIterator[InputItem]:
     yield text
 
@@ -122,12 +133,14 @@ class Synthesizer:
         *,
         deadline: float | None = None,
         text_field: str = "text",
+        watch: RunWatch | None = None,
     ) -> AsyncGenerator[Event, None]:
         outcome = "error"
+        acct.describe(job.request_id, job.voice, job.model.name)
         try:
             async with (
                 self.admission.slot(_remaining(deadline)),
-                contextlib.aclosing(self._admitted(job, inputs, acct, deadline, text_field)) as events,
+                contextlib.aclosing(self._admitted(job, inputs, acct, deadline, text_field, watch)) as events,
             ):
                 async for event in events:
                     yield event
@@ -260,13 +273,17 @@ class Synthesizer:
         acct: RequestAccounting,
         deadline: float | None,
         text_field: str,
+        watch: RunWatch | None = None,
     ) -> AsyncGenerator[Event, None]:
         codec, talker, stream, opened = await self._open(job, deadline)
+        if watch is not None:
+            watch.attach(stream)
         segment_starts: list[float] = []
         pump = asyncio.create_task(self._pump(inputs, stream, acct, segment_starts, text_field))
         try:
             yield Started(job.request_id, job.sample_rate, job.model.name, job.voice)
-            async with contextlib.aclosing(self._relay(job, stream, opened, acct, segment_starts)) as events:
+            relay = self._relay(job, stream, opened, acct, segment_starts, watch)
+            async with contextlib.aclosing(relay) as events:
                 async for event in events:
                     yield event
         finally:
@@ -285,6 +302,7 @@ class Synthesizer:
         opened: stage_pb2.StreamOpened,
         acct: RequestAccounting,
         segment_starts: list[float],
+        watch: RunWatch | None = None,
     ) -> AsyncGenerator[Event, None]:
         rate = job.sample_rate
         resampler = StreamingResampler(opened.sample_rate_hz or rate, rate)
@@ -321,6 +339,8 @@ class Synthesizer:
                     seg_samples[segment] = seg_samples.get(segment, 0) + out.size
                 await stream.grant(event.sample_count)
             elif isinstance(event, stage_pb2.SegmentDone):
+                if watch is not None:
+                    watch.segment_done()
                 if held is not None:
                     yield segment_end(held)
                 held = event

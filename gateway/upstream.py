@@ -5,7 +5,8 @@ PCM samples), forwards text, ``flush`` and ``end_of_input``, re-grants credit as
 and reads until the terminal ``end_of_stream``. It enforces the two connector timeouts of §8: the
 first-chunk timeout from the first flush / end of input, and the stall timeout while the codec owes output
 and holds enough credit to send it. Errors come back in-band and keep their code; a transport failure or a
-stream that ends without a terminal reads as UNAVAILABLE and marks the codec replica down.
+stream that ends without a terminal reads as UNAVAILABLE; only a transport UNAVAILABLE marks the codec
+replica down (gateway/routing.py says why).
 
 Two tasks own the call, apart from the request's handler: a writer that sends queued messages in order,
 and a reader that drains the call eagerly into a local queue (bounded by the credit window, since the codec
@@ -239,7 +240,8 @@ class CodecStream:
             # Kicked: state changed (input, credit, failure); recompute the timeout and wait again.
 
     def _ended_without_terminal(self) -> GatewayError:
-        self.pool.mark_down(self.replica, "stream ended without end_of_stream")
+        # The call ended with status OK, so the connection worked: a broken stream, not a dead replica.
+        self.pool.suspect(self.replica, "stream ended without end_of_stream")
         self._reap()
         return GatewayError(
             grpc.StatusCode.UNAVAILABLE,
@@ -330,7 +332,14 @@ class CodecStream:
             return GatewayError(code, "the request deadline expired", reason="deadline_exceeded")
         if code is grpc.StatusCode.CANCELLED:
             return GatewayError(code, "the request was cancelled", reason="cancelled")
-        self.pool.mark_down(self.replica, f"{code.name}: {exc.details()}")
+        if code is grpc.StatusCode.UNAVAILABLE:
+            # The transport's own verdict (connect refused, connection reset, GOAWAY): the replica is gone.
+            self.pool.mark_down(self.replica, f"{code.name}: {exc.details()}")
+        else:
+            # INTERNAL, UNKNOWN, RESOURCE_EXHAUSTED, ...: this stream broke (e.g. a write racing the call's
+            # end, see the module docstring), not the replica. Taking the only codec out of rotation for it
+            # failed the requests behind it; a probe decides instead.
+            self.pool.suspect(self.replica, f"{code.name}: {exc.details()}")
         self._reap()
         return GatewayError(
             grpc.StatusCode.UNAVAILABLE,

@@ -29,7 +29,28 @@ def register(subparsers: Any) -> None:
         default_port=DEFAULT_PORT,
         build=build,
         logger=log,
+        extra_options=_codec_options,
     )
+
+
+def _codec_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--allowed-talkers", default="", metavar="HOST:PORT[,...]",
+        help="the only talker addresses a stream's open may name (talker_address); others get "
+        "PERMISSION_DENIED and are never dialled (default: empty, any talker)",
+    )  # fmt: skip
+
+
+def _allowed_talkers(args: argparse.Namespace) -> frozenset[str] | None:
+    """``--allowed-talkers``, checked before the model loads (a typo fails the start at once)."""
+    from voxstage.codec.upstream import parse_allowed_talkers
+
+    allowed = parse_allowed_talkers(getattr(args, "allowed_talkers", None))
+    if allowed is None:
+        log.info("codec: dials any talker a stream names (no --allowed-talkers)")
+    else:
+        log.info("codec: dials only the talkers %s", ", ".join(sorted(allowed)))
+    return allowed
 
 
 def build(args: argparse.Namespace) -> StageParts:
@@ -44,12 +65,13 @@ def build(args: argparse.Namespace) -> StageParts:
     from voxstage.stage_process import device_budget, load_stage_setup
     from voxstage.transport.shm import ShmReader, ShmWriter, sweep_dead_regions
 
+    allowed = _allowed_talkers(args)
     # fp32 by default on every device: the decoder's Snake activations and long conv stacks are where
     # half precision audibly degrades audio, and the codec is small next to the talker.
     config, device, dtype, source = load_stage_setup(args, log, cuda_default="float32")
     dtype = _family_dtype(config, source, args.dtype, dtype)
     if source.family == "personaplex":
-        return _build_duplex(config, device, dtype, source)
+        return _build_duplex(config, device, dtype, source, allowed)
     stage = config.codec
     runtime = load_codec(source, device=device, dtype=dtype, max_streams=stage.max_num_seqs, config=config)
     budget = device_budget(device, stage.gpu_memory_utilization, "codec")
@@ -102,7 +124,7 @@ def build(args: argparse.Namespace) -> StageParts:
     sweep_dead_regions()
     writer = ShmWriter(threshold_bytes=config.stream.shm_threshold_bytes) if config.shared_memory else None
     reader = ShmReader() if config.shared_memory else None
-    pool = TalkerPool(reader)
+    pool = TalkerPool(reader, allowed=allowed)
     servicer = CodecServicer(worker, plan=plan, stream_config=config.stream, shm_writer=writer, pool=pool)
     log.info(
         "codec: %s (%s) on %s/%s: %d streams, chunks %d then %s%d frames, %s, %s, voice clone %s, shm %s",
@@ -132,7 +154,9 @@ def _family_dtype(config: DeployConfig, source: ModelSource, flag: str, dtype: A
     return getattr(torch, chosen)
 
 
-def _build_duplex(config: DeployConfig, device: str, dtype: Any, source: ModelSource) -> StageParts:
+def _build_duplex(
+    config: DeployConfig, device: str, dtype: Any, source: ModelSource, allowed: frozenset[str] | None
+) -> StageParts:
     """A duplex family's codec (PersonaPlex: Mimi): sessions on the 80 ms clock, one batched encode per tick
     and one batched decode per talker step (docs/protocol.md §11)."""
     from voxstage.codec.duplex import DuplexCodecConfig, DuplexCodecEngine
@@ -179,7 +203,7 @@ def _build_duplex(config: DeployConfig, device: str, dtype: Any, source: ModelSo
     sweep_dead_regions()
     writer = ShmWriter(threshold_bytes=config.stream.shm_threshold_bytes) if config.shared_memory else None
     reader = ShmReader() if config.shared_memory else None
-    pool = TalkerPool(reader)
+    pool = TalkerPool(reader, allowed=allowed)
     servicer = CodecServicer(
         worker, plan=config.chunk_plan, stream_config=config.stream, shm_writer=writer, pool=pool
     )

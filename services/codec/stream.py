@@ -141,6 +141,7 @@ class CodecStream(CodecStageStream):
         self._admit(op, srv, model=rt.model, family=rt.family)
         if not op.talker_address:
             raise StageFailure("INVALID_ARGUMENT", "talker_address: required (host:port of the talker)")
+        srv.pool.check(op.talker_address)  # --allowed-talkers: refused before a slot is taken or a dial
         plan = srv.plan
         sched = wire.resolve_schedule(
             op.chunk_schedule, plan.initial_frames, plan.steady_frames, plan.left_context_frames

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -46,13 +47,49 @@ class TalkerPeer:
     _lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
 
+def parse_allowed_talkers(text: str | None) -> frozenset[str] | None:
+    """``--allowed-talkers``: comma-separated ``host:port`` entries; None or blank means any talker."""
+    if not text or not text.strip():
+        return None
+    entries = [e.strip() for e in text.split(",") if e.strip()]
+    for entry in entries:
+        host, sep, port = entry.rpartition(":")
+        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ValueError(f"--allowed-talkers: {entry!r} is not host:port")
+    return frozenset(_normal(e) for e in entries)
+
+
+def _normal(address: str) -> str:
+    return address.strip().lower()
+
+
 class TalkerPool:
-    def __init__(self, reader: ShmReader | None, shm_dir: str | Path = DEFAULT_SHM_DIR) -> None:
+    """``allowed``: the only talker addresses this codec dials (``--allowed-talkers``); None allows any.
+    Every dial goes through ``peer``, so a ``StreamOpen.talker_address`` outside the list is refused
+    (PERMISSION_DENIED) before any channel exists."""
+
+    def __init__(
+        self,
+        reader: ShmReader | None,
+        shm_dir: str | Path = DEFAULT_SHM_DIR,
+        *,
+        allowed: Iterable[str] | None = None,
+    ) -> None:
         self.reader = reader
         self._shm_dir = Path(shm_dir)
         self._peers: dict[str, TalkerPeer] = {}
+        self.allowed = None if allowed is None else frozenset(_normal(a) for a in allowed)
+
+    def check(self, address: str) -> None:
+        """Refuse a talker address this codec is not configured to dial (docs/protocol.md §7)."""
+        if self.allowed is not None and _normal(address) not in self.allowed:
+            raise StageFailure(
+                "PERMISSION_DENIED",
+                f"talker_address: {address!r} is not one of this codec's --allowed-talkers",
+            )
 
     def peer(self, address: str) -> TalkerPeer:
+        self.check(address)
         peer = self._peers.get(address)
         if peer is None:
             channel = grpc.aio.insecure_channel(address, options=UPSTREAM_CHANNEL_OPTIONS)

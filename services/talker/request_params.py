@@ -7,24 +7,37 @@ reference code range, prompt rules) are checked by the worker and the adapter.
 
 from __future__ import annotations
 
-from voxstage import wire
+from typing import Any
+
+from voxstage import limits, wire
 from voxstage.internal.v1 import stage_pb2
 from voxstage.stage_errors import StageFailure
 from voxstage.talker.worker import RequestParams
 from voxstage.transport.payload import read_payload
 from voxstage.transport.shm_layout import InvalidShmReference
 
+# The same ranges the gateway checks (src/voxstage/limits.py), so a value either is refused at the gateway
+# or passes here; a caller that bypasses the gateway gets the same words.
+_FLOATS = {
+    "temperature": limits.TEMPERATURE,
+    "top_p": limits.TOP_P,
+    "repetition_penalty": limits.REPETITION_PENALTY,
+}
+
 
 def request_params(op: stage_pb2.StreamOpen) -> RequestParams:
     s, sub = op.sampling, op.subtalker_sampling
-    sampling = {f: getattr(s, f) for f in ("temperature", "top_p", "repetition_penalty") if s.HasField(f)}
+    sampling = {f: _checked(s, f, "sampling") for f in _FLOATS if s.HasField(f)}
     if s.HasField("top_k"):
         sampling["top_k"] = _top_k(s.top_k, "sampling.top_k")
-    subtalker = {f: getattr(sub, f) for f in ("do_sample", "temperature", "top_p") if sub.HasField(f)}
+    subtalker: dict[str, Any] = {"do_sample": sub.do_sample} if sub.HasField("do_sample") else {}
+    for f in ("temperature", "top_p"):
+        if sub.HasField(f):
+            subtalker[f] = _checked(sub, f, "subtalker_sampling")
     if sub.HasField("top_k"):
         subtalker["top_k"] = _top_k(sub.top_k, "subtalker_sampling.top_k")
-    if s.HasField("max_frames") and s.max_frames < 1:
-        raise StageFailure("INVALID_ARGUMENT", "sampling.max_frames: must be >= 1")
+    if s.HasField("max_frames"):
+        _check(limits.MAX_FRAMES, s.max_frames, "sampling.max_frames")
     ref = op.reference
     xvec = codes = None
     if ref.x_vector_dim:
@@ -62,7 +75,18 @@ def _inline(payload: stage_pb2.Payload, field: str) -> bytes:
         raise StageFailure("INVALID_ARGUMENT", f"{field}: {exc}") from exc
 
 
+def _check(limit: limits.IntRange | limits.FloatRange, value: object, field: str) -> None:
+    if (why := limit.problem(value)) is not None:
+        raise StageFailure("INVALID_ARGUMENT", f"{field}: {why}")
+
+
+def _checked(params: Any, name: str, prefix: str) -> Any:
+    value = getattr(params, name)
+    _check(_FLOATS[name], value, f"{prefix}.{name}")
+    return value
+
+
 def _top_k(value: int, field: str) -> int:
-    if value < -1:
-        raise StageFailure("INVALID_ARGUMENT", f"{field}: must be -1 or 0 (off) or a positive integer")
+    if value != 0:  # 0 is the sampler's own "off", which stage callers may send as well as the public -1
+        _check(limits.TOP_K, value, field)
     return max(value, 0)

@@ -17,6 +17,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from voxstage import limits
 from voxstage.config import SamplingParams as DeploySampling
 from voxstage.config import StageConfig
 from voxstage.stage_errors import StageFailure
@@ -27,7 +28,7 @@ from voxstage.talker.sampling import SamplingParams
 from voxstage.talker.spec import SpeechSpec
 
 log = logging.getLogger(__name__)
-MAX_SEED = (1 << 63) - 1
+MAX_SEED = limits.SEED.end - 1  # [0, 2**63): src/voxstage/limits.py, shared with the gateway
 
 
 @dataclass(frozen=True)
@@ -197,8 +198,8 @@ class TalkerWorker(StageWorker[TalkerOutput, OutputListener]):
         seed = params.seed if params.seed is not None else d.seed
         if seed is None:
             seed = secrets.randbits(63)  # no deploy default: every request samples afresh
-        elif not 0 <= seed <= MAX_SEED:
-            raise StageFailure("INVALID_ARGUMENT", f"seed: must be in [0, 2**63), got {seed}")
+        elif (why := limits.SEED.problem(seed)) is not None:
+            raise StageFailure("INVALID_ARGUMENT", f"seed: {why}")  # the gateway refuses with the same words
         spec = SpeechSpec(
             text=text,
             voice=params.voice or None,

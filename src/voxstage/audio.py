@@ -9,15 +9,18 @@ resampler so a chunked stream resamples exactly like the whole clip would.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import enum
 import io
+import math
 import struct
 
 import numpy as np
 import soundfile as sf
 import soxr
 
-from voxstage import g711
+from voxstage import g711, limits
 
 
 class AudioError(ValueError):
@@ -162,44 +165,122 @@ def resample(pcm: np.ndarray, in_rate: int, out_rate: int) -> np.ndarray:
     return soxr.resample(pcm.astype(np.float32, copy=False), in_rate, out_rate).astype(np.float32)
 
 
-def validate_sample_rate(rate: int, *, field: str = "sample_rate", low: int = 8000, high: int = 48000) -> int:
+def validate_sample_rate(
+    rate: int,
+    *,
+    field: str = "sample_rate",
+    low: int = limits.REFERENCE_SAMPLE_RATE.low,
+    high: int = limits.REFERENCE_SAMPLE_RATE.end - 1,
+) -> int:
     if not low <= rate <= high:
         raise AudioError(f"{field}: {rate} Hz is outside the supported range {low}..{high} Hz")
     return rate
+
+
+def audio_from_base64(text: str, *, field: str = "ref_audio") -> bytes:
+    """Base64 audio, bare or as a ``data:audio/...;base64,`` URL (URLs are never fetched)."""
+    text = text.strip()
+    if text.startswith(("http://", "https://")):
+        raise AudioError(f"{field}: URLs are not fetched; send base64 audio or a data: URL")
+    if text.startswith("data:"):
+        header, sep, text = text.partition(",")
+        if not sep or not header.endswith(";base64"):
+            raise AudioError(f"{field}: a data URL must be base64-encoded (data:audio/wav;base64,...)")
+    try:
+        return base64.b64decode(text, validate=True)
+    except (binascii.Error, ValueError):
+        raise AudioError(f"{field}: not valid base64") from None
+
+
+# libsndfile reports SF_COUNT_MAX frames when a header does not state the length (a FLAC STREAMINFO of 0).
+_UNKNOWN_FRAMES = 1 << 62
+_BLOCK_SECONDS = 4  # decode and downmix this much at a time: the stereo/multichannel block is transient
 
 
 def decode_audio(
     data: bytes,
     *,
     field: str = "ref_audio",
-    max_bytes: int = 10 * 1024 * 1024,
-    max_seconds: float = 60.0,
+    max_bytes: int = limits.REFERENCE_BYTES.end - 1,
+    max_seconds: float = limits.REFERENCE_SECONDS.high,
     raw_sample_rate: int | None = None,
+    raw_format: str = "s16",
 ) -> tuple[np.ndarray, int]:
-    """Decode user-supplied audio (WAV/FLAC/OGG/MP3, or raw s16le when ``raw_sample_rate`` is given).
+    """Decode user-supplied audio (WAV/FLAC/OGG/MP3, or headerless ``raw_format`` s16le/f32le when
+    ``raw_sample_rate`` is given) to mono float32; returns it and its sample rate.
 
-    Returns mono float32 and its sample rate. Every rejection names ``field``.
+    The length is judged before anything is decoded (from the byte count, or the container's header), and a
+    container is decoded in blocks of at most ``max_seconds`` + one frame in all, downmixed as it goes: a
+    0.7 MB FLAC can hold an hour of 48 kHz stereo, 2 GB decoded (issue 15). Every rejection names ``field``;
+    no decoded samples are referenced by a raised error. Blocking: call it from a worker thread.
     """
     if not data:
         raise AudioError(f"{field}: empty audio")
     if len(data) > max_bytes:
         raise AudioError(f"{field}: {len(data)} bytes exceeds the limit of {max_bytes} bytes")
     if raw_sample_rate is not None:
-        if len(data) % 2:
-            raise AudioError(f"{field}: raw s16le audio must have an even number of bytes")
-        pcm = np.frombuffer(data, dtype="<i2").astype(np.float32) / 32768.0
-        rate = validate_sample_rate(raw_sample_rate, field=f"{field}.sample_rate")
+        pcm, rate = _decode_raw(data, field, max_seconds, raw_sample_rate, raw_format)
     else:
-        try:
-            pcm2d, rate = sf.read(io.BytesIO(data), dtype="float32", always_2d=True)
-        except (sf.LibsndfileError, RuntimeError, TypeError) as exc:
-            raise AudioError(f"{field}: not a decodable audio file ({exc})") from None
-        pcm = pcm2d.mean(axis=1) if pcm2d.shape[1] > 1 else pcm2d[:, 0]
-        validate_sample_rate(int(rate), field=f"{field}.sample_rate")
-    if pcm.size == 0:
-        raise AudioError(f"{field}: audio holds no samples")
-    if pcm.size / rate > max_seconds:
-        raise AudioError(f"{field}: {pcm.size / rate:.1f} s exceeds the limit of {max_seconds:.0f} s")
+        pcm, rate = _decode_container(data, field, max_seconds)
     if not np.isfinite(pcm).all():
+        del pcm  # the error must not keep the samples alive through this frame
         raise AudioError(f"{field}: audio contains NaN or infinite samples")
-    return np.ascontiguousarray(pcm, dtype=np.float32), int(rate)
+    return pcm, rate
+
+
+def _too_long(field: str, seconds: float, max_seconds: float) -> AudioError:
+    return AudioError(f"{field}: {seconds:.1f} s exceeds the limit of {max_seconds:.0f} s")
+
+
+def _decode_raw(data: bytes, field: str, max_seconds: float, rate: int, fmt: str) -> tuple[np.ndarray, int]:
+    width, dtype = {"s16": (2, "<i2"), "f32": (4, "<f4")}[fmt]
+    if len(data) % width:
+        raise AudioError(f"{field}: raw {fmt}le audio must be a multiple of {width} bytes")
+    validate_sample_rate(rate, field=f"{field}.sample_rate")
+    frames = len(data) // width
+    if frames / rate > max_seconds:  # judged from the size, before converting anything
+        raise _too_long(field, frames / rate, max_seconds)
+    pcm = np.frombuffer(data, dtype=dtype).astype(np.float32)
+    if fmt == "s16":
+        pcm /= 32768.0
+    return pcm, rate
+
+
+def _decode_container(data: bytes, field: str, max_seconds: float) -> tuple[np.ndarray, int]:
+    try:
+        f = sf.SoundFile(io.BytesIO(data))
+    except (sf.LibsndfileError, RuntimeError, TypeError) as exc:
+        raise AudioError(f"{field}: not a decodable audio file ({exc})") from None
+    with f:
+        rate, channels, frames = int(f.samplerate), int(f.channels), int(f.frames)
+        # Everything the header says is judged before a single sample is decoded.
+        validate_sample_rate(rate, field=f"{field}.sample_rate")
+        if (why := limits.REFERENCE_CHANNELS.problem(channels)) is not None:
+            raise AudioError(f"{field}: channels {why}")
+        cap = math.floor(max_seconds * rate)  # frames allowed
+        if cap < frames < _UNKNOWN_FRAMES:
+            raise _too_long(field, frames / rate, max_seconds)
+        # libsndfile reads no further than the length it reports; when it reports none, decode at most one
+        # frame past the cap, which is how an over-long clip is then recognised.
+        mono = np.empty(frames if frames < _UNKNOWN_FRAMES else cap + 1, np.float32)
+        got = 0
+        failure = None
+        try:
+            for block in f.blocks(rate * _BLOCK_SECONDS, dtype="float32", always_2d=True, frames=mono.size):
+                n = min(len(block), mono.size - got)
+                mono[got : got + n] = block[:n, 0] if channels == 1 else block[:n].mean(axis=1)
+                got += n
+                if got == mono.size:
+                    break
+        except (sf.LibsndfileError, RuntimeError, TypeError) as exc:
+            failure = f"{field}: not a decodable audio file ({exc})"
+        block = None  # a raised error's traceback holds this frame: it must hold no samples
+    if failure is None and got > cap:
+        failure = f"{field}: more than {max_seconds:.0f} s of audio exceeds the limit of {max_seconds:.0f} s"
+    if failure is not None:
+        del mono  # no decoded samples reachable from the error
+        raise AudioError(failure)
+    if got == 0:
+        raise AudioError(f"{field}: audio holds no samples")
+    # A length the header did not state (or overstated) got a larger buffer: keep only what was decoded.
+    return (mono if got == mono.size else mono[:got].copy()), rate

@@ -12,8 +12,16 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 
-def check(addr: str, service: str = "", timeout: float = 3.0) -> bool:
-    with grpc.insecure_channel(addr) as channel:
+def check(
+    addr: str, service: str = "", timeout: float = 3.0, *, root_certificates: bytes | None = None
+) -> bool:
+    """SERVING or not; ``root_certificates`` (PEM) probes a TLS port (the gateway with ``tls_cert_file``)."""
+    channel = (
+        grpc.insecure_channel(addr)
+        if root_certificates is None
+        else grpc.secure_channel(addr, grpc.ssl_channel_credentials(root_certificates))
+    )
+    with channel:
         stub = health_pb2_grpc.HealthStub(channel)
         try:
             reply = stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=timeout)
@@ -27,8 +35,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--addr", required=True, help="host:port of a voxstage gRPC server")
     parser.add_argument("--service", default="", help="fully-qualified service name ('' = whole server)")
     parser.add_argument("--timeout", type=float, default=3.0)
+    parser.add_argument(
+        "--tls-root", default=None, metavar="PEM", help="probe over TLS, trusting this certificate file"
+    )
     args = parser.parse_args(argv)
-    ok = check(args.addr, args.service, args.timeout)
+    roots = None
+    if args.tls_root:
+        with open(args.tls_root, "rb") as f:
+            roots = f.read()
+    ok = check(args.addr, args.service, args.timeout, root_certificates=roots)
     print("SERVING" if ok else "NOT_SERVING")
     return 0 if ok else 1
 

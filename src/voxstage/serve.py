@@ -1,10 +1,16 @@
-"""``voxstage serve``: one host's deployment as separate processes (talker, codec, gateway).
+"""``voxstage serve``: one host's deployment as separate processes (talker, codec, gateway), supervised.
 
 Each stage is its own ``python -m voxstage <stage> ...`` process that sees only its stage's ``devices``
 (``CUDA_VISIBLE_DEVICES`` narrowed from the launcher's own). Stages start in order, each only after the
 previous one reports SERVING on gRPC health (so the codec never dials a talker that is still loading). A
-stage that dies at start-up fails the launch naming it; SIGTERM/SIGINT drain the gateway first, then the
-codec, then the talker, and the launcher exits 0 when all of them did.
+stage that dies at start-up fails the launch naming it. Once everything is up, a stage that dies is
+restarted alone, on the same address and flags, after an exponential back-off, while the others keep
+running: the gateway routes around a dead stage and sees it return within a second (gateway/routing.py),
+so one crashed process costs the requests in flight on it, not the deployment. Its ``/dev/shm`` files are
+swept as soon as it is reaped. A stage that crashes more often than the restart budget allows (a crash
+loop: a bad disk, a poisoned model, an OOM at every start) stops everything and the launcher exits 1
+naming it. SIGTERM/SIGINT drain the gateway first, then the codec, then the talker, and the launcher exits
+0 when all of them did.
 """
 
 from __future__ import annotations
@@ -19,13 +25,15 @@ import socket
 import subprocess
 import sys
 import time
+from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from voxstage.config import ConfigError
 from voxstage.config.cli_args import add_deploy_options, load_from_args
 from voxstage.health_probe import check
+from voxstage.transport.shm_reader import sweep_dead_regions
 
 log = logging.getLogger("voxstage.serve")
 EXIT_INVALID = 2
@@ -60,6 +68,24 @@ def register(subparsers: Any) -> None:
     p.add_argument("--no-gateway", action="store_true", help="start talker and codec only")
     p.add_argument("--start-timeout", type=float, default=600.0, help="seconds each stage may take to start")
     p.add_argument("--drain-grace", type=float, default=30.0, help="seconds each stage may drain on stop")
+    r = p.add_argument_group(
+        "supervision",
+        "A stage that dies after start-up is restarted alone (same address and flags) while the others keep "
+        "running; the first restart waits --restart-backoff seconds, each further one within "
+        "--restart-window twice as long, up to --restart-backoff-max. A stage that would need more than "
+        "--restart-budget restarts within --restart-window stops everything (exit 1, naming it). A stage "
+        "that never reports SERVING at the first start still fails the launch at once.",
+    )
+    r.add_argument("--restart-backoff", type=float, default=0.5, metavar="S", help="first back-off (0.5)")
+    r.add_argument("--restart-backoff-max", type=float, default=10.0, metavar="S", help="back-off cap (10)")
+    r.add_argument(
+        "--restart-budget",
+        type=int,
+        default=5,
+        metavar="N",
+        help="restarts allowed per stage within --restart-window (5; 0 = never restart: any death stops all)",
+    )
+    r.add_argument("--restart-window", type=float, default=300.0, metavar="S", help="budget window (300)")
     add_deploy_options(p)
     p.set_defaults(handler=run)
 
@@ -69,6 +95,22 @@ class Stage:
     name: str
     address: str  # host:port of its gRPC health
     proc: subprocess.Popen[bytes]
+    flags: list[str] = field(default_factory=list)  # what it was started with: a restart reuses them
+    visible: str | None = None
+    restarts: deque[float] = field(default_factory=deque)  # when each restart in the window was scheduled
+    restart_at: float | None = None  # set while dead and waiting out its back-off
+    starting_since: float | None = None  # set while a restarted process has not reported SERVING yet
+
+
+@dataclass(frozen=True)
+class RestartPolicy:
+    backoff_s: float = 0.5
+    max_backoff_s: float = 10.0
+    budget: int = 5
+    window_s: float = 300.0
+
+    def backoff(self, recent_restarts: int) -> float:
+        return min(self.backoff_s * 2**recent_restarts, self.max_backoff_s)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -90,6 +132,12 @@ def run(args: argparse.Namespace) -> int:
         resolve_model(model)
     except Exception as exc:  # noqa: BLE001 - a bad --model is a usage error with its own message
         print(f"voxstage serve: {exc}", file=sys.stderr)
+        return EXIT_INVALID
+    policy = RestartPolicy(
+        args.restart_backoff, args.restart_backoff_max, args.restart_budget, args.restart_window
+    )
+    if min(policy.backoff_s, policy.max_backoff_s, policy.budget, policy.window_s) < 0:
+        print("voxstage serve: --restart-* values must not be negative", file=sys.stderr)
         return EXIT_INVALID
     deploy = _deploy_flags(args)
     host = args.stage_host
@@ -117,8 +165,9 @@ def run(args: argparse.Namespace) -> int:
         plan: list[tuple[str, list[str], str, str]] = [
             ("talker", _metrics(["--port", str(talker_port)], args.talker_metrics_port),
              f"{host}:{talker_port}", config.talker.devices),
-            ("codec", _metrics(["--port", str(codec_port)], args.codec_metrics_port),
-             f"{host}:{codec_port}", config.codec.devices),
+            # The codec dials only this launch's talker, whatever a StreamOpen names (docs/protocol.md §1).
+            ("codec", _metrics(["--port", str(codec_port), "--allowed-talkers", f"{host}:{talker_port}"],
+                               args.codec_metrics_port), f"{host}:{codec_port}", config.codec.devices),
         ]  # fmt: skip
         for name, extra, address, devices in plan:
             stages.append(_start(name, [*stage_flags, *extra, *deploy], address, _visible_devices(devices)))
@@ -144,18 +193,12 @@ def run(args: argparse.Namespace) -> int:
             if not _wait_serving(stages[-1], args.start_timeout, stopping):
                 return _abort(stages, args.drain_grace, stopping)
         log.info("all stages SERVING: %s", ", ".join(f"{s.name} {s.address}" for s in stages))
-        while not stopping:
-            for s in stages:
-                if s.proc.poll() is not None:
-                    log.error(
-                        "%s stage exited unexpectedly with code %s; stopping the others",
-                        s.name,
-                        s.proc.returncode,
-                    )
-                    _stop_all([o for o in stages if o is not s], args.drain_grace)
-                    return EXIT_STAGE_FAILED
-            time.sleep(POLL_S)
-        return _stop_all(stages, args.drain_grace)
+        failed = _supervise(stages, policy, args.start_timeout, stopping)
+        if failed is not None:
+            _stop_all([o for o in stages if o is not failed and o.restart_at is None], args.drain_grace)
+            return EXIT_STAGE_FAILED
+        # A stage dead and waiting out its back-off when the signal came has nothing left to drain.
+        return _stop_all([s for s in stages if s.restart_at is None], args.drain_grace)
     finally:
         for s in stages:  # nothing outlives the launcher, whatever path got here
             if s.proc.poll() is None:
@@ -198,14 +241,108 @@ def _die_with_parent() -> None:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
-def _start(name: str, flags: Sequence[str], address: str, visible: str | None) -> Stage:
+def _spawn(name: str, flags: Sequence[str], visible: str | None) -> subprocess.Popen[bytes]:
     env = dict(os.environ)
     if visible is not None:
         env["CUDA_VISIBLE_DEVICES"] = visible
     cmd = [sys.executable, "-m", "voxstage", name, *flags]
     log.info("starting %s: %s", name, " ".join(cmd))
-    proc = subprocess.Popen(cmd, env=env, start_new_session=True, preexec_fn=_die_with_parent)  # noqa: S603
-    return Stage(name, address, proc)
+    return subprocess.Popen(cmd, env=env, start_new_session=True, preexec_fn=_die_with_parent)  # noqa: S603
+
+
+def _start(name: str, flags: Sequence[str], address: str, visible: str | None) -> Stage:
+    return Stage(name, address, _spawn(name, flags, visible), list(flags), visible)
+
+
+def _supervise(
+    stages: Sequence[Stage], policy: RestartPolicy, start_timeout: float, stopping: list[int]
+) -> Stage | None:
+    """Keep every stage running until a signal comes (then None) or one spends its restart budget (then
+    that stage). One stage's crash, back-off and restart never block watching the others."""
+    while not stopping:
+        now = time.monotonic()
+        for s in stages:
+            if s.restart_at is not None:
+                if now >= s.restart_at:
+                    s.restart_at = None
+                    s.proc = _spawn(s.name, s.flags, s.visible)
+                    s.starting_since = time.monotonic()
+                continue
+            code = s.proc.poll()
+            if code is None and s.starting_since is not None:
+                code = _check_restarted(s, start_timeout)
+            if code is not None and not _on_crash(s, code, policy):
+                return s
+        time.sleep(POLL_S)
+    return None
+
+
+def _check_restarted(stage: Stage, start_timeout: float) -> int | None:
+    """A restarted stage is watched like a first start, without blocking the loop: SERVING ends it; one
+    stuck past ``start_timeout`` is killed and counts as another crash (its exit code is returned)."""
+    assert stage.starting_since is not None
+    if check(stage.address, timeout=0.5):
+        log.info(
+            "%s stage is SERVING again on %s (pid %d, %.1f s after its restart)",
+            stage.name,
+            stage.address,
+            stage.proc.pid,
+            time.monotonic() - stage.starting_since,
+        )
+        stage.starting_since = None
+        return None
+    if time.monotonic() - stage.starting_since <= start_timeout:
+        return None
+    log.error(
+        "%s stage did not report SERVING within %.0f s of its restart; killing it", stage.name, start_timeout
+    )
+    stage.proc.kill()
+    return stage.proc.wait()
+
+
+def _on_crash(stage: Stage, code: int, policy: RestartPolicy) -> bool:
+    """Log the death, sweep its shared memory, schedule a restart; False when the budget is spent."""
+    phase = "during its restart" if stage.starting_since is not None else "unexpectedly"
+    stage.starting_since = None
+    log.error("%s stage (pid %d) exited %s with code %s", stage.name, stage.proc.pid, phase, code)
+    _sweep_shm(stage)
+    now = time.monotonic()
+    while stage.restarts and stage.restarts[0] < now - policy.window_s:
+        stage.restarts.popleft()
+    if len(stage.restarts) >= policy.budget:
+        log.error(
+            "%s stage died again after %d restart(s) within %.0f s (--restart-budget %d): "
+            "stopping all stages",
+            stage.name,
+            len(stage.restarts),
+            policy.window_s,
+            policy.budget,
+        )
+        return False
+    delay = policy.backoff(len(stage.restarts))
+    stage.restarts.append(now)
+    stage.restart_at = now + delay
+    log.warning(
+        "restarting %s stage in %.1f s (restart %d of %d allowed per %.0f s)",
+        stage.name,
+        delay,
+        len(stage.restarts),
+        policy.budget,
+        policy.window_s,
+    )
+    return True
+
+
+def _sweep_shm(stage: Stage) -> None:
+    # A kill -9 leaves the dead process's regions behind; the survivors reap them only when a stream
+    # breaks, and a restarted stage sweeps only at its own start, so sweep now (only dead owners' files go).
+    try:
+        removed = sweep_dead_regions()
+    except OSError as exc:
+        log.warning("could not sweep /dev/shm after the %s stage died: %s", stage.name, exc)
+        return
+    if removed:
+        log.info("removed %d /dev/shm file(s) of dead processes: %s", len(removed), ", ".join(removed))
 
 
 def _wait_serving(stage: Stage, timeout: float, stopping: list[int]) -> bool:

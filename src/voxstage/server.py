@@ -91,9 +91,13 @@ async def start_stage_server(
     host: str = "0.0.0.0",
     port: int = 0,
     metrics_port: int | None = None,
+    interceptors: Sequence[grpc.aio.ServerInterceptor] = (),
+    credentials: grpc.ServerCredentials | None = None,
+    reflection_on: bool = True,
 ) -> StageServer:
-    """Create, mount and start the server; health reports NOT_SERVING until ``set_ready``."""
-    server = grpc.aio.server(options=SERVER_OPTIONS)
+    """Create, mount and start the server; health reports NOT_SERVING until ``set_ready``. The gateway's
+    public port adds its API-key ``interceptors``, TLS ``credentials`` and may turn reflection off."""
+    server = grpc.aio.server(options=SERVER_OPTIONS, interceptors=list(interceptors))
     for b in bindings:
         b.add(b.servicer, server)
     health_servicer = health.aio.HealthServicer()
@@ -101,9 +105,14 @@ async def start_stage_server(
     names = [b.full_name for b in bindings]
     for name in ("", *names):
         await health_servicer.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
-    reflection.enable_server_reflection((*names, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
+    if reflection_on:
+        reflection.enable_server_reflection((*names, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
     try:
-        bound = server.add_insecure_port(f"{host}:{port}")
+        address = f"{host}:{port}"
+        if credentials is None:
+            bound = server.add_insecure_port(address)
+        else:
+            bound = server.add_secure_port(address, credentials)
     except RuntimeError:  # grpc raises this when the bind fails (port in use, no permission)
         bound = 0
     if bound == 0:

@@ -33,6 +33,9 @@ WORKSPACE_FRACTION = 0.05
 MIN_WORKSPACE_BYTES = 512 << 20
 EXIT_START_FAILED = 1
 EXIT_ENGINE_FAILED = 3
+# Stages listen on loopback unless told otherwise: their gRPC ports are internal (no auth), and a stage
+# reachable from other hosts would let anyone open streams on it (and, for the codec, make it dial out).
+DEFAULT_HOST = "127.0.0.1"
 
 
 class StageStartError(RuntimeError):
@@ -44,7 +47,11 @@ def add_stage_options(parser: argparse.ArgumentParser, *, default_port: int) -> 
     parser.add_argument(
         "--model", default=None, help="checkpoint directory or preset name (default: the file's `model`)"
     )
-    parser.add_argument("--host", default="0.0.0.0", help="listen address (default: all interfaces)")
+    parser.add_argument(
+        "--host", default=DEFAULT_HOST,
+        help=f"listen address of the gRPC and metrics ports (default {DEFAULT_HOST}: this host only; "
+        "0.0.0.0 for all interfaces, e.g. inside a container)",
+    )  # fmt: skip
     parser.add_argument("--port", type=int, default=default_port, help=f"gRPC port (default {default_port})")
     parser.add_argument("--metrics-port", type=int, default=None, help="serve Prometheus /metrics here")
     parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
@@ -69,10 +76,14 @@ def register_stage(
     default_port: int,
     build: Callable[[argparse.Namespace], StageParts],
     logger: logging.Logger,
+    extra_options: Callable[[argparse.ArgumentParser], None] | None = None,
 ) -> None:
-    """Add the ``voxstage <role>`` subcommand: the options every stage takes; it runs ``run_stage``."""
+    """Add the ``voxstage <role>`` subcommand: the options every stage takes, plus the role's own
+    (``extra_options``); it runs ``run_stage``."""
     parser = subparsers.add_parser(role, help=help, description=description)
     add_stage_options(parser, default_port=default_port)
+    if extra_options is not None:
+        extra_options(parser)
     parser.set_defaults(handler=functools.partial(run_stage, role=role, build=build, logger=logger))
 
 

@@ -114,7 +114,9 @@ async def test_closed_loop_search_doubles_then_bisects_to_the_capacity() -> None
     client = FakeClient(capacity=5)
     levels, result = await search(
         client, cfg(), "closed", start=1, factor=2, max_level=64, refine=3,
-        duration_s=0.03, max_requests=1000, settle_s=0.0,
+        # Long enough that every worker of a level has a request in flight at once even on a loaded box
+        # (at 0.03 s a slow event loop once let a 6-stream level pass on 3 requests).
+        duration_s=0.15, max_requests=1000, settle_s=0.0,
     )  # fmt: skip
     assert [lv["level"] for lv in levels] == [1, 2, 4, 8, 6, 5]
     assert [lv["verdict"]["pass"] for lv in levels] == [True, True, True, False, False, True]

@@ -120,7 +120,7 @@ def start_compose_stack(tmp: Path, *, limit_s: float = 600.0) -> ComposeStack:
             for i, arg in enumerate(command[:-1]):
                 if arg in PORT_FLAGS:
                     command[i + 1] = str(ports[name][arg])
-                elif arg in ("--codec", "--talker"):
+                elif arg in ("--codec", "--talker", "--allowed-talkers"):
                     command[i + 1] = ",".join(hosts[a] for a in command[i + 1].split(","))
                 elif command[i + 1] == "/models":
                     command[i + 1] = str(models)

@@ -242,3 +242,75 @@ def audio_from(reply: speech_pb2.SynthesizeResponse) -> Audio:
         request_id=reply.summary.request_id,
         time_to_first_audio_s=reply.summary.time_to_first_audio.ToNanoseconds() / 1e9,
     )
+
+
+def open_channel(
+    address: str,
+    options: Any,
+    *,
+    tls: bool,
+    root_certificates: bytes | str | Path | None,
+    aio: bool,
+) -> Any:
+    """A channel to the gateway: plain text by default; TLS with ``tls=True`` (the system's roots) or
+    ``root_certificates`` (PEM bytes, or a path to a PEM file, e.g. a self-signed gateway certificate)."""
+    module: Any = grpc.aio if aio else grpc
+    if not tls and root_certificates is None:
+        return module.insecure_channel(address, options=options)
+    if isinstance(root_certificates, (str, Path)):
+        root_certificates = Path(root_certificates).expanduser().read_bytes()
+    credentials = grpc.ssl_channel_credentials(root_certificates=root_certificates)
+    return module.secure_channel(address, credentials, options=options)
+
+
+class KeyedStub:
+    """A ``SpeechStub`` whose every call carries ``authorization: Bearer <api_key>`` metadata.
+
+    Wrapping the stub, not the channel, keeps the calls grpc's own objects (a client interceptor would
+    change the call type that the sessions and their retry rule depend on)."""
+
+    def __init__(self, stub: Any, api_key: str) -> None:
+        self._stub = stub
+        self._metadata = (("authorization", f"Bearer {api_key}"),)
+
+    def __getattr__(self, name: str) -> Any:
+        method = getattr(self._stub, name)
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            kwargs["metadata"] = (*(kwargs.get("metadata") or ()), *self._metadata)
+            return method(*args, **kwargs)
+
+        return call
+
+
+def make_stub(stub: Any, api_key: str | None) -> Any:
+    if api_key is None:
+        return stub
+    if not api_key or any(c.isspace() for c in api_key):
+        raise ValueError("api_key must be a non-empty key without whitespace")
+    return KeyedStub(stub, api_key)
+
+
+API_KEY_ENV = "VOXSTAGE_API_KEY"
+
+
+def add_connection_options(parser: Any) -> None:
+    """``--api-key``, ``--tls`` and ``--root-certificates`` for the ``say`` and ``talk`` commands."""
+    parser.add_argument(
+        "--api-key", default=None, metavar="KEY",
+        help=f"API key for a gateway that requires one (default: ${API_KEY_ENV})",
+    )  # fmt: skip
+    parser.add_argument("--tls", action="store_true", help="connect over TLS, trusting the system's roots")
+    parser.add_argument(
+        "--root-certificates", default=None, metavar="PEM", help="connect over TLS, trusting this CA file"
+    )
+
+
+def connection_options(args: Any) -> dict[str, Any]:
+    import os
+
+    return {
+        "api_key": args.api_key or os.environ.get(API_KEY_ENV) or None,
+        "tls": args.tls,
+        "root_certificates": args.root_certificates,
+    }

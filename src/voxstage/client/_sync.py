@@ -9,6 +9,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -23,6 +24,8 @@ from voxstage.client._common import (
     audio_from,
     build_config,
     error_from_rpc,
+    make_stub,
+    open_channel,
     stream_info,
     voices_from,
 )
@@ -139,10 +142,15 @@ class SpeechClient:
         timeout: float | None = 60.0,
         retry: RetryPolicy | None = None,
         channel: grpc.Channel | None = None,
+        api_key: str | None = None,
+        tls: bool = False,
+        root_certificates: bytes | str | Path | None = None,
     ) -> None:
         self._own_channel = channel is None
-        self._channel = channel or grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
-        self._stub = speech_pb2_grpc.SpeechStub(self._channel)
+        self._channel = channel or open_channel(
+            address, CHANNEL_OPTIONS, tls=tls, root_certificates=root_certificates, aio=False
+        )
+        self._stub = make_stub(speech_pb2_grpc.SpeechStub(self._channel), api_key)
         self.timeout = timeout
         self.retry = retry or RetryPolicy()
 

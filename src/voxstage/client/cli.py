@@ -12,6 +12,8 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from voxstage.client._common import add_connection_options, connection_options
+
 if TYPE_CHECKING:
     from voxstage.client import SpeechClient
 
@@ -56,7 +58,7 @@ def _run(args: argparse.Namespace) -> int:
     }
     start = time.monotonic()
     try:
-        with SpeechClient(args.addr, timeout=args.timeout) as client:
+        with SpeechClient(args.addr, timeout=args.timeout, **connection_options(args)) as client:
             if args.stream:
                 return _stream_to_file(client, args, encoding, options, start)
             audio = client.synthesize(args.text, encoding=encoding, **options)
@@ -110,6 +112,7 @@ def add_say(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[typ
     parser.add_argument("text", help="what to say")
     parser.add_argument("-o", "--output", required=True, help="output file (.wav, .pcm, .ulaw, .alaw, .opus)")
     parser.add_argument("--addr", default="localhost:50051", help="gateway gRPC address (host:port)")
+    add_connection_options(parser)
     parser.add_argument("--voice", default="", help="voice name (see ListVoices); default: the model's")
     parser.add_argument("--model", default="", help="served model name; default: the deployment's")
     parser.add_argument("--language", default="", help="language name or BCP-47 tag; default: auto")

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
+from voxstage.client._common import add_connection_options, connection_options
 from voxstage.duplex_audio import FRAME_SAMPLES, FRAME_SECONDS, MODEL_RATE
 
 EXIT_FAILED = 1
@@ -54,7 +55,7 @@ async def _talk(args: argparse.Namespace, data: bytes) -> int:
     if args.voice_audio is not None:
         options["voice_audio"] = args.voice_audio.read_bytes()
     async with (
-        AsyncSpeechClient(args.addr, timeout=None) as client,
+        AsyncSpeechClient(args.addr, timeout=None, **connection_options(args)) as client,
         client.converse(voice=args.voice, instructions=args.instructions, **options) as session,
     ):
 
@@ -125,6 +126,7 @@ def add_talk(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
         "-o", "--output", type=Path, required=True, metavar="OUT.wav", help="the agent's audio"
     )
     parser.add_argument("--addr", default="localhost:50051", help="gateway gRPC address (host:port)")
+    add_connection_options(parser)
     parser.add_argument("--voice", default="", help="stored voice name; default: the model's")
     parser.add_argument(
         "--voice-audio", type=Path, default=None, metavar="VOICE.wav",

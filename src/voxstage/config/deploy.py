@@ -36,7 +36,7 @@ class DuplexSessionConfig(StrictModel):
 
 
 class GatewayConfig(StrictModel):
-    """The public face: listen addresses and admission limits (not in the seeds; ours only)."""
+    """The public face: listen addresses, admission limits and timeouts (not in the seeds; ours only)."""
 
     # All interfaces, because the gateway normally runs in a container whose port is published.
     host: str = Field(default="0.0.0.0", min_length=1)
@@ -47,15 +47,55 @@ class GatewayConfig(StrictModel):
     queue_timeout_s: float = Field(default=30.0, gt=0.0)
     max_text_chars: int = Field(default=4096, ge=1)
     # Duplex sessions (session_mode: duplex): closed after this long without client audio, and after this
-    # long in all; a session holds a talker slot for its whole life, so neither may be unbounded.
+    # long in all; a session holds a talker slot for its whole life, so neither may be unbounded (a day at
+    # most, as for streaming calls below).
     duplex_idle_timeout_s: float = Field(default=30.0, gt=0.0)
-    duplex_max_session_s: float = Field(default=3600.0, gt=0.0)
+    duplex_max_session_s: float = Field(default=3600.0, gt=0.0, le=86400.0)
+    # Streaming calls (gRPC StreamingSynthesize; on HTTP, a response the client does not take, and every
+    # request): each holds an admission slot and a codec stream until it ends, so a client that sends nothing
+    # or takes no audio is ended after the idle timeout, and every call after the lifetime limit; neither may
+    # be unbounded, or a few forgotten clients refuse everyone else.
+    stream_idle_timeout_s: float = Field(default=30.0, gt=0.0, le=3600.0)
+    max_stream_lifetime_s: float = Field(default=3600.0, gt=0.0, le=86400.0)
+    # The HTTP face (uvicorn, h11): bounds on how long a connection may hold the server without sending a
+    # whole request (slow headers, a body that stalls behind its Content-Length), on the size of the request
+    # line plus headers, and on how long an idle keep-alive connection stays open.
+    http_header_timeout_s: float = Field(default=10.0, gt=0.0, le=300.0)
+    http_max_header_bytes: int = Field(default=16384, ge=1024, le=1048576)
+    http_body_timeout_s: float = Field(default=10.0, gt=0.0, le=300.0)
+    http_keep_alive_timeout_s: int = Field(default=5, ge=1, le=300)
+    # Security (off by default for local use): API keys from a file (one a line, ``#`` comments) and/or an
+    # environment variable (comma-separated); TLS on both public ports from a PEM certificate and key; gRPC
+    # reflection and ``/metrics`` on the public ports. See docs/api.md, "Authentication and TLS".
+    api_keys_file: str | None = Field(default=None, min_length=1)
+    api_keys_env: str | None = Field(default=None, min_length=1, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
+    tls_cert_file: str | None = Field(default=None, min_length=1)
+    tls_key_file: str | None = Field(default=None, min_length=1)
+    reflection: bool = True
+    public_metrics: bool = True
 
     @model_validator(mode="after")
     def _distinct_ports(self) -> GatewayConfig:
         if self.grpc_port == self.http_port:
             raise ValueError(f"grpc_port and http_port must differ (both are {self.grpc_port})")
         return self
+
+    @model_validator(mode="after")
+    def _tls_pair(self) -> GatewayConfig:
+        if (self.tls_cert_file is None) != (self.tls_key_file is None):
+            have, missing = ("tls_cert_file", "tls_key_file")
+            if self.tls_cert_file is None:
+                have, missing = missing, have
+            raise ValueError(f"gateway.{have} is set but gateway.{missing} is not: TLS needs both PEM files")
+        return self
+
+    @property
+    def api_keys_configured(self) -> bool:
+        return self.api_keys_file is not None or self.api_keys_env is not None
+
+    @property
+    def tls(self) -> bool:
+        return self.tls_cert_file is not None and self.tls_key_file is not None
 
 
 class DeployConfig(StrictModel):

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
+import asyncio
+import contextlib
+import sys
+from collections.abc import AsyncIterator, Awaitable, Sequence
 from pathlib import Path
 
 import grpc
@@ -13,6 +16,21 @@ from gateway_kit import DUPLEX_SEED, SEED, MakeStack, Stack, write_checkpoint_co
 
 from voxstage.config import load_deploy_config
 from voxstage.gateway.app import GatewayServer
+
+TEARDOWN_LIMIT_S = 60.0
+
+
+async def _bounded(step: Awaitable[object], what: str) -> None:
+    """One teardown step, bounded: a stop that hangs fails the test within a minute and prints every task's
+    stack (what it waits on), instead of sitting out pytest's 300 s timeout with only thread stacks."""
+    try:
+        async with asyncio.timeout(TEARDOWN_LIMIT_S):
+            await step
+    except TimeoutError:
+        for task in asyncio.all_tasks():
+            with contextlib.suppress(Exception):
+                task.print_stack(file=sys.stderr)
+        raise AssertionError(f"teardown: {what} did not finish within {TEARDOWN_LIMIT_S:g} s") from None
 
 
 @pytest.fixture
@@ -57,12 +75,12 @@ async def make_stack(cache: Path) -> AsyncIterator[MakeStack]:
 
     yield make
     for stack in stacks:
-        await stack.channel.close()
-        await stack.gateway.stop()
+        await _bounded(stack.channel.close(), "the client channel")
+        await _bounded(stack.gateway.stop(), "the gateway's stop")
     # Doubles a test started itself (a revived replica) are stopped too, inside this loop.
     doubles = {id(d): d for d in [*extra, *(d for st in stacks for d in [*st.codecs, *st.talkers])]}
     for double in doubles.values():
-        await double.server.stop(0)
+        await _bounded(double.server.stop(0), "a stage double")
 
 
 @pytest.fixture
@@ -85,7 +103,7 @@ async def make_duplex_stack(cache: Path) -> AsyncIterator[MakeStack]:
 
     yield make
     for stack in stacks:
-        await stack.channel.close()
-        await stack.gateway.stop()
+        await _bounded(stack.channel.close(), "the client channel")
+        await _bounded(stack.gateway.stop(), "the gateway's stop")
         for double in [*stack.codecs, *stack.talkers]:
-            await double.server.stop(0)
+            await _bounded(double.server.stop(0), "a stage double")

@@ -54,7 +54,7 @@ UNARY: list[tuple[str, speech_pb2.SynthesisConfig, str, grpc.StatusCode, str]] =
     ("unknown voice", cfg(voice="alloy"), "hi", grpc.StatusCode.NOT_FOUND, "config.voice: voice 'alloy'"),
     ("unknown model", cfg(model="tts-1"), "hi", grpc.StatusCode.NOT_FOUND, "config.model: model 'tts-1'"),
     ("no encoding", cfg(encoding=0), "hi", INVALID, "config.encoding: AUDIO_ENCODING_UNSPECIFIED"),
-    ("bad sample rate", cfg(sample_rate_hz=1000), "hi", INVALID, "config.sample_rate_hz: 1000 Hz"),
+    ("bad sample rate", cfg(sample_rate_hz=1000), "hi", INVALID, "config.sample_rate_hz: must be 0 (native)"),
     (
         "opus rate",
         cfg(encoding=speech_pb2.AUDIO_ENCODING_OGG_OPUS, sample_rate_hz=44_100),
@@ -90,39 +90,54 @@ UNARY: list[tuple[str, speech_pb2.SynthesisConfig, str, grpc.StatusCode, str]] =
         "config.chunk_schedule.initial_chunk_frames",
     ),
     (
-        "malformed reference",
-        cfg(reference_audio=ref(data=b"RIFFnonsense" * 10)),
-        "hi",
-        INVALID,
-        "config.reference_audio.data: not a decodable audio file",
-    ),
-    (
-        "oversized reference",
-        cfg(reference_audio=ref(data=b"\0" * (10 * 1024 * 1024 + 2), encoding=PCM, sample_rate_hz=16_000)),
-        "hi",
-        INVALID,
-        "exceeds the limit of 10485760 bytes",
-    ),
-    (
-        "reference too long",
-        cfg(reference_audio=ref(data=wav_bytes(61.0, 8000))),
-        "hi",
-        INVALID,
-        "exceeds the limit of 60 s",
-    ),
-    (
-        "pcm reference without rate",
-        cfg(reference_audio=ref(data=b"\0\0" * 100, encoding=PCM)),
-        "hi",
-        INVALID,
-        "config.reference_audio.sample_rate_hz: required",
-    ),
-    (
         "reference on a preset-voice model",
         cfg(reference_audio=ref(data=wav_bytes(1.0))),
         "hi",
         INVALID,
         "does not support voice cloning",
+    ),
+    (
+        # The model is judged before the audio is even parsed (issue 15).
+        "malformed reference on a preset-voice model",
+        cfg(reference_audio=ref(data=b"RIFFnonsense" * 10)),
+        "hi",
+        INVALID,
+        "config.reference_audio.data: model 'qwen3-tts-tiny' (custom_voice) does not support voice cloning",
+    ),
+]
+
+# Judged on a voice-clone (base) model, which takes a reference: (case, reference, message).
+REFERENCE_UNARY: list[tuple[str, speech_pb2.ReferenceAudio, str]] = [
+    (
+        "malformed reference",
+        ref(data=b"RIFFnonsense" * 10),
+        "config.reference_audio.data: not a decodable audio file",
+    ),
+    (
+        "oversized reference",
+        ref(data=b"\0" * (10 * 1024 * 1024 + 2), encoding=PCM, sample_rate_hz=16_000),
+        "exceeds the limit of 10485760 bytes",
+    ),
+    ("reference too long", ref(data=wav_bytes(61.0, 8000)), "exceeds the limit of 60 s"),
+    (
+        "pcm reference without rate",
+        ref(data=b"\0\0" * 100, encoding=PCM),
+        "config.reference_audio.sample_rate_hz: required",
+    ),
+    (
+        "reference rate out of range",
+        ref(data=b"\0\0" * 100, encoding=PCM, sample_rate_hz=1000),
+        "config.reference_audio.sample_rate_hz: must be in [8000, 48000], got 1000",
+    ),
+    (
+        "reference encoding",
+        ref(data=b"\0" * 100, encoding=speech_pb2.AUDIO_ENCODING_MULAW),
+        "config.reference_audio.encoding: AUDIO_ENCODING_MULAW is not accepted",
+    ),
+    (
+        "reference encoding no proto names",
+        ref(data=b"\0" * 100, encoding=99),  # type: ignore[arg-type]
+        "config.reference_audio.encoding: 99 is not accepted",
     ),
 ]
 
@@ -203,19 +218,17 @@ HTTP_CASES: list[tuple[str, Any, int, str | None, str]] = [
         "stream_format",
         "needs streaming",
     ),
-    ("bad sample rate", {"input": "hi", "sample_rate": 96_000}, 400, "sample_rate", "96000 Hz"),
+    ("bad sample rate", {"input": "hi", "sample_rate": 96_000}, 400, "sample_rate", "got 96000"),
     ("speed", {"input": "hi", "speed": 2.0}, 400, "speed", "only 1.0"),
-    ("negative seed", {"input": "hi", "seed": -1}, 400, "seed", "[0, 2^64)"),
-    ("bad temperature", {"input": "hi", "temperature": -1.0}, 400, "temperature", "must be >= 0"),
+    ("negative seed", {"input": "hi", "seed": -1}, 400, "seed", "must be in [0, 2**63), got -1"),
+    ("bad temperature", {"input": "hi", "temperature": -1.0}, 400, "temperature", "must be in [0, 100]"),
     ("unsupported language", {"input": "hi", "language": "xx"}, 400, "language", "not supported"),
-    ("ref_audio not base64", {"input": "hi", "ref_audio": "%%%"}, 400, "ref_audio", "not valid base64"),
-    ("ref_audio url", {"input": "hi", "ref_audio": "https://example.com/a.wav"}, 400, "ref_audio", "URLs"),
     (
-        "ref_audio garbage",
-        {"input": "hi", "ref_audio": base64.b64encode(b"garbage" * 20).decode()},
+        "ref_audio on a preset-voice model",
+        {"input": "hi", "ref_audio": "%%%"},
         400,
         "ref_audio",
-        "not a decodable audio file",
+        "voice cloning",
     ),
     ("ref_text alone", {"input": "hi", "ref_text": "words"}, 400, "ref_text", "needs ref_audio"),
     (
@@ -224,6 +237,18 @@ HTTP_CASES: list[tuple[str, Any, int, str | None, str]] = [
         413,
         "body",
         "exceeds the limit",
+    ),
+]
+
+
+# Judged on a voice-clone (base) model: (case, body fields, message).
+REFERENCE_HTTP: list[tuple[str, dict[str, Any], str]] = [
+    ("ref_audio not base64", {"ref_audio": "%%%"}, "not valid base64"),
+    ("ref_audio url", {"ref_audio": "https://example.com/a.wav"}, "URLs"),
+    (
+        "ref_audio garbage",
+        {"ref_audio": base64.b64encode(b"garbage" * 20).decode()},
+        "not a decodable audio file",
     ),
 ]
 
@@ -295,10 +320,19 @@ async def test_voice_clone_model_rules(make_stack: MakeStack, cache: Any) -> Non
         (cfg(voice="serena", reference_audio=ref(data=wav_bytes(1.0))), "has no preset voices"),
         (cfg(instructions="cheerful", reference_audio=ref(data=wav_bytes(1.0))), "takes no instructions"),
     ]
+    cases += [(cfg(reference_audio=reference), message) for _, reference, message in REFERENCE_UNARY]
     for config, message in cases:
         with pytest.raises(grpc.aio.AioRpcError) as err:
             await stack.stub.Synthesize(speech_pb2.SynthesizeRequest(config=config, text="hi"))
-        assert err.value.code() is INVALID and message in (err.value.details() or "")
+        assert err.value.code() is INVALID and message in (err.value.details() or ""), err.value.details()
+    async with httpx.AsyncClient(base_url=stack.http_url) as http:
+        for name, body, message in REFERENCE_HTTP:
+            r = await http.post("/v1/audio/speech", json={"input": "hi", **body})
+            err = r.json()["error"]
+            assert (r.status_code, err["param"]) == (400, "ref_audio") and message in err["message"], (
+                name,
+                err,
+            )
     clip = np.sin(np.arange(16_000) / 10).astype(np.float32) * 0.5
     buf = io.BytesIO()
     sf.write(buf, clip, 16_000, format="WAV")
