@@ -86,7 +86,7 @@ def start_stage(
     port: int,
     cache: Path,
     logs: Path,
-    listen: str = "127.0.0.1",
+    listen: str | None = "127.0.0.1",
     reach: str | None = None,
     sets: Sequence[str] = (),
     metrics_port: int | None = None,
@@ -94,10 +94,13 @@ def start_stage(
     tag: str = "",
     model: str = MODEL,
     deploy: Path = SEED_DEPLOY,
+    extra: Sequence[str] = (),
 ) -> StageProc:
-    """Start ``voxstage <role>`` on a seed deploy file with a tiny preset (one torch thread)."""
+    """Start ``voxstage <role>`` on a seed deploy file with a tiny preset (one torch thread); ``listen``
+    None leaves ``--host`` at the stage's default (loopback), ``extra`` are more flags."""
     cmd = [sys.executable, "-m", "voxstage", role, "--config", str(deploy), "--model", model]
-    cmd += ["--host", listen, "--port", str(port), "--device", "cpu", "--threads", "1", "--drain-grace", "20"]
+    cmd += ["--host", listen] if listen is not None else []
+    cmd += ["--port", str(port), "--device", "cpu", "--threads", "1", "--drain-grace", "20", *extra]
     if metrics_port is not None:
         cmd += ["--metrics-port", str(metrics_port)]
     for item in sets:
@@ -107,7 +110,7 @@ def start_stage(
     log = logs / f"{role}{tag}-{time.monotonic_ns()}.log"
     with log.open("wb") as out:
         proc = subprocess.Popen(cmd, env=stage_env(cache), stdout=out, stderr=subprocess.STDOUT, cwd=ROOT)
-    return StageProc(role, f"{reach or listen}:{port}", proc, log, cmd)
+    return StageProc(role, f"{reach or listen or '127.0.0.1'}:{port}", proc, log, cmd)
 
 
 def metric(port: int, name: str, labels: str = "") -> float:

@@ -5,17 +5,14 @@ from __future__ import annotations
 
 import re
 import socket
-import subprocess
-import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
+from tests.integration.stagekit import start_stage
 from voxstage.cli import build_parser
-from voxstage.health_probe import check
 from voxstage.stage_process import DEFAULT_HOST
 
 REPO = Path(__file__).resolve().parents[2]
@@ -92,18 +89,12 @@ LOOPBACK_HEX = {"0100007F", "0000000000000000FFFF00000100007F"}  # 127.0.0.1, ::
 
 def test_a_codec_started_without_host_listens_on_loopback_only(tmp_path: Path) -> None:
     port, metrics = _free_port(), _free_port()
-    cmd = [sys.executable, "-m", "voxstage", "codec", "--config", str(REPO / "deploy" / "qwen3_tts.yaml"),
-           "--model", "qwen3-tts-tiny", "--port", str(port), "--metrics-port", str(metrics),
-           "--device", "cpu", "--threads", "1", "--drain-grace", "1"]  # fmt: skip
-    log = tmp_path / "codec.log"
-    with log.open("wb") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=REPO)
+    codec = start_stage(
+        "codec", port=port, cache=tmp_path / "cache", logs=tmp_path, listen=None, metrics_port=metrics
+    )  # no --host: the default
     try:
-        deadline = time.monotonic() + 120
-        while not check(f"127.0.0.1:{port}", timeout=1.0):
-            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
-            time.sleep(0.2)
-        assert f"SERVING on 127.0.0.1:{port}" in log.read_text()
+        codec.wait_serving(120)
+        assert f"SERVING on 127.0.0.1:{port}" in codec.log.read_text()
         for p in (port, metrics):
             bound = _listening(p)
             assert bound and bound <= LOOPBACK_HEX, (p, bound)
@@ -114,5 +105,4 @@ def test_a_codec_started_without_host_listens_on_loopback_only(tmp_path: Path) -
                     s.settimeout(2.0)
                     s.connect((other, p))
     finally:
-        proc.terminate()
-        proc.wait(30)
+        codec.stop()

@@ -8,8 +8,6 @@ from __future__ import annotations
 import asyncio
 import functools
 import socket
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -18,11 +16,11 @@ import grpc
 import pytest
 from codec_duplex_kit import FakeTalker, Session, only_message, stage
 
+from tests.integration.stagekit import start_stage
 from voxstage.codec.models.mimi.loader import random_init
 from voxstage.codec.models.mimi.model import MimiModel
 from voxstage.codec.models.mimi.presets import tiny_config
 from voxstage.codec.upstream import TalkerPool, parse_allowed_talkers
-from voxstage.health_probe import check
 from voxstage.internal.v1 import stage_pb2 as S
 from voxstage.internal.v1 import stage_pb2_grpc
 from voxstage.stage_errors import CODES, StageFailure
@@ -149,17 +147,12 @@ def test_tts_open_is_denied_unless_its_talker_is_allowed(tmp_path: Path) -> None
     denied = f"127.0.0.1:{decoy.getsockname()[1]}"
     allowed = f"127.0.0.1:{_free_port()}"  # nothing listens there: a dial fails as UNAVAILABLE
     port = _free_port()
-    cmd = [sys.executable, "-m", "voxstage", "codec", "--config", str(REPO / "deploy" / "qwen3_tts.yaml"),
-           "--model", "qwen3-tts-tiny", "--port", str(port), "--device", "cpu", "--threads", "1",
-           "--drain-grace", "1", "--allowed-talkers", f"{allowed},talker.invalid:50061"]  # fmt: skip
-    log = tmp_path / "codec.log"
-    with log.open("wb") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=REPO)
+    codec = start_stage(
+        "codec", port=port, cache=tmp_path / "cache", logs=tmp_path,
+        extra=["--allowed-talkers", f"{allowed},talker.invalid:50061"],
+    )  # fmt: skip
     try:
-        deadline = time.monotonic() + 120
-        while not check(f"127.0.0.1:{port}", timeout=1.0):
-            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
-            time.sleep(0.2)
+        codec.wait_serving(120)
         eos = asyncio.run(_terminal(f"127.0.0.1:{port}", denied))
         assert eos.reason == S.END_REASON_ERROR and eos.error.code == PERMISSION_DENIED, eos
         assert "talker_address" in eos.error.message and denied in eos.error.message
@@ -169,5 +162,4 @@ def test_tts_open_is_denied_unless_its_talker_is_allowed(tmp_path: Path) -> None
         assert eos.error.code == UNAVAILABLE and "unreachable" in eos.error.message, eos  # it dialled
     finally:
         decoy.close()
-        proc.terminate()
-        proc.wait(30)
+        codec.stop()

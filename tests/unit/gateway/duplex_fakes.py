@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -165,10 +164,3 @@ class FakeDuplexTalker(stage_pb2_grpc.TalkerServicer):
             )
         )
 
-
-async def wait_until(condition: Any, limit_s: float = 3.0) -> None:
-    """Poll ``condition``: a session's cleanup has no event a test could wait on."""
-    deadline = time.monotonic() + limit_s
-    while not condition():
-        assert time.monotonic() < deadline, "condition not reached in time"
-        await asyncio.sleep(0.01)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -60,3 +62,11 @@ class Stack:
 
 
 MakeStack = Callable[..., Awaitable[Stack]]
+
+
+async def until(condition: Callable[[], bool], limit_s: float = 5.0) -> None:
+    """Poll ``condition``: cleanup (a freed slot, a cancelled stream) has no event a test could wait on."""
+    deadline = time.monotonic() + limit_s
+    while not condition():
+        assert time.monotonic() < deadline, f"condition not reached in time: {condition.__doc__ or ''}"
+        await asyncio.sleep(0.01)

@@ -12,8 +12,9 @@ from typing import Any
 import grpc
 import numpy as np
 import pytest
-from duplex_fakes import FakeDuplexCodec, wait_until
+from duplex_fakes import FakeDuplexCodec
 from gateway_kit import MakeStack, Stack
+from gateway_kit import until as wait_until
 
 from voxstage import metrics
 from voxstage.v1 import speech_pb2

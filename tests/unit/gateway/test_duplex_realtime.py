@@ -12,8 +12,9 @@ from typing import Any
 import numpy as np
 import pytest
 import websockets
-from duplex_fakes import FakeDuplexCodec, wait_until
+from duplex_fakes import FakeDuplexCodec
 from gateway_kit import MakeStack, Stack
+from gateway_kit import until as wait_until
 from openai import AsyncOpenAI
 
 from voxstage import g711

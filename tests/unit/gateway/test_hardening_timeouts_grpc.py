@@ -10,12 +10,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 
 import grpc
 import pytest
 from gateway_fakes import HANG_MARKER, FakeCodec, expected_samples
-from gateway_kit import MakeStack, Stack
+from gateway_kit import MakeStack, Stack, until
 
 from voxstage.v1 import speech_pb2
 
@@ -23,12 +23,6 @@ PCM = speech_pb2.AUDIO_ENCODING_PCM_S16LE
 F32 = speech_pb2.AUDIO_ENCODING_PCM_F32LE
 Request = speech_pb2.StreamingSynthesizeRequest
 
-
-async def until(condition: Callable[[], bool], limit_s: float = 5.0) -> None:
-    deadline = time.monotonic() + limit_s
-    while not condition():
-        assert time.monotonic() < deadline, "condition not reached in time"
-        await asyncio.sleep(0.02)
 
 
 def released(stack: Stack) -> bool:

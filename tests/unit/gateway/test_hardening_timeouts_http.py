@@ -14,12 +14,11 @@ import logging
 import math
 import socket
 import time
-from collections.abc import Callable
 
 import httpx
 import pytest
 from gateway_fakes import FakeCodec, expected_samples
-from gateway_kit import MakeStack, Stack
+from gateway_kit import MakeStack, Stack, until
 
 HEAD = b"Host: gateway\r\nUser-Agent: raw\r\n"
 
@@ -115,12 +114,6 @@ async def test_a_long_streamed_response_outlives_the_body_timeout(make_stack: Ma
         reply = await http.post("/v1/audio/speech", json=body)
     assert reply.status_code == 200 and len(reply.content) == 2 * expected_samples(text)
 
-
-async def until(condition: Callable[[], bool], limit_s: float = 5.0) -> None:
-    deadline = time.monotonic() + limit_s
-    while not condition():
-        assert time.monotonic() < deadline, "condition not reached in time"
-        await asyncio.sleep(0.02)
 
 
 def released(stack: Stack) -> bool:
