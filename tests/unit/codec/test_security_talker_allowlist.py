@@ -17,6 +17,7 @@ import pytest
 from codec_duplex_kit import FakeTalker, Session, only_message, stage
 
 from tests.integration.stagekit import start_stage
+from voxstage.codec.duplex import DuplexCodecEngine
 from voxstage.codec.models.mimi.loader import random_init
 from voxstage.codec.models.mimi.model import MimiModel
 from voxstage.codec.models.mimi.presets import tiny_config
@@ -67,12 +68,15 @@ async def test_duplex_open_naming_another_talker_is_denied_and_not_dialled(
     model: MimiModel, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     _allow(monkeypatch, "127.0.0.1:1")
+    joins: list[str] = []
+    join = DuplexCodecEngine.join
+    monkeypatch.setattr(DuplexCodecEngine, "join", lambda engine, key: joins.append(key) or join(engine, key))
     talker = FakeTalker()
     async with stage(model, talker) as rig:
         eos = await only_message(rig, rig.open_msg())
         assert eos.reason == S.END_REASON_ERROR and eos.error.code == PERMISSION_DENIED
         assert "talker_address" in eos.error.message and rig.talker_address in eos.error.message
-        assert talker.opens == []  # the talker never saw the stream
+        assert talker.opens == [] and [k for k in joins if k != "__warmup__"] == []  # no slot, no dial
         status = await rig.status()
         assert status.ready and not status.requests  # nothing left open behind the refusal
 
