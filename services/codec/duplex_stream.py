@@ -286,14 +286,6 @@ class DuplexCodecStream(CodecStageStream):
             self._terminal(S.END_REASON_CANCELLED)
 
     # -- termination -------------------------------------------------------------------------------------
-    def fail(self, code: str, message: str) -> None:
-        if self.terminal_sent:
-            return
-        self._release()
-        if self.relay is not None:
-            self.relay.cancel(message)
-        self._terminal(S.END_REASON_ERROR, wire.stream_error(code, message, "codec"))
-
     def _release(self) -> None:
         if self.joined:
             self.joined = False

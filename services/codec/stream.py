@@ -67,6 +67,15 @@ class CodecStageStream(StageStream):
         frames, samples = self.frames_sent, self.samples_sent
         self._send_terminal(reason, error, frames=frames, samples=samples, queued=queued)
 
+    def fail(self, code: str, message: str) -> None:
+        """An in-band error terminal: free the engine state, stop the talker call, then the terminal."""
+        if self.terminal_sent:
+            return
+        self._release()
+        if self.relay is not None:
+            self.relay.cancel(message)
+        self._terminal(S.END_REASON_ERROR, wire.stream_error(code, message, "codec"))
+
     def _response(self, **fields: Any) -> S.CodecStreamResponse:
         return S.CodecStreamResponse(**fields)
 
@@ -330,14 +339,6 @@ class CodecStream(CodecStageStream):
             self._terminal(S.END_REASON_CANCELLED)
 
     # -- termination -----------------------------------------------------------------------------------
-    def fail(self, code: str, message: str) -> None:
-        if self.terminal_sent:
-            return
-        self._release()
-        if self.relay is not None:
-            self.relay.cancel(message)
-        self._terminal(S.END_REASON_ERROR, wire.stream_error(code, message, "codec"))
-
     def _release(self) -> None:
         if self.engine_open:
             self.engine_open = False
