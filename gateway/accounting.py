@@ -13,14 +13,21 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import sys
 import time
 from dataclasses import dataclass, field
 
 from voxstage import metrics
+from voxstage.gateway.errors import GatewayError
 
 # One line per request (logger ``voxstage.gateway.access``): what an operator greps for a request id.
 access_log = logging.getLogger("voxstage.gateway.access")
+# A call cancelled this close to its deadline (or later) was ended by the deadline: gRPC cancels the handler
+# when the deadline passes, so the cancellation arrives a little after it.
+DEADLINE_SLACK_S = 0.05
+_CODES = {"ok": "OK", "cancelled": "CANCELLED", "deadline_exceeded": "DEADLINE_EXCEEDED"}
 
 
 @dataclass
@@ -51,8 +58,11 @@ class RequestAccounting:
     request_id: str = "-"  # known once the request is checked; a request refused before that has none
     voice: str = "-"
     model: str = "-"
+    # The client's deadline (monotonic), where one applies: gRPC's, or gateway.max_stream_lifetime_s on HTTP.
+    deadline: float | None = None
     _done: bool = False
     _outcome: str = ""
+    _code: str = ""
 
     def describe(self, request_id: str, voice: str, model: str) -> None:
         self.request_id, self.voice, self.model = request_id, voice or "-", model or "-"
@@ -88,24 +98,31 @@ class RequestAccounting:
     def _log(self, outcome: str, end: float) -> None:
         ttfa = "-" if self.ttfa_s is None else f"{1e3 * self.ttfa_s:.1f}"
         access_log.info(
-            "request id=%s api=%s model=%s voice=%s outcome=%s ttfa_ms=%s duration_ms=%.1f audio_s=%.2f",
+            "request id=%s api=%s model=%s voice=%s outcome=%s ttfa_ms=%s duration_ms=%.1f audio_s=%.2f "
+            "code=%s",
             self.request_id, self.api, self.model, self.voice, outcome, ttfa, 1e3 * (end - self.arrival),
-            self.audio_s,
+            self.audio_s, self._code,
         )  # fmt: skip
 
     def _first_byte(self, t: float) -> None:
         self.first_audio = t
         metrics.TIME_TO_FIRST_AUDIO.labels(api=self.api).observe(self.ttfa_s or 0.0)
 
-    def finish(self, outcome: str, now: float | None = None) -> None:
+    def finish(self, outcome: str, now: float | None = None, *, code: str = "") -> None:
+        """The request ended with ``outcome`` (a ``voxstage_requests_total`` label) and status ``code`` (a
+        gRPC status name; by default the error being raised, if any, else one implied by the outcome)."""
         if self._done:
             return
         self._done = True
         t = time.monotonic() if now is None else now
+        if outcome == "cancelled" and self.deadline is not None and t >= self.deadline - DEADLINE_SLACK_S:
+            outcome = "deadline_exceeded"
         self._outcome = outcome
+        self._code = code or _code_of(outcome)
         metrics.REQUESTS.labels(outcome=outcome).inc()
         metrics.REQUEST_DURATION.labels(api=self.api).observe(t - self.arrival)
-        if not (self.whole_clip and self.audio_s > 0 and self.first_audio is None):
+        if outcome != "ok" or not (self.whole_clip and self.audio_s > 0 and self.first_audio is None):
+            # A failed whole clip is never sent, so its line cannot wait for clip_sent.
             self._log(outcome, t)  # else clip_sent logs it, with the clip's time to first audio
         if self.last_audio is None or self.audio_s <= 0:
             return
@@ -113,3 +130,16 @@ class RequestAccounting:
         metrics.REAL_TIME_FACTOR.observe((self.last_audio - start) / self.audio_s)
         metrics.AUDIO_UNDERRUN.observe(self.player.underrun_s)
         metrics.AUDIO_GENERATED.labels(stage="gateway").inc(self.audio_s)
+
+
+def _code_of(outcome: str) -> str:
+    if outcome in ("cancelled", "deadline_exceeded"):
+        return _CODES[outcome]
+    # finish() is called from the synthesis run's ``finally``, where the error on its way out is the only
+    # record of its exact status (outcome "invalid" covers INVALID_ARGUMENT, NOT_FOUND, ...).
+    exc = sys.exc_info()[1]
+    if isinstance(exc, GatewayError):
+        return exc.code.name
+    if isinstance(exc, asyncio.CancelledError | GeneratorExit):
+        return "CANCELLED"
+    return _CODES.get(outcome, "UNKNOWN" if exc is None else "INTERNAL")

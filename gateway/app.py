@@ -26,15 +26,20 @@ from typing import Any
 import grpc
 import uvicorn
 from google.protobuf.message import DecodeError
-from grpc_health.v1 import health_pb2
+from grpc_health.v1 import health, health_pb2
+from grpc_reflection.v1alpha import reflection
 
 from voxstage.config import DeployConfig
 from voxstage.gateway.auth import ApiKeyInterceptor, KeyCheck, PublicHttpGuard, load_api_keys, read_tls
+from voxstage.gateway.catalog import ModelInfo
 from voxstage.gateway.core import GatewayCore
 from voxstage.gateway.errors import GatewayError, abort, invalid
 from voxstage.gateway.grpc_api import SpeechServicer
 from voxstage.gateway.http_api import build_app
 from voxstage.gateway.http_limits import http_config
+from voxstage.gateway.reflection_v1 import SERVICE_NAME as REFLECTION_V1
+from voxstage.gateway.reflection_v1 import reflection_v1_binding
+from voxstage.gateway.voice_aliases import log_broken_aliases
 from voxstage.server import ServiceBinding, StageServer, start_stage_server
 from voxstage.v1 import speech_pb2
 
@@ -168,20 +173,26 @@ class GatewayServer:
         self._http_task: asyncio.Task[None] | None = None
         self.grpc_port = 0
         self.http_port = 0
+        self._aliases_checked: ModelInfo | None = None
 
     async def start(self) -> None:
         gw = self.core.config.gateway
         check = KeyCheck(load_api_keys(gw))  # read before anything binds: a bad setting fails fast
         tls = read_tls(gw)
-        binding = ServiceBinding(SPEECH_SERVICE, SpeechServicer(self.core), add_speech_servicer)
+        bindings = [ServiceBinding(SPEECH_SERVICE, SpeechServicer(self.core), add_speech_servicer)]
+        if gw.reflection:  # v1alpha comes with start_stage_server; v1 is ours (reflection_v1.py)
+            listed = (SPEECH_SERVICE, REFLECTION_V1, health.SERVICE_NAME, reflection.SERVICE_NAME)
+            bindings.append(reflection_v1_binding(listed))
         self.stage = await start_public_grpc(
-            [binding], host=self.host, port=self._grpc_port, check=check, tls=tls, reflection_on=gw.reflection
+            bindings, host=self.host, port=self._grpc_port, check=check, tls=tls, reflection_on=gw.reflection
         )
         self.grpc_port = self.stage.port
         self.core.on_readiness(self._set_health)
+        self.core.on_readiness(self._check_voice_aliases)
         await self.core.start()
         if self.core.ready:
             await self._set_health(True)
+            await self._check_voice_aliases(True)
         sock = socket.socket(socket.AF_INET6 if ":" in self.host else socket.AF_INET, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((self.host, self._http_port))
@@ -202,6 +213,13 @@ class GatewayServer:
             f"on: {len(check.keys)}" if check.enabled else "off",
             "on" if gw.reflection else "off", "public" if gw.public_metrics else "off",
         )  # fmt: skip
+
+    async def _check_voice_aliases(self, ready: bool) -> None:
+        # Once per model: the voices are only known when a talker has reported what it serves.
+        model = self.core.model
+        if ready and model is not None and model is not self._aliases_checked:
+            self._aliases_checked = model
+            log_broken_aliases(model, self.core.config.gateway.voice_aliases)
 
     async def _set_health(self, ready: bool) -> None:
         if self.stage is None or self.stage.draining:

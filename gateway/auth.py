@@ -22,6 +22,7 @@ from grpc_health.v1 import health
 
 from voxstage.config import GatewayConfig
 from voxstage.gateway.errors import openai_error
+from voxstage.stage_tls import GATEWAY_KEYS, LinkTls, LinkTlsError, load_link_tls
 
 log = logging.getLogger(__name__)
 
@@ -107,6 +108,16 @@ def read_tls(gw: GatewayConfig) -> tuple[bytes, bytes] | None:
         except OSError as exc:
             raise SecurityConfigError(f"gateway.{name}: cannot read {path}: {exc.strerror}") from None
     return pems[0], pems[1]
+
+
+def read_link_tls(gw: GatewayConfig) -> LinkTls | None:
+    """The gateway's end of the stage links (``gateway.link_*``), or None: plain gRPC to the stages."""
+    try:
+        return load_link_tls(
+            gw.link_ca_file, gw.link_cert_file, gw.link_key_file, gw.link_server_name, names=GATEWAY_KEYS
+        )
+    except LinkTlsError as exc:
+        raise SecurityConfigError(str(exc)) from None
 
 
 # -- HTTP / WebSocket ---------------------------------------------------------------------------------------

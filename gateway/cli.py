@@ -27,8 +27,13 @@ def _run(args: argparse.Namespace) -> int:
     )
     try:
         config = load_from_args(args.config, args)
-        codecs = parse_addresses(args.codec, flag="--codec")
-        talkers = parse_addresses(args.talker, flag="--talker")
+        gw = config.gateway
+        for flag, given, key in (("--codec", args.codec, "codec"), ("--talker", args.talker, "talker")):
+            if not given and not getattr(gw, f"{key}_addresses"):
+                raise ValueError(f"{flag}: required unless the deploy file sets gateway.{key}_addresses")
+        # The flags win over the file's gateway.codec_addresses / talker_addresses (serve passes them).
+        codecs = parse_addresses(args.codec or gw.codec_addresses or "", flag="--codec")
+        talkers = parse_addresses(args.talker or gw.talker_addresses or "", flag="--talker")
     except ConfigError as exc:
         for issue in exc.issues:
             print(issue, file=sys.stderr)
@@ -67,8 +72,17 @@ def add_gateway(subparsers: argparse._SubParsersAction) -> None:  # type: ignore
         "and talker replicas. Admission limits come from the deploy file's gateway section.",
     )
     parser.add_argument("--config", required=True, metavar="FILE", help="deploy YAML file")
-    parser.add_argument("--codec", required=True, metavar="HOST:PORT[,..]", help="codec replica addresses")
-    parser.add_argument("--talker", required=True, metavar="HOST:PORT[,..]", help="talker replica addresses")
+    parser.add_argument(
+        "--codec",
+        default=None,
+        metavar="HOST:PORT[,..]",
+        help="codec replica addresses; a name stands for every address it resolves to "
+        "(default: gateway.codec_addresses)",
+    )
+    parser.add_argument(
+        "--talker", default=None, metavar="HOST:PORT[,..]",
+        help="talker replica addresses, names as for --codec (default: gateway.talker_addresses)",
+    )  # fmt: skip
     parser.add_argument("--host", default=None, help="listen address (default: gateway.host)")
     parser.add_argument(
         "--grpc-port", type=int, default=None, help="public gRPC port (default: gateway.grpc_port)"

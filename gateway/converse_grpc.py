@@ -10,7 +10,9 @@ format, an event a full-duplex session does not take) is answered in-band with a
 the field, and the call goes on. What ends the session is a status: FAILED_PRECONDITION when the deployment
 does not converse, RESOURCE_EXHAUSTED beyond ``duplex_session.max_sessions`` or the stages' capacity,
 UNAVAILABLE, or the stage's failure. An idle timeout or the time limit ends it with a ``RealtimeError``
-saying which, ``response_done`` (INCOMPLETE) and status OK.
+saying which, ``response_done`` (INCOMPLETE) and status OK. A client that stops reading, so that a write
+waits ``gateway.duplex_send_timeout_s``, loses the session at once (its slots are freed) and gets
+DEADLINE_EXCEEDED naming the key once it reads again (``duplex_send``).
 
 Responses are written with ``context.write`` from two tasks (replies to client events, and the session's
 audio) under one lock; the session's next frame is taken only once the previous one is written, which is
@@ -37,6 +39,7 @@ from voxstage.duplex_audio import (
     format_of_encoding,
 )
 from voxstage.gateway.core import GatewayCore
+from voxstage.gateway.duplex_send import SendStalled, bounded_send, count_stalled, stalled_in
 from voxstage.gateway.duplex_session import AgentAudio, DuplexSession, Ended, Notice
 from voxstage.gateway.duplex_settings import GRPC_FIELDS, SessionSettings, SettingsUpdate
 from voxstage.gateway.errors import GatewayError, abort, invalid, openai_body
@@ -129,9 +132,10 @@ def _error(err: GatewayError, event_id: str = "") -> speech_pb2.RealtimeError:
 
 
 class Conversation:
-    def __init__(self, session: DuplexSession, context: Context) -> None:
+    def __init__(self, session: DuplexSession, context: Context, send_timeout_s: float) -> None:
         self.session = session
         self.context = context
+        self.send_timeout_s = send_timeout_s
         self._lock = asyncio.Lock()
         self._ids = itertools.count(1)
         self._response_id = ""
@@ -140,6 +144,10 @@ class Conversation:
         self.ended = False
 
     async def write(self, **event: Any) -> None:
+        await bounded_send(self._write(event), self.send_timeout_s)
+
+    async def _write(self, event: dict[str, Any]) -> None:
+        # The lock wait counts against the limit too: behind a stalled write, this one is as stuck.
         async with self._lock:
             await self.context.write(
                 speech_pb2.ConverseResponse(event_id=f"event_{next(self._ids)}", **event)
@@ -221,9 +229,10 @@ async def converse(
     except GatewayError as err:
         await abort(context, err)
         return
-    conv = Conversation(session, context)
+    conv = Conversation(session, context, core.config.gateway.duplex_send_timeout_s)
     tasks: list[asyncio.Task[Any]] = []
     end: Ended | None = None
+    stalled: SendStalled | None = None
     try:
         await conv.write(
             session_created=speech_pb2.SessionCreated(session=_session_proto(session.id, session.settings))
@@ -232,6 +241,9 @@ async def converse(
         pump = asyncio.create_task(conv.pump())
         tasks = [reader, pump]
         await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+        stalled = stalled_in(tasks)
+        if stalled is not None:
+            raise stalled
         if reader.done() and not pump.done():
             session.finish()  # half-close: a clean end once the buffered audio is out
         end = await pump
@@ -242,6 +254,8 @@ async def converse(
             # (grpc/grpc#36066); a client that half-closes on response.done (the SDK does) gets it cleanly.
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(asyncio.shield(reader), CLIENT_CLOSE_GRACE_S)
+    except SendStalled as exc:
+        stalled = exc
     finally:
         for task in tasks:
             task.cancel()
@@ -249,5 +263,11 @@ async def converse(
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
         await session.close()
+    if stalled is not None:
+        # The slots are free already; the status waits in the transport behind the unread audio.
+        count_stalled(session.id, "Converse", conv.send_timeout_s)
+        await abort(context, stalled.error)
+        return
+    assert end is not None
     if end.status == "failed" and end.error is not None:
         await abort(context, end.error)

@@ -9,6 +9,9 @@ disagree with its ``codec_ready`` / ``talker_ready`` (it used to be a snapshot r
 said "ok" next to ``codec_ready: false`` for that long after a codec died). While no codec (or no talker)
 is routable the gateway is not ready: ``/health`` answers 503 and gRPC health NOT_SERVING. The gRPC health
 follows the pools' change events at once, not on a timer.
+
+Stage addresses that are names are resolved here (gateway/discovery.py): once before the first probes,
+then in the background, so replicas come and go without a restart.
 """
 
 from __future__ import annotations
@@ -21,10 +24,13 @@ from pathlib import Path
 
 from voxstage.config import DeployConfig
 from voxstage.gateway.admission import Admission
+from voxstage.gateway.auth import read_link_tls
 from voxstage.gateway.catalog import ModelInfo, build_model_info
+from voxstage.gateway.discovery import Discovery
 from voxstage.gateway.routing import ReplicaPool, codec_status, talker_status
 from voxstage.gateway.sessions import SessionManager
 from voxstage.gateway.synthesis import Synthesizer
+from voxstage.resolver import Resolver, SystemResolver
 from voxstage.transport.shm_reader import ShmReader
 
 log = logging.getLogger(__name__)
@@ -41,11 +47,19 @@ class GatewayCore:
         *,
         model_dirs: Sequence[Path] = (),
         probe_interval_s: float = PROBE_INTERVAL_S,
+        resolver: Resolver | None = None,
     ) -> None:
         self.config = config
-        self.codecs = ReplicaPool("codec", codec_addresses, codec_status)
-        self.talkers = ReplicaPool("talker", talker_addresses, talker_status)
         gw = config.gateway
+        # A name among the addresses becomes its endpoints at start(): the pools start with the IPs only.
+        link = read_link_tls(gw)  # mTLS to the stages (gateway.link_*); a bad file fails the start here
+        self.codecs = ReplicaPool("codec", codec_addresses, codec_status, static_only=True, tls=link)
+        self.talkers = ReplicaPool("talker", talker_addresses, talker_status, static_only=True, tls=link)
+        resolver = resolver or SystemResolver.from_env()
+        self.discovery = [
+            Discovery(self.codecs, codec_addresses, resolver, gw.discovery_interval_s),
+            Discovery(self.talkers, talker_addresses, resolver, gw.discovery_interval_s),
+        ]
         self.admission = Admission(
             config.admission_limit, max_queue=gw.max_queue, queue_timeout_s=gw.queue_timeout_s
         )
@@ -72,12 +86,17 @@ class GatewayCore:
     # -- lifecycle --------------------------------------------------------------------------------------
 
     async def start(self) -> None:
+        discovering = [d for d in self.discovery if d.active]
+        if not discovering and "discovery_interval_s" in self.config.gateway.model_fields_set:
+            log.warning("gateway.discovery_interval_s has no effect: every stage address is an IP literal")
+        await asyncio.gather(*(d.resolve_now() for d in discovering))
         await asyncio.gather(self.codecs.probe_all(force=True), self.talkers.probe_all(force=True))
         await self._refresh()
         self._tasks = [
             asyncio.create_task(self.codecs.run(self.probe_interval_s)),
             asyncio.create_task(self.talkers.run(self.probe_interval_s)),
             asyncio.create_task(self._watch()),
+            *(asyncio.create_task(d.run()) for d in discovering),
         ]
 
     async def stop(self) -> None:

@@ -127,7 +127,12 @@ class DuplexSession:
                 reason="session_already_started",
             )
         self.settings = apply_update(
-            self.settings, update, self.manager.model, names, max_text_chars=self.limits.max_text_chars
+            self.settings,
+            update,
+            self.manager.model,
+            names,
+            max_text_chars=self.limits.max_text_chars,
+            voice_aliases=self.manager.config.gateway.voice_aliases,
         )
         return self.settings
 

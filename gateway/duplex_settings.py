@@ -8,6 +8,7 @@ An update is all or nothing: a refused one leaves the session as it was.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
 import grpc
@@ -19,6 +20,7 @@ from voxstage.duplex_audio import DEFAULT_FORMAT, DuplexFormat
 from voxstage.gateway.catalog import ModelInfo
 from voxstage.gateway.errors import GatewayError, invalid, not_found
 from voxstage.gateway.request import check_number, check_sampling, resolve_model
+from voxstage.gateway.voice_aliases import resolve_alias
 from voxstage.v1 import speech_pb2
 
 # Sampling fields a duplex session honours: the text stream's sampler (docs/protocol.md §11).
@@ -108,6 +110,7 @@ def apply_update(
     names: DuplexFields,
     *,
     max_text_chars: int,
+    voice_aliases: Mapping[str, str] | None = None,
 ) -> SessionSettings:
     """The settings after ``update``, or a GatewayError naming the first field at fault."""
     changes: dict[str, object] = {}
@@ -123,7 +126,7 @@ def apply_update(
             )
         changes["instructions"] = update.instructions
     if update.voice is not None:
-        changes["voice"] = _check_voice(update.voice, served, names.voice)
+        changes["voice"] = _check_voice(update.voice, served, names.voice, voice_aliases)
     if update.input_format is not None:
         changes["input_format"] = update.input_format
     if update.output_format is not None:
@@ -151,10 +154,12 @@ def apply_update(
     return replace(current, **changes)  # type: ignore[arg-type]
 
 
-def _check_voice(voice: str, served: ModelInfo | None, field_name: str) -> str:
+def _check_voice(
+    voice: str, served: ModelInfo | None, field_name: str, aliases: Mapping[str, str] | None
+) -> str:
     if not voice or served is None or not served.voices:
         return voice  # no list at the gateway: the talker judges the name (NOT_FOUND, relayed)
-    found = served.find_voice(voice)
+    found = served.find_voice(resolve_alias(voice, served, aliases, field_name))
     if found is None:
         known = ", ".join(v.name for v in served.voices)
         raise not_found(

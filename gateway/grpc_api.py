@@ -13,12 +13,14 @@ import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from typing import Any, TypeAlias
 
 import grpc
 import numpy as np
 from google.protobuf import duration_pb2
 
+from voxstage import formats
 from voxstage.audio import AudioError, AudioFormat, StreamingEncoder, encode_clip
 from voxstage.gateway.accounting import RequestAccounting
 from voxstage.gateway.catalog import ModelInfo
@@ -37,14 +39,8 @@ from voxstage.gateway.stream_watch import StreamWatch
 from voxstage.gateway.synthesis import FLUSH, AudioOut, Finished, InputItem, SegmentEnd, Started, whole_text
 from voxstage.v1 import speech_pb2, speech_pb2_grpc
 
-ENCODINGS: dict[speech_pb2.AudioEncoding, AudioFormat] = {
-    speech_pb2.AUDIO_ENCODING_PCM_S16LE: AudioFormat.PCM,
-    speech_pb2.AUDIO_ENCODING_PCM_F32LE: AudioFormat.PCM_F32,
-    speech_pb2.AUDIO_ENCODING_WAV: AudioFormat.WAV,
-    speech_pb2.AUDIO_ENCODING_MULAW: AudioFormat.MULAW,
-    speech_pb2.AUDIO_ENCODING_ALAW: AudioFormat.ALAW,
-    speech_pb2.AUDIO_ENCODING_OGG_OPUS: AudioFormat.OPUS,
-}
+# gRPC's spelling of the one format table (voxstage.formats), shared with HTTP, the SDK and the CLI.
+ENCODINGS: dict[int, AudioFormat] = {f.encoding: AudioFormat(f.name) for f in formats.FORMATS}
 Context: TypeAlias = grpc.aio.ServicerContext[Any, Any]
 log = logging.getLogger(__name__)
 
@@ -72,17 +68,23 @@ def _deadline(context: Context, limit: float | None = None) -> float | None:
     return limit if client is None else min(client, limit)
 
 
-def _summary(done: Finished) -> speech_pb2.SynthesisSummary:
+FINISH_REASONS = {
+    "end_of_speech": speech_pb2.FINISH_REASON_END_OF_SPEECH,
+    "max_frames": speech_pb2.FINISH_REASON_MAX_FRAMES,
+    "frame_cap": speech_pb2.FINISH_REASON_FRAME_CAP,
+}
+
+
+def _summary(done: Finished, ttfa_s: float | None = None) -> speech_pb2.SynthesisSummary:
+    """``ttfa_s`` overrides ``done.ttfa_s``, which a whole clip leaves unset (its first byte is its last)."""
     return speech_pb2.SynthesisSummary(
         request_id=done.request_id,
-        finish_reason=speech_pb2.FINISH_REASON_MAX_FRAMES
-        if done.max_frames_reached
-        else speech_pb2.FINISH_REASON_END_OF_SPEECH,
+        finish_reason=FINISH_REASONS[done.finish],
         segment_count=done.segments,
         sample_count=done.samples,
         frame_count=done.frames,
         audio_duration=_duration(done.audio_s),
-        time_to_first_audio=_duration(done.ttfa_s),
+        time_to_first_audio=_duration(done.ttfa_s if ttfa_s is None else ttfa_s),
         total_duration=_duration(done.total_s),
     )
 
@@ -99,10 +101,14 @@ class SpeechServicer(speech_pb2_grpc.SpeechServicer):
         if fmt is None:
             raise invalid("config.encoding", f"unknown encoding value {enc}")
         if streaming and not fmt.streamable:
+            usable = ", ".join(
+                f.encoding_name.removeprefix("AUDIO_ENCODING_") for f in formats.FORMATS if f.streams
+            )
             raise invalid(
                 "config.encoding",
-                f"{speech_pb2.AudioEncoding.Name(enc)} cannot be streamed; use PCM_S16LE, PCM_F32LE, WAV, "
-                "MULAW or ALAW, or call Synthesize for a whole Ogg/Opus clip",
+                f"{speech_pb2.AudioEncoding.Name(enc)} cannot be streamed; use {usable}, or call Synthesize "
+                "for a whole clip",
+                reason="unsupported_format",
             )
         raw = RawRequest(
             fmt=fmt,
@@ -121,14 +127,21 @@ class SpeechServicer(speech_pb2_grpc.SpeechServicer):
             steady_chunk_frames=config.chunk_schedule.steady_chunk_frames,
             non_streaming=config.non_streaming_mode,
         )
+        gw = self.core.config.gateway
         return await build_job(
-            raw, self.core.model, GRPC_FIELDS, max_text_chars=self.core.config.gateway.max_text_chars
+            raw,
+            self.core.model,
+            GRPC_FIELDS,
+            max_text_chars=gw.max_text_chars,
+            voice_aliases=gw.voice_aliases,
         )
 
     async def Synthesize(
         self, request: speech_pb2.SynthesizeRequest, context: Context
     ) -> speech_pb2.SynthesizeResponse:
         acct = RequestAccounting("grpc_synthesize", whole_clip=True)
+        acct.deadline = _deadline(context)
+        first_pcm: float | None = None
         try:
             if not request.HasField("config"):
                 raise invalid("config", "required (encoding at least)")
@@ -136,10 +149,12 @@ class SpeechServicer(speech_pb2_grpc.SpeechServicer):
             check_text(request.text, "text", self.core.config.gateway.max_text_chars)
             parts: list[np.ndarray] = []
             summary: Finished | None = None
-            run = self.core.synth.run(job, whole_text(request.text), acct, deadline=_deadline(context))
+            run = self.core.synth.run(job, whole_text(request.text), acct, deadline=acct.deadline)
             async with contextlib.aclosing(run) as events:
                 async for event in events:
                     if isinstance(event, AudioOut):
+                        if first_pcm is None and event.pcm.size:
+                            first_pcm = time.monotonic()
                         parts.append(event.pcm)
                     elif isinstance(event, Finished):
                         summary = event
@@ -150,23 +165,28 @@ class SpeechServicer(speech_pb2_grpc.SpeechServicer):
                 raise invalid("config.encoding", str(exc)) from None
         except Exception as exc:
             err = as_gateway_error(exc)
-            acct.finish(err.outcome)
+            acct.finish(err.outcome, code=err.code.name)
             await abort(context, err)
             raise AssertionError("unreachable") from None  # abort() raises
         acct.clip_sent()
         assert summary is not None
+        # The clip's first byte leaves with its last, so the summary reports when its first audio was ready
+        # at the gateway, from the same origin as the metric (work start, else arrival).
+        origin = acct.work_started if acct.work_started is not None else acct.arrival
+        ttfa = None if first_pcm is None else first_pcm - origin
         return speech_pb2.SynthesizeResponse(
             audio=audio,
             encoding=request.config.encoding,
             sample_rate_hz=job.sample_rate,
             channels=1,
-            summary=_summary(summary),
+            summary=_summary(summary, ttfa),
         )
 
     async def StreamingSynthesize(
         self, request_iterator: AsyncIterator[speech_pb2.StreamingSynthesizeRequest], context: Context
     ) -> AsyncIterator[speech_pb2.StreamingSynthesizeResponse]:
         acct = RequestAccounting("grpc_streaming")
+        acct.deadline = _deadline(context)
         gw = self.core.config.gateway
         try:
             try:
@@ -190,7 +210,7 @@ class SpeechServicer(speech_pb2_grpc.SpeechServicer):
             job = await self._job(first.config, streaming=True)
         except Exception as exc:
             err = as_gateway_error(exc)
-            acct.finish(err.outcome)
+            acct.finish(err.outcome, code=err.code.name)
             await abort(context, err)
             return
         encoder = StreamingEncoder(job.fmt, job.sample_rate)
@@ -199,18 +219,23 @@ class SpeechServicer(speech_pb2_grpc.SpeechServicer):
         watch = StreamWatch(gw.stream_idle_timeout_s, gw.max_stream_lifetime_s)
         inputs = watch.inputs(_inputs(request_iterator))
         run = self.core.synth.run(
-            job, inputs, acct, deadline=_deadline(context, watch.expires_at), watch=watch
+            job, inputs, acct, deadline=_deadline(context, watch.expires_at), watch=watch, text_deltas=True
         )
         guard = asyncio.create_task(watch.guard(run))
         finished = False
+        position = _Position()
         try:
             try:
                 async for event in run:
                     if watch.error is not None:
                         break  # expired while this event was on its way: write nothing more
-                    watch.writing()
-                    yield _response(event, job, first.config.encoding, encoder)
-                    if not await watch.written():
+                    taken = True
+                    for response in _responses(event, job, first.config.encoding, encoder, position):
+                        watch.writing()
+                        yield response
+                        if not (taken := await watch.written()):
+                            break
+                    if not taken:
                         break  # the watch ended the run while the client was not taking this response
                     finished = isinstance(event, Finished)
             finally:
@@ -295,19 +320,33 @@ async def _inputs(
             raise invalid("request", "empty message: set config, text or flush")
 
 
-def _response(
+@dataclass
+class _Position:
+    """Where the next audio chunk starts: after the last one, in the last segment."""
+
+    sample_offset: int = 0
+    segment_index: int = 0
+
+
+def _responses(
     event: Started | AudioOut | SegmentEnd | Finished,
     job: SynthesisJob,
     encoding: speech_pb2.AudioEncoding,
     encoder: StreamingEncoder,
-) -> speech_pb2.StreamingSynthesizeResponse:
+    position: _Position,
+) -> list[speech_pb2.StreamingSynthesizeResponse]:
+    """What one event becomes on the wire: nothing for audio an encoder still holds (MP3, Opus), and the
+    encoder's last bytes as one more audio chunk before the summary."""
     if isinstance(event, AudioOut):
+        position.sample_offset = event.sample_offset + event.pcm.size
+        position.segment_index = event.segment_index
+        data = encoder.encode(event.pcm)
+        if not data:
+            return []
         chunk = speech_pb2.AudioChunk(
-            data=encoder.encode(event.pcm),
-            sample_offset=event.sample_offset,
-            segment_index=event.segment_index,
+            data=data, sample_offset=event.sample_offset, segment_index=event.segment_index
         )
-        return speech_pb2.StreamingSynthesizeResponse(audio=chunk)
+        return [speech_pb2.StreamingSynthesizeResponse(audio=chunk)]
     if isinstance(event, Started):
         started = speech_pb2.StreamStarted(
             request_id=event.request_id,
@@ -317,13 +356,20 @@ def _response(
             model=event.model,
             voice=event.voice,
         )
-        return speech_pb2.StreamingSynthesizeResponse(started=started)
+        return [speech_pb2.StreamingSynthesizeResponse(started=started)]
     if isinstance(event, SegmentEnd):
         done = speech_pb2.SegmentDone(
             segment_index=event.index,
             sample_count=event.samples,
             time_to_first_audio=_duration(event.ttfa_s),
             duration=_duration(event.duration_s),
+            finish_reason=FINISH_REASONS[event.finish],
         )
-        return speech_pb2.StreamingSynthesizeResponse(segment_done=done)
-    return speech_pb2.StreamingSynthesizeResponse(summary=_summary(event))
+        return [speech_pb2.StreamingSynthesizeResponse(segment_done=done)]
+    out = []
+    if tail := encoder.close():
+        chunk = speech_pb2.AudioChunk(
+            data=tail, sample_offset=position.sample_offset, segment_index=position.segment_index
+        )
+        out.append(speech_pb2.StreamingSynthesizeResponse(audio=chunk))
+    return [*out, speech_pb2.StreamingSynthesizeResponse(summary=_summary(event))]

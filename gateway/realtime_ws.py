@@ -8,7 +8,9 @@ formats) is taken only before it. A bad event gets an ``error`` event and change
 and every other session go on. When the session ends (idle timeout, time limit, a stage failure), the
 client gets an ``error`` saying why, ``response.done``, and the socket is closed: 1000 after a clean end,
 1013 (try again later) when capacity ran out, 1008 for a session this deployment cannot serve, 1011 for a
-failure.
+failure. A client that stops reading, so that a send waits ``gateway.duplex_send_timeout_s``, loses the
+session at once (its slots are freed); it gets the ``error`` event (``session_send_timeout``) and close code
+1008 only if it reads again within ``NOTIFY_GRACE_S``, else the connection is dropped (``duplex_send``).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from starlette.websockets import WebSocketDisconnect
 
 from voxstage.duplex_audio import MAX_EVENT_BYTES, DuplexAudioError, decode_base64
 from voxstage.gateway.core import GatewayCore
+from voxstage.gateway.duplex_send import SendStalled, bounded_send, count_stalled, stalled_in
 from voxstage.gateway.duplex_session import AgentAudio, DuplexSession, Ended, Notice
 from voxstage.gateway.duplex_settings import WS_FIELDS
 from voxstage.gateway.errors import GatewayError, invalid
@@ -47,6 +50,10 @@ from voxstage.gateway.request import resolve_model
 log = logging.getLogger(__name__)
 
 CLOSE_NORMAL, CLOSE_POLICY, CLOSE_ERROR, CLOSE_TRY_LATER = 1000, 1008, 1011, 1013
+# After a stalled send, how long the client gets to take the error event and the close frame.
+NOTIFY_GRACE_S = 1.0
+# How a cancelled reader or writer may end; a stall is handled from ``stalled_in`` before they are awaited.
+_TASK_ENDINGS = (asyncio.CancelledError, WebSocketDisconnect, RuntimeError, SendStalled)
 _NULL_ONLY = {
     "turn_detection": "the full-duplex model takes turns by itself; leave it null",
     "transcription": "user audio is not transcribed; leave it null",
@@ -92,11 +99,16 @@ class RealtimeConnection:
         self._ids = itertools.count(1)
         self._tag = uuid.uuid4().hex[:12]
         self._response: tuple[str, str] | None = None  # (response_id, item_id) once the agent speaks
+        self.send_timeout_s = core.config.gateway.duplex_send_timeout_s
 
     async def send(self, event: dict[str, Any]) -> None:
         event["event_id"] = f"event_{self._tag}_{next(self._ids)}"
+        await bounded_send(self._send(json.dumps(event)), self.send_timeout_s)
+
+    async def _send(self, text: str) -> None:
+        # The lock wait counts against the limit too: behind a stalled send, this one is as stuck.
         async with self._send_lock:
-            await self.ws.send_text(json.dumps(event))
+            await self.ws.send_text(text)
 
     async def refuse(self, err: GatewayError, client_event_id: str | None = None) -> None:
         with contextlib.suppress(WebSocketDisconnect, RuntimeError):
@@ -120,15 +132,31 @@ class RealtimeConnection:
             reader = asyncio.create_task(self._read())
             writer = asyncio.create_task(self._write(session))
             await asyncio.wait({reader, writer}, return_when=asyncio.FIRST_COMPLETED)
+            stalled = stalled_in((reader, writer))
             for task in (reader, writer):
                 task.cancel()
             for task in (reader, writer):
-                with contextlib.suppress(asyncio.CancelledError, WebSocketDisconnect, RuntimeError):
+                with contextlib.suppress(*_TASK_ENDINGS):
                     await task
+            if stalled is not None:
+                await self._stalled(session, stalled)
+        except SendStalled as exc:  # session.created itself could not be sent
+            await self._stalled(session, exc)
         except (WebSocketDisconnect, RuntimeError):
             pass  # the client left while we wrote to it
         finally:
             await session.close()
+
+    async def _stalled(self, session: DuplexSession, stalled: SendStalled) -> None:
+        """Free the session first, then tell the client if its connection still takes anything."""
+        await session.close()
+        count_stalled(session.id, "/v1/realtime", self.send_timeout_s)
+        event = error_json(stalled.error, None)
+        event["event_id"] = f"event_{self._tag}_{next(self._ids)}"
+        with contextlib.suppress(TimeoutError, WebSocketDisconnect, RuntimeError):
+            async with asyncio.timeout(NOTIFY_GRACE_S):
+                await self.ws.send_text(json.dumps(event))
+                await self.ws.close(CLOSE_POLICY, stalled.error.reason)
 
     # -- client -> gateway ------------------------------------------------------------------------------
 

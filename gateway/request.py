@@ -17,10 +17,11 @@ from dataclasses import dataclass, field
 import grpc
 import numpy as np
 
-from voxstage import limits
-from voxstage.audio import OPUS_RATES, AudioError, AudioFormat, audio_from_base64, decode_audio
+from voxstage import formats, limits
+from voxstage.audio import AudioError, AudioFormat, audio_from_base64, decode_audio
 from voxstage.gateway.catalog import AUTO_LANGUAGE, ModelInfo
 from voxstage.gateway.errors import GatewayError, invalid, not_found
+from voxstage.gateway.voice_aliases import resolve_alias
 from voxstage.v1 import speech_pb2
 
 _SAMPLED = (limits.TEMPERATURE, limits.TOP_K, limits.TOP_P, limits.REPETITION_PENALTY, limits.MAX_FRAMES)
@@ -198,11 +199,14 @@ def resolve_model(name: str, served: ModelInfo | None, field_name: str) -> Model
     )
 
 
-def _resolve_voice(raw: RawRequest, model: ModelInfo, names: FieldNames) -> str:
+def _resolve_voice(
+    raw: RawRequest, model: ModelInfo, names: FieldNames, aliases: Mapping[str, str] | None
+) -> str:
     if not raw.voice:
         return model.default_voice
     if model.voices is None:
         return raw.voice  # unknown list: the talker judges it
+    voice = resolve_alias(raw.voice, model, aliases, names.voice)
     if not model.voices:
         raise invalid(
             names.voice,
@@ -210,7 +214,7 @@ def _resolve_voice(raw: RawRequest, model: ModelInfo, names: FieldNames) -> str:
             f"leave it empty{' and send ' + names.ref_audio if model.variant == 'base' else ''}",
             reason="voice_not_supported",
         )
-    found = model.find_voice(raw.voice)
+    found = model.find_voice(voice)
     if found is None:
         known = ", ".join(v.name for v in model.voices)
         raise not_found(
@@ -224,31 +228,38 @@ def _resolve_voice(raw: RawRequest, model: ModelInfo, names: FieldNames) -> str:
 def _check_output(raw: RawRequest, model: ModelInfo, names: FieldNames) -> int:
     if (why := limits.SAMPLE_RATE.problem(raw.sample_rate)) is not None:
         raise invalid(names.sample_rate, why, reason="bad_sample_rate")
-    rate = raw.sample_rate or model.sample_rate_hz
-    if raw.fmt is AudioFormat.OPUS and raw.sample_rate == 0 and rate not in OPUS_RATES:
-        rate = 48_000  # Opus has no 44.1 kHz mode: a native rate it lacks is resampled to its full band
-    if raw.fmt is AudioFormat.OPUS and rate not in OPUS_RATES:
-        raise invalid(
-            names.sample_rate,
-            f"opus supports {', '.join(map(str, OPUS_RATES))} Hz, not {rate}",
-            reason="bad_sample_rate",
-        )
+    # A native rate the encoder lacks (Opus has no 44.1 kHz) is resampled to its fallback; an asked-for one
+    # it lacks is refused, naming the field.
+    rate = formats.output_rate(raw.fmt.spec, raw.sample_rate, model.sample_rate_hz)
+    if (why := formats.rate_problem(raw.fmt.spec, rate)) is not None:
+        raise invalid(names.sample_rate, why, reason="bad_sample_rate")
     return rate
 
 
 async def build_job(
-    raw: RawRequest, served: ModelInfo | None, names: FieldNames, *, max_text_chars: int
+    raw: RawRequest,
+    served: ModelInfo | None,
+    names: FieldNames,
+    *,
+    max_text_chars: int,
+    voice_aliases: Mapping[str, str] | None = None,
 ) -> SynthesisJob:
     """Every check, the cheap ones first; the reference clip (if any) is decoded last, in a worker thread,
-    and only when nothing else is wrong with the request."""
-    job = _check_job(raw, served, names, max_text_chars=max_text_chars)
+    and only when nothing else is wrong with the request. ``voice_aliases`` is ``gateway.voice_aliases``
+    (None: the family's built-in table)."""
+    job = _check_job(raw, served, names, max_text_chars=max_text_chars, voice_aliases=voice_aliases)
     if raw.reference is not None:
         job.reference = await decode_reference(raw.reference)
     return job
 
 
 def _check_job(
-    raw: RawRequest, served: ModelInfo | None, names: FieldNames, *, max_text_chars: int
+    raw: RawRequest,
+    served: ModelInfo | None,
+    names: FieldNames,
+    *,
+    max_text_chars: int,
+    voice_aliases: Mapping[str, str] | None,
 ) -> SynthesisJob:
     model = resolve_model(raw.model, served, names.model)
     if model.duplex_only:
@@ -259,7 +270,7 @@ def _check_job(
             field=names.model,
             reason="tts_not_supported",
         )
-    voice = _resolve_voice(raw, model, names)
+    voice = _resolve_voice(raw, model, names, voice_aliases)
     language = ""
     if raw.language:
         resolved = model.resolve_language(raw.language)

@@ -1,4 +1,4 @@
-"""Stage replicas from static address lists: least-loaded choice, evidence-based health, fast re-probes.
+"""Stage replicas: least-loaded choice, evidence-based health, fast re-probes, membership that can change.
 
 A request picks the replica with the fewest streams this gateway holds on it (ties broken by the stage's
 own last reported ``active_streams + queue_depth``, then round-robin). When every replica of a stage is
@@ -15,6 +15,10 @@ drops its connection and the channel leaves READY at once, which triggers a prob
 next interval. A down replica is re-probed every ``DOWN_PROBE_S`` (not on a growing back-off), and the
 channels' own reconnect back-off is capped at 0.25 s (gRPC's default grows to 120 s and hid a restarted
 stage for 17-31 s), so a stage that comes back is routable again within about a second.
+
+Membership may change while requests run (gateway/discovery.py keeps it equal to what the configured names
+resolve to): a new replica is added and probed; one that left is *draining*: it takes no new work, the
+streams already on it keep their channel until they end, and it is dropped when the last one has.
 """
 
 from __future__ import annotations
@@ -31,9 +35,12 @@ from typing import Any, TypeVar
 
 import grpc
 
+from voxstage.gateway.discovery import parse_addresses as parse_addresses  # where the CLI finds it
 from voxstage.gateway.errors import GatewayError
 from voxstage.internal.v1 import stage_pb2, stage_pb2_grpc
+from voxstage.resolver import is_ip_literal, split_host_port
 from voxstage.server import CHANNEL_OPTIONS
+from voxstage.stage_tls import LinkTls, aio_channel
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +74,8 @@ class Replica:
     failures: int = 0  # consecutive failed probes / transport failures (diagnostic)
     probed_at: float = 0.0
     probe_now: bool = False  # a per-stream error or a connectivity change asks for a probe at once
+    source: str = ""  # the configured address this replica came from (the name, for a discovered one)
+    draining: bool = False  # gone from its name's resolution: no new work, in-flight streams finish
     _order: int = field(default=0, repr=False)
 
     @property
@@ -86,20 +95,6 @@ StatusFn = Callable[[Replica], Awaitable[stage_pb2.StageStatus]]
 T = TypeVar("T")
 
 
-def parse_addresses(spec: str, *, flag: str) -> list[str]:
-    """``host:port[,host:port...]`` -> list; a malformed entry is a usage error naming the flag."""
-    out: list[str] = []
-    for raw in spec.split(","):
-        addr = raw.strip()
-        host, sep, port = addr.rpartition(":")
-        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-            raise ValueError(f"{flag}: {raw!r} is not host:port")
-        out.append(addr)
-    if len(set(out)) != len(out):
-        raise ValueError(f"{flag}: duplicate address in {spec!r}")
-    return out
-
-
 async def codec_status(replica: Replica) -> stage_pb2.StageStatus:
     reply = await replica.codec_stub.Status(stage_pb2.CodecStatusRequest(), timeout=STATUS_TIMEOUT_S)
     return reply.status
@@ -111,34 +106,101 @@ async def talker_status(replica: Replica) -> stage_pb2.StageStatus:
 
 
 class ReplicaPool:
-    def __init__(self, stage: str, addresses: Sequence[str], status_fn: StatusFn) -> None:
+    def __init__(
+        self, stage: str, addresses: Sequence[str], status_fn: StatusFn, *, static_only: bool = False,
+        tls: LinkTls | None = None,
+    ) -> None:  # fmt: skip
+        """``static_only``: take only the IP literals now; discovery adds what the names resolve to.
+        ``tls``: mutual TLS on every replica's channel (``gateway.link_*``); None dials plain gRPC."""
         if not addresses:
             raise ValueError(f"{stage}: at least one replica address is needed")
         self.stage = stage
+        self.tls = tls
         self._status_fn = status_fn
-        self.replicas = [
-            Replica(stage, addr, grpc.aio.insecure_channel(addr, options=REPLICA_CHANNEL_OPTIONS), _order=i)
-            for i, addr in enumerate(addresses)
-        ]
+        self.replicas: list[Replica] = []
         self._rr = itertools.count()
         self._wake = asyncio.Event()  # wakes the probe loop: a replica needs a probe sooner than planned
         self._listeners: list[Callable[[], None]] = []
+        # Called when routing meets a failure that fresh name resolution might fix (discovery.py).
+        self.on_failure: Callable[[], None] = lambda: None
+        self.resolve_errors: dict[str, str] = {}  # configured name -> why it does not resolve now
+        for addr in addresses:
+            if not static_only or is_ip_literal(split_host_port(addr)[0]):
+                self.add(addr, source=addr, quiet=True)
+
+    # -- membership -------------------------------------------------------------------------------------
+
+    def find(self, address: str) -> Replica | None:
+        return next((r for r in self.replicas if r.address == address), None)
+
+    def add(self, address: str, *, source: str, quiet: bool = False) -> Replica:
+        """A new replica, unprobed (tried rather than refused until its first Status); or a draining one
+        that is back in its name's resolution."""
+        replica = self.find(address)
+        if replica is not None:
+            if replica.draining:
+                log.info("%s %s is back in %s: routable again", self.stage, address, source)
+                replica.draining = False
+                self._changed()
+            return replica
+        channel = aio_channel(address, REPLICA_CHANNEL_OPTIONS, self.tls)
+        replica = Replica(self.stage, address, channel, source=source, _order=len(self.replicas))
+        self.replicas.append(replica)
+        if not quiet:
+            replica.probe_now = True
+            log.info("%s %s added (from %s)", self.stage, address, source)
+            self._changed()
+        return replica
+
+    def drain(self, replica: Replica) -> None:
+        """``replica`` left its name's resolution: route nothing new to it, let its streams finish."""
+        if not replica.draining:
+            replica.draining = True
+            log.info(
+                "%s %s is gone from %s: draining (%d stream(s) in flight finish there)",
+                self.stage,
+                replica.address,
+                replica.source,
+                replica.in_flight,
+            )
+            self._changed()
+        self.reap_drained()
+
+    def reap_drained(self) -> None:
+        """Drop draining replicas that hold no stream any more (their channel is closed)."""
+        gone = [r for r in self.replicas if r.draining and r.in_flight <= 0]
+        if not gone:
+            return
+        self.replicas = [r for r in self.replicas if r not in gone]
+        for i, replica in enumerate(self.replicas):
+            replica._order = i
+        for replica in gone:
+            log.info("%s %s drained and removed", self.stage, replica.address)
+            task = asyncio.ensure_future(replica.channel.close())
+            task.add_done_callback(lambda t: t.cancelled() or t.exception())
+        self._changed()
 
     # -- choice -----------------------------------------------------------------------------------------
 
     def candidates(self) -> list[Replica]:
-        return [r for r in self.replicas if not r.down]
+        return [r for r in self.replicas if not r.down and not r.draining]
 
     def pick(self, exclude: Sequence[Replica] = ()) -> Replica:
         live = [r for r in self.candidates() if r not in exclude]
         if not live:
+            self.on_failure()  # a name may have new endpoints by now
             raise self.unavailable()
         turn = next(self._rr)
-        n = len(self.replicas)
+        n = max(len(self.replicas), 1)
         return min(live, key=lambda r: (r.in_flight, r.reported_load, (r._order - turn) % n))
 
     def unavailable(self) -> GatewayError:
-        why = "; ".join(f"{r.address}: {r.down_reason or 'down'}" for r in self.replicas)
+        why = "; ".join(
+            [
+                *(f"{r.address}: {r.down_reason or 'down'}" for r in self.replicas if not r.draining),
+                *(f"{name}: {err}" for name, err in self.resolve_errors.items()),
+            ]
+        )
         return GatewayError(
             grpc.StatusCode.UNAVAILABLE,
             f"no {self.stage} replica is available ({why})",
@@ -159,8 +221,8 @@ class ReplicaPool:
 
     def ready_status(self) -> stage_pb2.StageStatus | None:
         """The status of some ready replica (replicas of one stage serve the same model)."""
-        for r in self.replicas:
-            if not r.down and r.status is not None and r.status.ready:
+        for r in self.candidates():
+            if r.status is not None and r.status.ready:
                 return r.status
         return None
 
@@ -190,6 +252,7 @@ class ReplicaPool:
                 DOWN_PROBE_S,
             )
             self._changed()
+            self.on_failure()  # a replica replaced under its name shows up in a fresh resolution
 
     def suspect(self, replica: Replica, reason: str) -> None:
         """One stream on ``replica`` failed in a way that says nothing about the replica (INTERNAL, ...):
@@ -238,20 +301,19 @@ class ReplicaPool:
         replica at once when a stream on it failed or its channel left READY. Each probe runs on its own,
         so a replica that hangs for the whole ``STATUS_TIMEOUT_S`` does not hold the others' probes back."""
         watcher = asyncio.create_task(self._watch_channels())
-        probing: dict[int, asyncio.Task[None]] = {}  # replica index -> its probe in flight
+        probing: dict[int, asyncio.Task[None]] = {}  # id(replica) -> its probe in flight
         try:
             while True:
                 self._wake.clear()
                 now = time.monotonic()
-                for i, replica in enumerate(self.replicas):
-                    if i not in probing and self._next_probe(replica, interval_s) <= now:
-                        probing[i] = asyncio.create_task(self.probe(replica))
-                        probing[i].add_done_callback(functools.partial(self._probe_done, probing, i))
-                waits = [
-                    self._next_probe(r, interval_s) - now
-                    for i, r in enumerate(self.replicas)
-                    if i not in probing
-                ]
+                for replica in list(self.replicas):
+                    key = id(replica)
+                    if key not in probing and self._next_probe(replica, interval_s) <= now:
+                        probing[key] = asyncio.create_task(self.probe(replica))
+                        probing[key].add_done_callback(
+                            functools.partial(self._probe_done, probing, key, replica)
+                        )
+                waits = [self._next_probe(r, interval_s) - now for r in self.replicas if id(r) not in probing]
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(
                         self._wake.wait(), timeout=max(min(waits, default=interval_s), 0.01)
@@ -263,11 +325,11 @@ class ReplicaPool:
             await asyncio.gather(watcher, *probing.values(), return_exceptions=True)
 
     def _probe_done(
-        self, probing: dict[int, asyncio.Task[None]], index: int, task: asyncio.Task[None]
+        self, probing: dict[int, asyncio.Task[None]], key: int, replica: Replica, task: asyncio.Task[None]
     ) -> None:
-        probing.pop(index, None)
+        probing.pop(key, None)
         if not task.cancelled() and (exc := task.exception()) is not None:
-            log.error("%s %s: probe raised %r", self.stage, self.replicas[index].address, exc)
+            log.error("%s %s: probe raised %r", self.stage, replica.address, exc)
         self._wake.set()  # schedule this replica's next probe
 
     async def _watch_channels(self) -> None:
@@ -277,16 +339,19 @@ class ReplicaPool:
 
         The state is polled (``get_state`` is a cheap local read) rather than awaited with
         ``wait_for_state_change``: cancelling that wait leaves its watch pending inside gRPC, which then
-        completes into an event loop that may be gone."""
-        states = [r.channel.get_state() for r in self.replicas]
+        completes into an event loop that may be gone. The same poll drops draining replicas whose last
+        stream has ended (callers give ``in_flight`` back directly)."""
+        states: dict[int, grpc.ChannelConnectivity] = {}
         while True:
-            await asyncio.sleep(WATCH_POLL_S)
-            for i, replica in enumerate(self.replicas):
+            for replica in self.replicas:
                 new = replica.channel.get_state()
-                if states[i] is _READY and new is not _READY:
+                if states.get(id(replica)) is _READY and new is not _READY:
                     replica.probe_now = True
                     self._wake.set()
-                states[i] = new
+                states[id(replica)] = new
+            self.reap_drained()
+            states = {id(r): states[id(r)] for r in self.replicas if id(r) in states}
+            await asyncio.sleep(WATCH_POLL_S)
 
     async def close(self) -> None:
         await asyncio.gather(*(r.channel.close() for r in self.replicas))

@@ -65,18 +65,27 @@ class AudioOut:
     segment_index: int
 
 
+# Why a segment's take ended, by the stage's EndReason: the public faces name these (FinishReason).
+FINISHES = {
+    stage_pb2.END_REASON_EOS: "end_of_speech",
+    stage_pb2.END_REASON_MAX_FRAMES: "max_frames",
+    stage_pb2.END_REASON_FRAME_CAP: "frame_cap",
+}
+
+
 @dataclass(frozen=True)
 class SegmentEnd:
     index: int
     samples: int
     ttfa_s: float
     duration_s: float
+    finish: str = "end_of_speech"
 
 
 @dataclass(frozen=True)
 class Finished:
     request_id: str
-    max_frames_reached: bool
+    finish: str  # "end_of_speech" if every segment ended so, else the last other segment's FINISHES value
     segments: int
     samples: int
     frames: int
@@ -91,7 +100,7 @@ Event = Started | AudioOut | SegmentEnd | Finished
 class RunWatch(Protocol):
     """A face's own clocks over one run (``stream_watch.StreamWatch``): it is handed the codec stream once
     open, so that it can fail it, and told of each segment the codec finished, which may start its idle clock
-    (the ``SegmentEnd`` event comes later: it waits for the next audio or the end)."""
+    (the face's ``SegmentEnd`` event follows at once)."""
 
     def attach(self, stream: CodecStream) -> None: ...
 
@@ -134,13 +143,17 @@ class Synthesizer:
         deadline: float | None = None,
         text_field: str = "text",
         watch: RunWatch | None = None,
+        text_deltas: bool = False,
     ) -> AsyncGenerator[Event, None]:
+        """``text_deltas``: ``inputs`` are a client's deltas (the talker may start a segment early)."""
         outcome = "error"
         acct.describe(job.request_id, job.voice, job.model.name)
         try:
             async with (
                 self.admission.slot(_remaining(deadline)),
-                contextlib.aclosing(self._admitted(job, inputs, acct, deadline, text_field, watch)) as events,
+                contextlib.aclosing(
+                    self._admitted(job, inputs, acct, deadline, text_field, watch, text_deltas)
+                ) as events,
             ):
                 async for event in events:
                     yield event
@@ -169,7 +182,7 @@ class Synthesizer:
         return initial + 2 * steady, steady
 
     def _open_msg(
-        self, job: SynthesisJob, codec: Replica, talker: Replica
+        self, job: SynthesisJob, codec: Replica, talker: Replica, text_deltas: bool = False
     ) -> tuple[stage_pb2.StreamOpen, int]:
         status = codec.status
         assert status is not None
@@ -186,6 +199,7 @@ class Synthesizer:
             sampling=job.sampling,
             subtalker_sampling=job.subtalker,
             non_streaming_mode=job.non_streaming,
+            text_deltas=text_deltas,
             chunk_schedule=stage_pb2.ChunkSchedule(
                 initial_chunk_frames=job.initial_chunk_frames, steady_chunk_frames=job.steady_chunk_frames
             ),
@@ -207,10 +221,10 @@ class Synthesizer:
         return msg, smallest * samples_per_frame
 
     async def _open(
-        self, job: SynthesisJob, deadline: float | None
+        self, job: SynthesisJob, deadline: float | None, text_deltas: bool = False
     ) -> tuple[Replica, Replica, CodecStream, stage_pb2.StreamOpened]:
         async def attempt(codec: Replica, talker: Replica) -> tuple[CodecStream, stage_pb2.StreamOpened]:
-            msg, min_chunk = self._open_msg(job, codec, talker)
+            msg, min_chunk = self._open_msg(job, codec, talker, text_deltas)
             rate = codec.status.frame_rate_hz if codec.status is not None else 0.0
             stream = CodecStream(
                 self.codecs,
@@ -274,8 +288,9 @@ class Synthesizer:
         deadline: float | None,
         text_field: str,
         watch: RunWatch | None = None,
+        text_deltas: bool = False,
     ) -> AsyncGenerator[Event, None]:
-        codec, talker, stream, opened = await self._open(job, deadline)
+        codec, talker, stream, opened = await self._open(job, deadline, text_deltas)
         if watch is not None:
             watch.attach(stream)
         segment_starts: list[float] = []
@@ -305,61 +320,68 @@ class Synthesizer:
         watch: RunWatch | None = None,
     ) -> AsyncGenerator[Event, None]:
         rate = job.sample_rate
-        resampler = StreamingResampler(opened.sample_rate_hz or rate, rate)
+        native = opened.sample_rate_hz or rate
+        resampler = StreamingResampler(native, rate)
         offset = 0
         segment = 0
         seg_samples: dict[int, int] = {}
         seg_first: dict[int, float] = {}
-        held: stage_pb2.SegmentDone | None = None  # released once no more audio can belong to it
+        segments_done = 0
+        finish = "end_of_speech"
+
+        def heard(out: np.ndarray, seg: int) -> None:
+            """``out`` of segment ``seg`` went out (the face asked for more): it counts as heard now."""
+            nonlocal offset
+            now = time.monotonic()
+            first_of_segment = seg not in seg_first
+            seg_first.setdefault(seg, now)
+            acct.on_audio_sent(out.size / rate, segment_start=first_of_segment and seg > 0, now=now)
+            offset += out.size
+            seg_samples[seg] = seg_samples.get(seg, 0) + out.size
 
         def segment_end(done: stage_pb2.SegmentDone) -> SegmentEnd:
             i = done.segment_index
             start = segment_starts[i] if i < len(segment_starts) else acct.arrival
             now = time.monotonic()
-            return SegmentEnd(i, seg_samples.get(i, 0), seg_first.get(i, now) - start, now - start)
+            finish = FINISHES.get(done.reason, "end_of_speech")
+            return SegmentEnd(i, seg_samples.get(i, 0), seg_first.get(i, now) - start, now - start, finish)
 
         while True:
             event = await stream.next_event()
             if isinstance(event, Pcm):
-                if held is not None:
-                    yield segment_end(held)
-                    held = None
-                pcm = _to_float(event)
                 segment = event.segment_index
-                out = resampler.process(pcm)
+                out = resampler.process(_to_float(event))
                 if out.size:
-                    first_of_segment = segment not in seg_first
                     yield AudioOut(out, offset, segment)
-                    now = time.monotonic()
-                    seg_first.setdefault(segment, now)
-                    acct.on_audio_sent(
-                        out.size / rate, segment_start=first_of_segment and segment > 0, now=now
-                    )
-                    offset += out.size
-                    seg_samples[segment] = seg_samples.get(segment, 0) + out.size
+                    heard(out, segment)
                 await stream.grant(event.sample_count)
             elif isinstance(event, stage_pb2.SegmentDone):
+                # The codec sends it after the segment's last PCM: flush what the resampler still holds of
+                # the segment and report it now (the next take starts a fresh resampler: a new take is a new
+                # utterance, so nothing carries across the seam).
+                tail = resampler.process(np.zeros(0, np.float32), last=True)
+                if tail.size:
+                    yield AudioOut(tail, offset, event.segment_index)
+                    heard(tail, event.segment_index)
+                resampler = StreamingResampler(native, rate)
+                segments_done += 1
+                if event.reason not in (stage_pb2.END_REASON_UNSPECIFIED, stage_pb2.END_REASON_EOS):
+                    finish = FINISHES.get(event.reason, finish)
                 if watch is not None:
                     watch.segment_done()
-                if held is not None:
-                    yield segment_end(held)
-                held = event
+                yield segment_end(event)
             else:
-                if event.reason not in (stage_pb2.END_REASON_EOS, stage_pb2.END_REASON_MAX_FRAMES):
+                if event.reason not in FINISHES:
                     raise stream.error_of(event)
                 tail = resampler.process(np.zeros(0, np.float32), last=True)
                 if tail.size:
                     yield AudioOut(tail, offset, segment)
-                    acct.on_audio_sent(tail.size / rate)
-                    offset += tail.size
-                    seg_samples[segment] = seg_samples.get(segment, 0) + tail.size
-                if held is not None:
-                    yield segment_end(held)
+                    heard(tail, segment)
                 now = time.monotonic()
                 yield Finished(
                     request_id=job.request_id,
-                    max_frames_reached=event.reason == stage_pb2.END_REASON_MAX_FRAMES,
-                    segments=max(len(segment_starts), len(seg_samples)),
+                    finish=finish,
+                    segments=segments_done,
                     samples=offset,
                     frames=event.frame_count,
                     audio_s=offset / rate,

@@ -108,6 +108,9 @@ class DuplexTalkerRelay(TalkerRelay):
         token = int(np.frombuffer(f.text_tokens, "<i4")[0])
         self.stream.agent_frame(AgentFrame(f.first_frame, codes[0], token, f.transcript_delta, f.user_frame))
 
+    async def _segment_done(self, done: S.SegmentDone) -> None:
+        """A session is one take: its only segment_done arrives with the terminal."""
+
     def _on_other(self, resp: S.TalkerStreamResponse) -> None:
         kind = resp.WhichOneof("response")
         if kind == "credit":

@@ -115,7 +115,7 @@ class DuplexCodecStream(CodecStageStream):
         srv, rt = self.srv, self.rt
         self._admit(op, srv, model=rt.model, family=rt.family, duplex=True)
         params = check_open(op, native_rate=rt.sample_rate, samples_per_frame=rt.samples_per_frame)
-        srv.pool.check(op.talker_address)  # --allowed-talkers: refused before a session slot is taken
+        await srv.pool.check(op.talker_address)  # --allowed-talkers: refused before a session slot is taken
         self.fmt, self.rate = params.pcm_format, params.sample_rate
         if self.rate != rt.sample_rate:
             self.resampler = StreamingResampler(rt.sample_rate, self.rate)

@@ -12,6 +12,12 @@ Chunk schedule (deploy file, ``voxstage.chunking``): the first chunk goes out on
 of stream. When the talker runs ahead (the usual case), every whole chunk that is ready decodes in one go so
 the codec never falls behind its producer.
 
+Segments: ``end_segment`` marks where a stream's take ended (docs/api.md "Segments"). Decodes never cross
+the mark, the frames before it go out even if they are not a whole chunk, the output that reaches it says
+``segment_end``, and the chunk schedule starts afresh after it. The decoder's state runs on across the mark:
+the next take's audio continues from the previous one's (no re-warm, no click at the seam), so a segment is
+not bit-identical to the same take decoded alone.
+
 Overlap+crop (``left_context > 0``, the deploy file's ``codec_decode: overlap_crop``): instead of carrying
 state, each chunk is decoded from a reset slot behind up to ``left_context`` of the stream's earlier frames,
 whose audio is cropped. It is what vllm-omni does, only approximate unless the context covers the decoder's
@@ -21,6 +27,7 @@ receptive field, and kept as a documented alternative (docs/models.md gives its 
 from __future__ import annotations
 
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -85,6 +92,7 @@ class CodecOutput:
     sample_offset: int
     final: bool
     frames: int
+    segment_end: bool = False  # this output holds the last frames before an ``end_segment`` mark
 
 
 @dataclass
@@ -95,6 +103,9 @@ class _Stream:
     pending: list[np.ndarray] = field(default_factory=list)
     pending_frames: int = 0
     emitted_frames: int = 0
+    received: int = 0  # frames pushed (reference prefix excluded)
+    segment_emitted: int = 0  # frames decoded since the last segment mark: where the chunk schedule stands
+    marks: deque[int] = field(default_factory=deque)  # `received` counts at which segments end
     prefix_frames: int = 0  # decoded for state only (voice-clone reference codes); their audio is dropped
     history: np.ndarray | None = None  # overlap+crop: the last left_context frames, decoded again each chunk
     sample_offset: int = 0
@@ -191,6 +202,14 @@ class CodecEngine:
         if codes.shape[0]:
             stream.pending.append(codes.astype(np.int64, copy=False))
             stream.pending_frames += codes.shape[0]
+            stream.received += codes.shape[0]
+
+    def end_segment(self, stream_id: str) -> None:
+        """The frames pushed so far end a segment: decode them now, whole chunk or not."""
+        stream = self._get(stream_id)
+        if stream.ended:
+            raise ValueError(f"stream {stream_id!r} already ended")
+        stream.marks.append(stream.received)
 
     def finish(self, stream_id: str) -> None:
         self._get(stream_id).ended = True
@@ -204,7 +223,9 @@ class CodecEngine:
 
     # -- introspection ----------------------------------------------------------------------------------
     def has_work(self) -> bool:
-        return any(self._ready_frames(s) or self._drained(s) for s in self._streams.values())
+        return any(
+            self._ready_frames(s) or self._drained(s) or self._mark_due(s) for s in self._streams.values()
+        )
 
     def active(self) -> int:
         return len(self._streams)
@@ -218,6 +239,15 @@ class CodecEngine:
     # -- the tick -----------------------------------------------------------------------------------------
     def step(self) -> list[CodecOutput]:
         outputs: list[CodecOutput] = []
+        # A segment whose frames all went out already (or that had none) still owes its end marker.
+        for stream in [s for s in self._streams.values() if self._mark_due(s)]:
+            self._pass_mark(stream)
+            final = self._drained(stream)
+            outputs.append(
+                CodecOutput(stream.stream_id, np.zeros(0, np.float32), stream.sample_offset, final, 0, True)
+            )
+            if final:
+                self._release(self._streams.pop(stream.stream_id))
         # An input that ended exactly on a chunk boundary still owes its consumer a terminal message.
         for stream in [s for s in self._streams.values() if self._drained(s)]:
             outputs.append(
@@ -284,11 +314,15 @@ class CodecEngine:
                 stream.prefix_frames -= drop
                 pcm = pcm[drop * self.spf :]
             real = n - drop
-            final = stream.ended and stream.pending_frames == 0
-            if real or final:
-                outputs.append(CodecOutput(stream.stream_id, pcm, stream.sample_offset, final, real))
+            stream.emitted_frames += real
+            stream.segment_emitted += real
+            seg_end = self._mark_due(stream)
+            if seg_end:
+                self._pass_mark(stream)
+            final = self._drained(stream)
+            if real or final or seg_end:
+                outputs.append(CodecOutput(stream.stream_id, pcm, stream.sample_offset, final, real, seg_end))
                 stream.sample_offset += pcm.size
-                stream.emitted_frames += real
             if final:
                 self._release(self._streams.pop(stream.stream_id))
 
@@ -299,11 +333,23 @@ class CodecEngine:
     def _ready_frames(self, s: _Stream) -> int:
         if s.prefix_frames:  # reference prefix: decode it as soon as the stream opens
             return min(s.pending_frames, self.schedule.max_frames_per_decode)
-        return self.schedule.take(s.emitted_frames, s.pending_frames, s.ended, s.initial_frames)
+        if s.marks:  # the segment's frames are all in: decode up to the mark as if the input had ended
+            left = s.marks[0] - s.emitted_frames
+            return self.schedule.take(s.segment_emitted, left, True, s.initial_frames) if left > 0 else 0
+        return self.schedule.take(s.segment_emitted, s.pending_frames, s.ended, s.initial_frames)
+
+    @staticmethod
+    def _mark_due(s: _Stream) -> bool:
+        return bool(s.marks) and s.prefix_frames == 0 and s.marks[0] == s.emitted_frames
+
+    @staticmethod
+    def _pass_mark(s: _Stream) -> None:
+        s.marks.popleft()
+        s.segment_emitted = 0
 
     @staticmethod
     def _drained(s: _Stream) -> bool:
-        return s.ended and s.pending_frames == 0
+        return s.ended and s.pending_frames == 0 and not s.marks
 
     def _check_codes(self, codes: np.ndarray) -> None:
         if codes.ndim != 2 or codes.shape[1] != self.num_groups:

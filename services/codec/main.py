@@ -15,6 +15,7 @@ from voxstage.stage_process import StageParts, register_stage, stage_parts
 if TYPE_CHECKING:
     from voxstage.config import DeployConfig
     from voxstage.presets import ModelSource
+    from voxstage.stage_tls import LinkTls
 
 log = logging.getLogger(__name__)
 DEFAULT_PORT = 50062
@@ -30,6 +31,7 @@ def register(subparsers: Any) -> None:
         build=build,
         logger=log,
         extra_options=_codec_options,
+        dials_stages=True,
     )
 
 
@@ -70,8 +72,9 @@ def build(args: argparse.Namespace) -> StageParts:
     # half precision audibly degrades audio, and the codec is small next to the talker.
     config, device, dtype, source = load_stage_setup(args, log, cuda_default="float32")
     dtype = _family_dtype(config, source, args.dtype, dtype)
+    link = getattr(args, "link_tls", None)  # read by run_stage (voxstage.stage_process)
     if source.family == "personaplex":
-        return _build_duplex(config, device, dtype, source, allowed)
+        return _build_duplex(config, device, dtype, source, allowed, link)
     stage = config.codec
     runtime = load_codec(source, device=device, dtype=dtype, max_streams=stage.max_num_seqs, config=config)
     budget = device_budget(device, stage.gpu_memory_utilization, "codec")
@@ -124,7 +127,7 @@ def build(args: argparse.Namespace) -> StageParts:
     sweep_dead_regions()
     writer = ShmWriter(threshold_bytes=config.stream.shm_threshold_bytes) if config.shared_memory else None
     reader = ShmReader() if config.shared_memory else None
-    pool = TalkerPool(reader, allowed=allowed)
+    pool = TalkerPool(reader, allowed=allowed, tls=link)
     servicer = CodecServicer(worker, plan=plan, stream_config=config.stream, shm_writer=writer, pool=pool)
     log.info(
         "codec: %s (%s) on %s/%s: %d streams, chunks %d then %s%d frames, %s, %s, voice clone %s, shm %s",
@@ -155,7 +158,12 @@ def _family_dtype(config: DeployConfig, source: ModelSource, flag: str, dtype: A
 
 
 def _build_duplex(
-    config: DeployConfig, device: str, dtype: Any, source: ModelSource, allowed: frozenset[str] | None
+    config: DeployConfig,
+    device: str,
+    dtype: Any,
+    source: ModelSource,
+    allowed: frozenset[str] | None,
+    link: LinkTls | None,
 ) -> StageParts:
     """A duplex family's codec (PersonaPlex: Mimi): sessions on the 80 ms clock, one batched encode per tick
     and one batched decode per talker step (docs/protocol.md §11)."""
@@ -203,7 +211,7 @@ def _build_duplex(
     sweep_dead_regions()
     writer = ShmWriter(threshold_bytes=config.stream.shm_threshold_bytes) if config.shared_memory else None
     reader = ShmReader() if config.shared_memory else None
-    pool = TalkerPool(reader, allowed=allowed)
+    pool = TalkerPool(reader, allowed=allowed, tls=link)
     servicer = CodecServicer(
         worker, plan=config.chunk_plan, stream_config=config.stream, shm_writer=writer, pool=pool
     )

@@ -152,6 +152,7 @@ class TalkerRelay:
                     await self._frames(resp.frames)
                 elif kind == "segment_done":
                     self.segment_done = resp.segment_done
+                    await self._segment_done(resp.segment_done)
                 elif kind == "end_of_stream":
                     await self._on_terminal(resp.end_of_stream)
                     return
@@ -219,6 +220,11 @@ class TalkerRelay:
 
     async def _deliver(self, f: S.CodecFrames, codes: np.ndarray) -> None:
         await self.stream.frames_in(codes)
+
+    async def _segment_done(self, done: S.SegmentDone) -> None:
+        """A take ended (text-to-speech segments); the duplex relay keeps only the last one."""
+        if not self.done:
+            await self.stream.segment_in(done)
 
     def _on_other(self, resp: S.TalkerStreamResponse) -> None:
         """A message text-to-speech streams do not use (duplex: user-code credit)."""

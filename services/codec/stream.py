@@ -42,6 +42,8 @@ class _Piece:
     data: np.ndarray  # float32 PCM at the output rate
     first_frame: int
     frames: int
+    segment: int
+    done: S.SegmentDone | None = None  # a segment's end marker (no audio): its talker-side summary
 
 
 class CodecStageStream(StageStream):
@@ -88,7 +90,6 @@ class CodecStageStream(StageStream):
 
 
 class CodecStream(CodecStageStream):
-
     def __init__(self, servicer: CodecServicer, context: grpc.aio.ServicerContext) -> None:
         super().__init__(f"cs{next(_keys)}")
         self.srv = servicer
@@ -107,7 +108,9 @@ class CodecStream(CodecStageStream):
         self.samples_sent = 0
         self.decoded_all = False
         self.end_reason = S.END_REASON_EOS
-        self.segment_done: S.SegmentDone | None = None
+        self.segment = 0  # the segment whose frames the engine decodes now
+        self.talker_segments: deque[S.SegmentDone] = deque()  # ended takes whose audio is not all decoded
+        self.segment_frames = self.segment_samples = 0  # of the segment being sent
         self.relay: TalkerRelay | None = None
 
     # -- gateway -> codec ----------------------------------------------------------------------------------
@@ -150,7 +153,7 @@ class CodecStream(CodecStageStream):
         self._admit(op, srv, model=rt.model, family=rt.family)
         if not op.talker_address:
             raise StageFailure("INVALID_ARGUMENT", "talker_address: required (host:port of the talker)")
-        srv.pool.check(op.talker_address)  # --allowed-talkers: refused before a slot is taken or a dial
+        await srv.pool.check(op.talker_address)  # --allowed-talkers: refused before a slot is taken or a dial
         plan = srv.plan
         sched = wire.resolve_schedule(
             op.chunk_schedule, plan.initial_frames, plan.steady_frames, plan.left_context_frames
@@ -271,8 +274,12 @@ class CodecStream(CodecStageStream):
             last = out.final and start + n >= out.frames
             if self.resampler is not None:
                 pcm = self.resampler.process(pcm, last=last)
-            self.pieces.append(_Piece(pcm, self.decoded_frames, n))
+            self.pieces.append(_Piece(pcm, self.decoded_frames, n, self.segment))
             self.decoded_frames += n
+        if out.segment_end and self.talker_segments:
+            done = self.talker_segments.popleft()
+            self.pieces.append(_Piece(np.zeros(0, np.float32), self.decoded_frames, 0, self.segment, done))
+            self.segment += 1
         if out.final:
             self.decoded_all = True
             self.engine_open = False
@@ -285,20 +292,27 @@ class CodecStream(CodecStageStream):
     def pump(self) -> None:
         while self.pieces and not self.terminal_sent and self.pieces[0].data.size <= self.pcm_credit:
             piece = self.pieces.popleft()
+            if piece.done is not None:
+                self._send_segment_done(piece.done)
+                continue
             if piece.data.size:
                 self._send_pcm(piece)
             self.frames_sent += piece.frames
+            self.segment_frames += piece.frames
             if self.relay is not None:
                 self.relay.grant(piece.frames)  # that chunk's frames left the codec: the talker may refill
         if self.decoded_all and not self.pieces and not self.terminal_sent:
-            if self.segment_done is not None:
-                done = S.SegmentDone(
-                    segment_index=self.segment_done.segment_index,
-                    frame_count=self.frames_sent,
-                    sample_count=self.samples_sent,
-                )
-                self.outbox.put_nowait(S.CodecStreamResponse(segment_done=done))
             self._terminal(self.end_reason)
+
+    def _send_segment_done(self, talker: S.SegmentDone) -> None:
+        done = S.SegmentDone(
+            segment_index=talker.segment_index,
+            frame_count=self.segment_frames,
+            sample_count=self.segment_samples,
+            reason=talker.reason,
+        )
+        self.outbox.put_nowait(S.CodecStreamResponse(segment_done=done))
+        self.segment_frames = self.segment_samples = 0
 
     def _send_pcm(self, piece: _Piece) -> None:
         n = piece.data.size
@@ -307,7 +321,7 @@ class CodecStream(CodecStageStream):
             sample_count=n,
             format=self.fmt,
             data=self.loans.payload(wire.pcm_to_bytes(piece.data, self.fmt)),
-            segment_index=0,
+            segment_index=piece.segment,
             first_frame=piece.first_frame,
             frame_count=piece.frames,
             sent_unix_ns=time.time_ns(),
@@ -315,6 +329,7 @@ class CodecStream(CodecStageStream):
         self.outbox.put_nowait(S.CodecStreamResponse(pcm=chunk))
         self.pcm_credit -= n
         self.samples_sent += n
+        self.segment_samples += n
         if self.t_first is None:
             self.t_first = time.perf_counter()
 
@@ -323,14 +338,22 @@ class CodecStream(CodecStageStream):
         if self.engine_open:
             await self.srv.worker.push(self.key, codes)
 
+    async def segment_in(self, done: S.SegmentDone) -> None:
+        """The talker ended a take: its frames (all pushed already) decode to their end, then its
+        ``segment_done`` goes out behind their audio."""
+        if not self.engine_open:
+            return
+        self.talker_segments.append(done)
+        await self.srv.worker.end_segment(self.key)
+
     async def talker_ended(self, eos: S.EndOfStream, segment_done: S.SegmentDone | None) -> None:
-        """The talker's terminal: finish decoding (then relay its reason) or relay its error/cancel."""
-        self.segment_done = segment_done
+        """The talker's terminal: finish decoding (then relay its reason) or relay its error/cancel.
+        ``segment_done`` (the last take's) already arrived through ``segment_in``."""
         if eos.reason == S.END_REASON_ERROR:
             self._release()
             e = eos.error
             self._terminal(S.END_REASON_ERROR, S.StreamError(code=e.code, message=e.message, origin=e.origin))
-        elif eos.reason in (S.END_REASON_EOS, S.END_REASON_MAX_FRAMES):
+        elif eos.reason in (S.END_REASON_EOS, S.END_REASON_MAX_FRAMES, S.END_REASON_FRAME_CAP):
             self.end_reason = eos.reason
             if self.engine_open:
                 await self.srv.worker.finish(self.key)

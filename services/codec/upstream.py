@@ -16,9 +16,12 @@ from pathlib import Path
 
 import grpc
 
+from voxstage.codec.allowlist import TalkerAllowlist
 from voxstage.internal.v1 import stage_pb2, stage_pb2_grpc
+from voxstage.resolver import Resolver, SystemResolver
 from voxstage.server import CHANNEL_OPTIONS
 from voxstage.stage_errors import StageFailure
+from voxstage.stage_tls import LinkTls, aio_channel
 from voxstage.transport.host import Hello
 from voxstage.transport.payload import hello_from_proto
 from voxstage.transport.shm import ShmReader
@@ -66,7 +69,8 @@ def _normal(address: str) -> str:
 class TalkerPool:
     """``allowed``: the only talker addresses this codec dials (``--allowed-talkers``); None allows any.
     Every dial goes through ``peer``, so a ``StreamOpen.talker_address`` outside the list is refused
-    (PERMISSION_DENIED) before any channel exists."""
+    (PERMISSION_DENIED) before any channel exists. ``tls``: mutual TLS on every talker channel
+    (``--link-*``); None dials plain gRPC."""
 
     def __init__(
         self,
@@ -74,25 +78,44 @@ class TalkerPool:
         shm_dir: str | Path = DEFAULT_SHM_DIR,
         *,
         allowed: Iterable[str] | None = None,
+        tls: LinkTls | None = None,
+        resolver: Resolver | None = None,
     ) -> None:
+        self.tls = tls
         self.reader = reader
         self._shm_dir = Path(shm_dir)
         self._peers: dict[str, TalkerPeer] = {}
+        self._resolver = resolver or SystemResolver.from_env()
         self.allowed = None if allowed is None else frozenset(_normal(a) for a in allowed)
 
-    def check(self, address: str) -> None:
-        """Refuse a talker address this codec is not configured to dial (docs/protocol.md §7)."""
-        if self.allowed is not None and _normal(address) not in self.allowed:
-            raise StageFailure(
-                "PERMISSION_DENIED",
-                f"talker_address: {address!r} is not one of this codec's --allowed-talkers",
-            )
+    @property
+    def allowed(self) -> frozenset[str] | None:
+        return self._allowed
+
+    @allowed.setter
+    def allowed(self, value: frozenset[str] | None) -> None:
+        self._allowed = value
+        self._allowlist = TalkerAllowlist(value or (), self._resolver)
+
+    async def check(self, address: str) -> None:
+        """Refuse a talker address this codec is not configured to dial (docs/protocol.md §7). An entry
+        that is a name allows what it resolves to (``TalkerAllowlist``), so a gateway that discovered
+        the talkers behind that name may send their IPs."""
+        if self.allowed is not None and not await self._allowlist.admits(address):
+            raise self._denied(address)
+
+    def _denied(self, address: str) -> StageFailure:
+        return StageFailure(
+            "PERMISSION_DENIED", f"talker_address: {address!r} is not one of this codec's --allowed-talkers"
+        )
 
     def peer(self, address: str) -> TalkerPeer:
-        self.check(address)
+        # Every dial passes here; ``check`` ran on the stream's open, so the answers it used are cached.
+        if self.allowed is not None and not self._allowlist.admits_cached(address):
+            raise self._denied(address)
         peer = self._peers.get(address)
         if peer is None:
-            channel = grpc.aio.insecure_channel(address, options=UPSTREAM_CHANNEL_OPTIONS)
+            channel = aio_channel(address, UPSTREAM_CHANNEL_OPTIONS, self.tls)
             peer = TalkerPeer(address, channel, stage_pb2_grpc.TalkerStub(channel))
             self._peers[address] = peer
         return peer

@@ -96,6 +96,9 @@ class CodecWorker(StageWorker[CodecOutput, PcmListener]):
     async def push(self, key: str, codes: np.ndarray) -> None:
         await self._call(lambda: self.engine.push(key, codes))
 
+    async def end_segment(self, key: str) -> None:
+        await self._call(lambda: self.engine.end_segment(key))
+
     async def finish(self, key: str) -> None:
         await self._call(lambda: self.engine.finish(key))
 

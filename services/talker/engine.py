@@ -124,6 +124,9 @@ class TalkerEngine:
         self._slots: list[_Seq] = []  # index == slot, packed
         self._by_id: dict[str, _Seq] = {}
         self._cancelled: list[_Seq] = []
+        # Segments of one stream (services/talker/stream.py): the next take waits here, keyed by the take it
+        # follows, and claims the first free slot the moment that take ends, ahead of the queue.
+        self._followers: dict[str, _Seq] = {}
         self._inflight: tuple[object, list[_Seq | None]] | None = None
         self.prefix_hits = 0
         self.prefill_tokens_saved = 0
@@ -131,7 +134,9 @@ class TalkerEngine:
         metrics.SLOTS_TOTAL.labels(stage="talker").set(config.max_num_seqs)
 
     # -- commands (engine thread) ------------------------------------------------------------------
-    def submit(self, request: TalkerRequest) -> None:
+    def submit(self, request: TalkerRequest, follows: str | None = None) -> None:
+        """Queue ``request``; with ``follows``, it starts only once that request ends, before anything
+        else waiting (a stream's next segment keeps the stream's place instead of queueing behind others)."""
         if request.request_id in self._by_id:
             raise ValueError(f"request {request.request_id!r} is already running")
         if request.max_frames < 1:
@@ -143,14 +148,24 @@ class TalkerEngine:
         if len(self._waiting) >= self.cfg.max_queue:
             raise AdmissionError(f"talker queue is full ({self.cfg.max_queue} waiting)")
         self._by_id[request.request_id] = seq
-        self._waiting.append(seq)
+        if follows is not None and follows in self._by_id:
+            if follows in self._followers:
+                raise ValueError(f"request {follows!r} already has a follower")
+            self._followers[follows] = seq
+        elif follows is not None:
+            self._waiting.appendleft(seq)  # the take it follows has already ended
+        else:
+            self._waiting.append(seq)
         self._update_gauges()
 
-    def push_text(self, request_id: str, text: str, complete: bool) -> None:
+    def push_text(self, request_id: str, text: str, complete: bool, max_frames: int | None = None) -> None:
+        """Append streamed text; ``max_frames`` replaces the frame budget (it grows with the text)."""
         seq = self._get(request_id)
         if seq.prepared.text_complete:
             raise ValueError(f"request {request_id!r}: text input is already complete")
         seq.prepared.extend_text(text, complete)
+        if max_frames is not None:
+            seq.request.max_frames = max(max_frames, 1)
         if seq.slot >= 0:
             self._feed_text(seq)
         else:
@@ -158,7 +173,7 @@ class TalkerEngine:
                 self._check_fits(seq)
             except RequestTooLarge as exc:
                 self._by_id.pop(request_id, None)
-                self._waiting.remove(seq)
+                self._unqueue(seq)
                 raise exc
 
     def cancel(self, request_id: str) -> bool:
@@ -178,7 +193,7 @@ class TalkerEngine:
         return len(self._slots)
 
     def queue_depth(self) -> int:
-        return len(self._waiting)
+        return len(self._waiting) + len(self._followers)
 
     def slot_of(self, request_id: str) -> int:
         """The slot a running request occupies (-1: waiting or absent); slots move when others leave."""
@@ -347,8 +362,14 @@ class TalkerEngine:
         rid = seq.request.request_id
         seq.done = True
         self._by_id.pop(rid, None)
+        follower = self._followers.pop(rid, None)
+        if follower is not None:
+            if why in (Finish.CANCELLED, Finish.ERROR):
+                self._cancelled.append(follower)  # the stream is ending: its queued segment goes too
+            else:
+                self._waiting.appendleft(follower)
         if seq.slot < 0:
-            self._waiting.remove(seq)
+            self._unqueue(seq)
         else:
             hole, last = seq.slot, len(self._slots) - 1
             if hole != last:
@@ -361,6 +382,14 @@ class TalkerEngine:
         metrics.STAGE_REQUESTS.labels(stage="talker", finish=why.value).inc()
         return TalkerOutput(rid, np.zeros((0, self.adapter.num_groups), np.int64), seq.frames, why, error)
 
+    def _unqueue(self, seq: _Seq) -> None:
+        if seq in self._waiting:
+            self._waiting.remove(seq)
+            return
+        for key, follower in list(self._followers.items()):
+            if follower is seq:
+                del self._followers[key]
+
     def _get(self, request_id: str) -> _Seq:
         try:
             return self._by_id[request_id]
@@ -370,4 +399,4 @@ class TalkerEngine:
     def _update_gauges(self) -> None:
         metrics.SLOTS_IN_USE.labels(stage="talker").set(len(self._slots))
         metrics.ACTIVE_STREAMS.labels(stage="talker").set(len(self._slots))
-        metrics.QUEUE_DEPTH.labels(stage="talker").set(len(self._waiting))
+        metrics.QUEUE_DEPTH.labels(stage="talker").set(self.queue_depth())

@@ -1,10 +1,18 @@
-"""One Talker.Stream: protocol state between the codec's messages and one engine request.
+"""One Talker.Stream: protocol state between the codec's messages and its engine requests, one per segment.
 
 Lives on the event loop and never runs model code: it decodes the codec's messages, posts commands to the
-``TalkerWorker`` and turns the request's ``TalkerOutput`` into batched ``CodecFrames`` that respect the
-codec's frame credit (docs/protocol.md §2-§6). Text is buffered until the first ``flush`` or
-``end_of_input``: a request whose whole text is known at that point runs with the model's default
-(non-streaming) prompt, one that flushes first runs in streaming-text mode and receives later deltas.
+``TalkerWorker`` and turns each take's ``TalkerOutput`` into batched ``CodecFrames`` that respect the
+codec's frame credit (docs/protocol.md §2-§6).
+
+Segments (docs/api.md "Segments"): every ``flush`` and the final ``end_of_input`` close a segment, and each
+segment is its own take (engine request ``<key>.<index>``) with the stream's voice and settings. A closed
+segment's take starts with its whole text (the model's default prompt). With ``early_start_chars`` (families
+that stream text) a segment starts once that much of it is in, in streaming-text mode, and later deltas and
+its flush are fed to the running take. A segment that becomes ready while another speaks is submitted at
+once as that take's follower: the engine starts it the moment the previous take ends, ahead of its queue.
+Frames go out take by take, each take's chunk schedule starting afresh, and each take ends with a
+``segment_done`` carrying its frame count and finish reason. The stream ends after the last segment once
+input has ended.
 """
 
 from __future__ import annotations
@@ -12,7 +20,9 @@ from __future__ import annotations
 import asyncio
 import itertools
 import time
+from collections import deque
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -34,7 +44,6 @@ _REASONS = {
     Finish.EOS: stage_pb2.END_REASON_EOS,
     Finish.MAX_FRAMES: stage_pb2.END_REASON_MAX_FRAMES,
     Finish.MAX_MODEL_LEN: stage_pb2.END_REASON_MAX_FRAMES,
-    Finish.CANCELLED: stage_pb2.END_REASON_CANCELLED,
 }
 _keys = itertools.count(1)
 
@@ -49,6 +58,40 @@ def sendable(
     return whole_chunks(sent, min(avail, credit), initial, steady, ramp)
 
 
+@dataclass
+class _Segment:
+    """Text between two flushes; it gets its index when its take starts (blank segments never do)."""
+
+    parts: list[str] = field(default_factory=list)
+    closed: bool = False
+
+    @property
+    def text(self) -> str:
+        return "".join(self.parts)
+
+
+@dataclass
+class _Take:
+    """One segment's engine request and the frames it has produced but not yet sent."""
+
+    index: int
+    key: str
+    segment: _Segment
+    fed: int  # characters of the segment's text handed to the engine
+    complete: bool  # the engine has the whole text
+    capped: bool  # the text-derived frame cap is the binding budget (MAX_FRAMES then means FRAME_CAP)
+    sent: int = 0
+    pending: list[np.ndarray] = field(default_factory=list)
+    pending_frames: int = 0
+    finish: Finish | None = None
+
+    def reason(self) -> int:
+        assert self.finish is not None
+        if self.finish is Finish.MAX_FRAMES and self.capped:
+            return stage_pb2.END_REASON_FRAME_CAP
+        return _REASONS[self.finish]
+
+
 class TalkerStream(StageStream):
     role = "talker"
     peer = "codec"
@@ -58,19 +101,22 @@ class TalkerStream(StageStream):
         super().__init__(f"ts{next(_keys)}")
         self.servicer = servicer
         self.worker = servicer.worker
+        self.policy = servicer.worker.defaults.segments
         self.params = RequestParams()
         self.non_streaming = False
+        self.text_deltas = False
         self.initial = self.steady = 1
         self.ramp = True
         self.credit = 0
         self.sent_frames = 0
-        self.pending: list[np.ndarray] = []
-        self.pending_frames = 0
-        self.finish: Finish | None = None
-        self.engine_error: str | None = None
-        self.text: list[str] = []
+        self.segments: deque[_Segment] = deque()  # not started yet; the last may still take text
+        self.takes: deque[_Take] = deque()  # started, in order; takes[0] is the one whose frames go out
+        self.by_key: dict[str, _Take] = {}
+        self.open_take: _Take | None = None  # a started segment still taking text (early start)
         self.text_chars = 0
-        self.submitted = False
+        self.engine_error: str | None = None
+        self.failed_finish: Finish | None = None
+        self.end_reason = stage_pb2.END_REASON_EOS
         self.finished_tick = 0
 
     # -- codec -> talker ------------------------------------------------------------------------------------
@@ -86,15 +132,14 @@ class TalkerStream(StageStream):
             await self._text(msg.text)
         elif kind == "flush":
             self._no_input_after_end("flush")
-            if not self.submitted and not self.non_streaming:
-                await self._submit(complete=False)
+            await self._close_segment()
         elif kind == "end_of_input":
             self._no_input_after_end("end_of_input")
             self.end_of_input = True
-            if not self.submitted:
-                await self._submit(complete=True)
-            elif self.finish is None:
-                await self._push("", complete=True)
+            await self._close_segment()
+            if not self.by_key and not self.segments:
+                raise StageFailure("INVALID_ARGUMENT", "text: no text to speak before end_of_input")
+            self.pump()
         elif kind == "credit":
             if msg.credit.unit != stage_pb2.CREDIT_UNIT_FRAMES:
                 raise StageFailure("INVALID_ARGUMENT", "credit.unit: the talker stream counts FRAMES")
@@ -105,9 +150,10 @@ class TalkerStream(StageStream):
         elif kind == "cancel":
             self.cancel_requested = True
             self.loans.forfeit()
-            if self.submitted and self.finish is None:
-                self.worker.cancel(self.key)  # CANCELLED output -> terminal
-            else:
+            running = [t for t in self.takes if t.finish is None]
+            for take in running:
+                self.worker.cancel(take.key)  # CANCELLED output -> terminal
+            if not running:
                 self._terminal(stage_pb2.END_REASON_CANCELLED)
         elif kind == "user_codes":
             raise StageFailure("FAILED_PRECONDITION", "user_codes: only duplex streams carry user codes")
@@ -134,6 +180,7 @@ class TalkerStream(StageStream):
         self.credit = op.initial_credit.amount
         self.params = request_params(op)
         self.non_streaming = op.non_streaming_mode
+        self.text_deltas = op.text_deltas
         self.worker.check_voice(self.params)
         self.worker.build_request(self.key, self.params, "", False)  # validates sampling and seed now
         writer = srv.shm_writer
@@ -160,68 +207,130 @@ class TalkerStream(StageStream):
             raise StageFailure(
                 "INVALID_ARGUMENT", f"text: more than {MAX_TEXT_CHARS} characters in one request"
             )
-        if not self.submitted:
-            self.text.append(text)
-        elif self.finish is None and text:
-            await self._push(text, complete=False)
+        if not text:
+            return
+        take = self.open_take
+        if take is not None:
+            take.segment.parts.append(text)
+            await self._feed(take)
+            return
+        if not self.segments or self.segments[-1].closed:
+            self.segments.append(_Segment())
+        self.segments[-1].parts.append(text)
+        await self._advance()
 
-    async def _submit(self, *, complete: bool) -> None:
-        request = self.worker.build_request(self.key, self.params, "".join(self.text), complete)
-        self.text.clear()
-        self.submitted = True
-        await self.worker.submit(request, self)
+    async def _close_segment(self) -> None:
+        """``flush`` / ``end_of_input``: the segment taking text is complete (a blank one is dropped)."""
+        take, self.open_take = self.open_take, None
+        if take is not None:
+            take.segment.closed = True
+            await self._feed(take)
+            return
+        if self.segments and not self.segments[-1].closed:
+            seg = self.segments[-1]
+            if seg.text.strip():
+                seg.closed = True
+            else:
+                self.segments.pop()
+        await self._advance()
 
-    async def _push(self, text: str, *, complete: bool) -> None:
+    async def _advance(self) -> None:
+        """Start every segment that may start: closed ones, and an open one past ``early_start_chars``."""
+        while self.segments and not self.terminal_sent:
+            seg = self.segments[0]
+            if not seg.closed and not self._early(seg):
+                return
+            self.segments.popleft()
+            await self._start(seg)
+
+    def _early(self, seg: _Segment) -> bool:
+        n = self.policy.early_start_chars
+        explicit_whole = self.non_streaming or self.params.non_streaming is True
+        return n > 0 and self.text_deltas and not explicit_whole and len(seg.text.strip()) >= n
+
+    async def _start(self, seg: _Segment) -> None:
+        index = len(self.by_key)
+        text = seg.text
+        limit, capped = self.worker.frame_limit(self.params, text)
+        key = f"{self.key}.{index}"
+        request = self.worker.build_request(key, self.params, text, seg.closed, max_frames=limit)
+        follows = self.takes[-1].key if self.takes else None
+        take = _Take(index, key, seg, fed=len(text), complete=seg.closed, capped=capped)
+        self.takes.append(take)
+        self.by_key[key] = take
+        if not seg.closed:
+            self.open_take = take
+        await self.worker.submit(request, self, follows=follows)
+
+    async def _feed(self, take: _Take) -> None:
+        """Hand the engine the text (and completion) of an early-started take it does not have yet."""
+        text = take.segment.text
+        delta, complete = text[take.fed :], take.segment.closed
+        if take.complete or (not delta and not complete) or take.finish is not None:
+            return
+        take.fed, take.complete = len(text), complete
+        limit, take.capped = self.worker.frame_limit(self.params, text)
         try:
-            await self.worker.push_text(self.key, text, complete)
+            await self.worker.push_text(take.key, delta, complete, max_frames=limit)
         except StageFailure as exc:
-            if exc.code == "FAILED_PRECONDITION" or self.finish is not None:
-                return  # generation already ended (EOS or frame budget) while text was in flight
+            if exc.code == "FAILED_PRECONDITION" or take.finish is not None:
+                return  # the take already ended (EOS or frame budget) while text was in flight
             raise
 
     # -- engine -> codec --------------------------------------------------------------------------------
     def on_output(self, out: TalkerOutput) -> None:
+        take = self.by_key.get(out.request_id)
+        if take is None:
+            return
         if out.codes.shape[0]:
-            self.pending.append(out.codes)
-            self.pending_frames += out.codes.shape[0]
+            take.pending.append(out.codes)
+            take.pending_frames += out.codes.shape[0]
         if out.finish is not None:
-            self.finish = out.finish
-            self.engine_error = out.error
+            take.finish = out.finish
+            if take is self.open_take:
+                self.open_take = None  # later text of this segment has nowhere to go: the take has ended
             self.finished_tick = self.worker.engine.ticks
+            if out.finish in (Finish.CANCELLED, Finish.ERROR):
+                self.failed_finish = out.finish
+                self.engine_error = out.error
         self.pump()
 
     def on_engine_failed(self, message: str) -> None:
-        self.finish = Finish.ERROR
+        self.failed_finish = Finish.ERROR
         self.fail("INTERNAL", f"talker engine failed: {message}")
 
     def pump(self) -> None:
         if self.terminal_sent:
             return
-        if self.finish is Finish.CANCELLED:
+        if self.failed_finish is Finish.CANCELLED:
             self._terminal(stage_pb2.END_REASON_CANCELLED)
             return
-        if self.finish is Finish.ERROR:
+        if self.failed_finish is Finish.ERROR:
             self.fail("INTERNAL", self.engine_error or "talker engine error")
             return
-        done = self.finish is not None
-        while n := sendable(
-            self.sent_frames, self.pending_frames, self.credit, self.initial, self.steady, done, self.ramp
-        ):
-            self._send_frames(n)
-        if done and not self.pending_frames:
-            self.outbox.put_nowait(
-                stage_pb2.TalkerStreamResponse(
-                    segment_done=stage_pb2.SegmentDone(segment_index=0, frame_count=self.sent_frames)
-                )
-            )
-            assert self.finish is not None
-            self._terminal(_REASONS[self.finish])
+        while self.takes:
+            take = self.takes[0]
+            done = take.finish is not None
+            while n := sendable(
+                take.sent, take.pending_frames, self.credit, self.initial, self.steady, done, self.ramp
+            ):
+                self._send_frames(take, n)
+            if not done or take.pending_frames:
+                return
+            reason = take.reason()
+            if reason != stage_pb2.END_REASON_EOS:
+                self.end_reason = reason
+            done_msg = stage_pb2.SegmentDone(segment_index=take.index, frame_count=take.sent, reason=reason)
+            self.outbox.put_nowait(stage_pb2.TalkerStreamResponse(segment_done=done_msg))
+            self.takes.popleft()
+        if self.end_of_input and not self.segments and self.open_take is None:
+            self._terminal(self.end_reason)
 
-    def _send_frames(self, n: int) -> None:
-        buf = np.concatenate(self.pending) if len(self.pending) > 1 else self.pending[0]
+    def _send_frames(self, take: _Take, n: int) -> None:
+        buf = np.concatenate(take.pending) if len(take.pending) > 1 else take.pending[0]
         chunk, rest = buf[:n], buf[n:]
-        self.pending = [rest] if rest.shape[0] else []
-        self.pending_frames -= n
+        take.pending = [rest] if rest.shape[0] else []
+        take.pending_frames -= n
         self.outbox.put_nowait(
             stage_pb2.TalkerStreamResponse(
                 frames=stage_pb2.CodecFrames(
@@ -229,30 +338,37 @@ class TalkerStream(StageStream):
                     frame_count=n,
                     num_groups=chunk.shape[1],
                     codes=self.loans.payload(wire.codes_to_bytes(chunk)),
-                    segment_index=0,
+                    segment_index=take.index,
                     sent_unix_ns=time.time_ns(),
                 )
             )
         )
         self.credit -= n
+        take.sent += n
         self.sent_frames += n
         if self.t_first is None:
             self.t_first = time.perf_counter()
 
     # -- termination ------------------------------------------------------------------------------------
     def fail(self, code: str, message: str) -> None:
-        """End the stream with an in-band error and free the engine slot (the terminal is queued first)."""
+        """End the stream with an in-band error and free the engine slots (the terminal is queued first)."""
         if self.terminal_sent:
             return
         self._terminal(stage_pb2.END_REASON_ERROR, wire.stream_error(code, message, "talker"))
-        if self.submitted and self.finish is None:
-            self.worker.cancel(self.key)
+        self._cancel_takes()
+
+    def _cancel_takes(self) -> None:
+        for take in self.by_key.values():
+            if take.finish is None:
+                self.worker.cancel(take.key)
 
     def _terminal(self, reason: int, error: stage_pb2.StreamError | None = None) -> None:
         if self.terminal_sent:
             return
-        self.pending, self.pending_frames = [], 0
-        admitted = self.worker.admitted_at(self.key)
+        for take in self.takes:
+            take.pending, take.pending_frames = [], 0
+        first = next(iter(self.by_key), None)
+        admitted = None if first is None else self.worker.admitted_at(first)
         queued = None if admitted is None else admitted - self.t_open
         self._send_terminal(reason, error, frames=self.sent_frames, queued=queued)
 
@@ -261,26 +377,27 @@ class TalkerStream(StageStream):
 
     def close(self) -> None:
         """The handler is returning (terminal written, or the call is dead): free everything."""
-        if self.submitted and self.finish is None:
-            self.worker.cancel(self.key)
-        self.worker.forget(self.key)
+        self._cancel_takes()
+        for key in self.by_key:
+            self.worker.forget(key)
         self.loans.close()
 
     # -- status ---------------------------------------------------------------------------------------------
     def state(self, snapshot: Mapping[str, RequestSnapshot], tick: int) -> stage_pb2.RequestState:
-        snap = snapshot.get(self.key)
-        blocked = self.pending_frames and not sendable(
-            self.sent_frames,
-            self.pending_frames,
-            self.credit,
-            self.initial,
-            self.steady,
-            self.finish is not None,
+        take = self.takes[0] if self.takes else None
+        snap = None if take is None else snapshot.get(take.key)
+        pending = 0 if take is None else take.pending_frames
+        blocked = (
+            take is not None
+            and pending
+            and not sendable(
+                take.sent, pending, self.credit, self.initial, self.steady, take.finish is not None, self.ramp
+            )
         )
         slot, last = -1, self.finished_tick
         if self.terminal_sent:
             phase = stage_pb2.REQUEST_PHASE_FINISHED
-        elif not self.submitted:
+        elif take is None:
             phase, last = stage_pb2.REQUEST_PHASE_WAITING_FOR_INPUT, tick
         elif snap is None:
             phase = stage_pb2.REQUEST_PHASE_BLOCKED_ON_CREDIT if blocked else stage_pb2.REQUEST_PHASE_RUNNING
@@ -296,7 +413,7 @@ class TalkerStream(StageStream):
             request_id=self.request_id,
             phase=phase,
             slot=slot,
-            frame_count=self.sent_frames + self.pending_frames,
+            frame_count=self.sent_frames + sum(t.pending_frames for t in self.takes),
             credit=self.credit,
             shm_slots_lent=self.loans.lent,
             last_tick=last,

@@ -20,6 +20,8 @@ import numpy as np
 from voxstage import limits
 from voxstage.config import SamplingParams as DeploySampling
 from voxstage.config import StageConfig
+from voxstage.config.stage import SegmentsConfig
+from voxstage.segments import FrameCap
 from voxstage.stage_errors import StageFailure
 from voxstage.stage_worker import StageWorker
 from voxstage.talker.engine import AdmissionError, RequestTooLarge, TalkerEngine, TalkerOutput, TalkerRequest
@@ -32,6 +34,29 @@ MAX_SEED = limits.SEED.end - 1  # [0, 2**63): src/voxstage/limits.py, shared wit
 
 
 @dataclass(frozen=True)
+class SegmentPolicy:
+    """How a stream's segments start and how long each may run (voxstage.segments)."""
+
+    early_start_chars: int = 0  # 0: a segment waits for its flush
+    cap: FrameCap | None = None
+    frame_rate_hz: float = 12.5
+
+    @classmethod
+    def from_deploy(cls, cfg: SegmentsConfig | None, info: TalkerInfo) -> SegmentPolicy:
+        cfg = cfg or SegmentsConfig()
+        cap = (
+            FrameCap(cfg.frame_cap_floor_s, cfg.frame_cap_s_per_char, cfg.frame_cap_s_per_wide_char)
+            if cfg.frame_cap
+            else None
+        )
+        early = cfg.early_start_chars if info.streams_text else 0
+        return cls(early_start_chars=early, cap=cap, frame_rate_hz=info.frame_rate_hz)
+
+    def frame_cap(self, text: str) -> int | None:
+        return None if self.cap is None else self.cap.frames(text, self.frame_rate_hz)
+
+
+@dataclass(frozen=True)
 class TalkerDefaults:
     """Per-request defaults: the checkpoint's generation config overlaid with the deploy file's keys."""
 
@@ -40,6 +65,7 @@ class TalkerDefaults:
     seed: int | None
     max_frames: int
     min_frames: int
+    segments: SegmentPolicy = field(default_factory=SegmentPolicy)
 
     @classmethod
     def from_deploy(cls, stage: StageConfig, info: TalkerInfo) -> TalkerDefaults:
@@ -53,6 +79,7 @@ class TalkerDefaults:
             seed=dsp.seed,
             max_frames=dsp.max_tokens or info.max_new_frames,
             min_frames=dsp.min_tokens,
+            segments=SegmentPolicy.from_deploy(stage.segments, info),
         )
 
 
@@ -193,7 +220,19 @@ class TalkerWorker(StageWorker[TalkerOutput, OutputListener]):
                 "INVALID_ARGUMENT", f"language: {params.language!r} is not supported; use one of {known}"
             )
 
-    def build_request(self, key: str, params: RequestParams, text: str, complete: bool) -> TalkerRequest:
+    def frame_limit(self, params: RequestParams, text: str) -> tuple[int, bool]:
+        """(max frames of a take speaking ``text``, whether the text-derived cap is what binds)."""
+        if params.max_frames:
+            return params.max_frames, False  # the request's own budget replaces the cap
+        budget = self.defaults.max_frames
+        cap = self.defaults.segments.frame_cap(text)
+        if cap is not None and cap < budget:
+            return cap, True
+        return budget, False
+
+    def build_request(
+        self, key: str, params: RequestParams, text: str, complete: bool, max_frames: int | None = None
+    ) -> TalkerRequest:
         d = self.defaults
         seed = params.seed if params.seed is not None else d.seed
         if seed is None:
@@ -225,16 +264,18 @@ class TalkerWorker(StageWorker[TalkerOutput, OutputListener]):
             seed=seed,
             sampling=sampling,
             subtalker=subtalker,
-            max_frames=params.max_frames or d.max_frames,
+            max_frames=max_frames or params.max_frames or d.max_frames,
             min_frames=d.min_frames,
         )
 
-    async def submit(self, request: TalkerRequest, listener: OutputListener) -> None:
+    async def submit(
+        self, request: TalkerRequest, listener: OutputListener, follows: str | None = None
+    ) -> None:
         key = request.request_id
         self._listeners[key] = listener
 
         def run() -> None:
-            self.engine.submit(request)
+            self.engine.submit(request, follows)
             self._tracked.phases[key] = ("waiting", self.engine.ticks)
 
         try:
@@ -243,8 +284,8 @@ class TalkerWorker(StageWorker[TalkerOutput, OutputListener]):
             self._listeners.pop(key, None)
             raise
 
-    async def push_text(self, key: str, text: str, complete: bool) -> None:
-        await self._call(lambda: self.engine.push_text(key, text, complete))
+    async def push_text(self, key: str, text: str, complete: bool, max_frames: int | None = None) -> None:
+        await self._call(lambda: self.engine.push_text(key, text, complete, max_frames))
 
     def cancel(self, key: str) -> None:
         """Ask the engine to free the request's slot at the next tick boundary (its CANCELLED output

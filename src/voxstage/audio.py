@@ -1,10 +1,11 @@
 """Audio encoding, decoding and resampling at the public edge.
 
 Models produce mono float32 PCM in [-1, 1] at their native rate. Users ask for a container/encoding and
-optionally another sample rate. Streaming formats (raw PCM, WAV with an open-ended header, G.711) are
-encoded chunk by chunk; compressed formats (FLAC, MP3, Opus) go through libsndfile (``soundfile``) and are
-produced whole, so they are only offered for non-streaming responses. Resampling uses libsoxr's streaming
-resampler so a chunked stream resamples exactly like the whole clip would.
+optionally another sample rate; which formats exist, which stream and at which rates is ``voxstage.formats``'
+table. Raw PCM, WAV (an open-ended header when streamed) and G.711 are encoded here, chunk by chunk; the
+compressed formats (MP3, Ogg/Opus, FLAC) by libsndfile (``sndfile_stream``), MP3 and Opus chunk by chunk
+too. Resampling uses libsoxr's streaming resampler so a chunked stream resamples exactly like the whole clip
+would.
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ import numpy as np
 import soundfile as sf
 import soxr
 
-from voxstage import g711, limits
+from voxstage import formats, g711, limits
+from voxstage.sndfile_stream import SndfileEncoder
 
 
 class AudioError(ValueError):
@@ -28,8 +30,10 @@ class AudioError(ValueError):
 
 
 class AudioFormat(enum.StrEnum):
-    PCM = "pcm"  # headerless signed 16-bit little-endian (OpenAI's `pcm`)
-    PCM_F32 = "pcm_f32"  # headerless float32 little-endian
+    """A name of ``voxstage.formats.FORMATS``, as an enum; what each can do is read from that table."""
+
+    PCM = "pcm"
+    PCM_F32 = "pcm_f32"
     WAV = "wav"
     MULAW = "mulaw"
     ALAW = "alaw"
@@ -38,34 +42,28 @@ class AudioFormat(enum.StrEnum):
     OPUS = "opus"
 
     @property
+    def spec(self) -> formats.OutputFormat:
+        return formats.BY_NAME[self.value]
+
+    @property
     def streamable(self) -> bool:
-        return self in _STREAMABLE
+        return self.spec.streams
 
     @property
     def content_type(self) -> str:
-        return _CONTENT_TYPES[self]
+        return self.spec.content_type
 
 
-_STREAMABLE = {AudioFormat.PCM, AudioFormat.PCM_F32, AudioFormat.WAV, AudioFormat.MULAW, AudioFormat.ALAW}
-_CONTENT_TYPES = {
-    AudioFormat.PCM: "audio/pcm",
-    AudioFormat.PCM_F32: "audio/pcm",
-    AudioFormat.WAV: "audio/wav",
-    AudioFormat.MULAW: "audio/basic",
-    AudioFormat.ALAW: "audio/x-alaw-basic",
-    AudioFormat.FLAC: "audio/flac",
-    AudioFormat.MP3: "audio/mpeg",
-    AudioFormat.OPUS: "audio/ogg",
-}
-# libsndfile's Opus encoder only accepts the rates Opus itself defines.
-OPUS_RATES = (8000, 12000, 16000, 24000, 48000)
+# The enum is a spelling of the table, never a second list: a format added to one must be added to both.
+assert {f.value for f in AudioFormat} == set(formats.NAMES), "AudioFormat and voxstage.formats disagree"
+_LIBSNDFILE = (AudioFormat.MP3, AudioFormat.OPUS, AudioFormat.FLAC)
 
 
 def parse_format(name: str, *, field: str = "response_format") -> AudioFormat:
     try:
         return AudioFormat(name.lower())
     except ValueError:
-        allowed = ", ".join(f.value for f in AudioFormat)
+        allowed = ", ".join(formats.NAMES)
         raise AudioError(f"{field}: unsupported audio format {name!r}; expected one of {allowed}") from None
 
 
@@ -100,16 +98,24 @@ def _alaw(x: np.ndarray) -> bytes:
 
 
 class StreamingEncoder:
-    """Turns float32 PCM chunks into the bytes of one streaming response."""
+    """Turns float32 PCM chunks into the bytes of one streaming response; ``close()`` gives the bytes an
+    encoder still held (MP3's and Opus's last frames), to send after the last chunk."""
 
     def __init__(self, fmt: AudioFormat, sample_rate: int) -> None:
         if not fmt.streamable:
-            raise AudioError(f"response_format {fmt.value!r} cannot be streamed; use pcm, wav, mulaw or alaw")
+            raise AudioError(
+                f"response_format {fmt.value!r} cannot be streamed; use {', '.join(formats.STREAMING_NAMES)}"
+            )
+        if (why := formats.rate_problem(fmt.spec, sample_rate)) is not None:
+            raise AudioError(f"sample_rate: {why}")
         self.fmt = fmt
         self.sample_rate = sample_rate
         self._started = False
+        self._compressed = SndfileEncoder(fmt.value, sample_rate) if fmt in _LIBSNDFILE else None
 
     def encode(self, pcm: np.ndarray) -> bytes:
+        if self._compressed is not None:
+            return self._compressed.encode(pcm)
         prefix = b""
         if not self._started:
             self._started = True
@@ -125,23 +131,21 @@ class StreamingEncoder:
             return prefix + _mulaw(pcm)
         return prefix + _alaw(pcm)
 
+    def close(self) -> bytes:
+        return b"" if self._compressed is None else self._compressed.close()
+
 
 def encode_clip(pcm: np.ndarray, fmt: AudioFormat, sample_rate: int) -> bytes:
     """Encode a whole clip (any format)."""
-    if fmt.streamable:
-        if fmt is AudioFormat.WAV:
-            return wav_header(sample_rate, int(pcm.size)) + float_to_s16(pcm).tobytes()
-        return StreamingEncoder(fmt, sample_rate).encode(pcm)
-    if fmt is AudioFormat.OPUS and sample_rate not in OPUS_RATES:
-        raise AudioError(f"sample_rate: opus supports {OPUS_RATES}, not {sample_rate}")
-    container, subtype = {
-        AudioFormat.FLAC: ("FLAC", "PCM_16"),
-        AudioFormat.MP3: ("MP3", "MPEG_LAYER_III"),
-        AudioFormat.OPUS: ("OGG", "OPUS"),
-    }[fmt]
-    buf = io.BytesIO()
-    sf.write(buf, np.clip(pcm, -1.0, 1.0).astype(np.float32), sample_rate, format=container, subtype=subtype)
-    return buf.getvalue()
+    if fmt is AudioFormat.WAV:
+        return wav_header(sample_rate, int(pcm.size)) + float_to_s16(pcm).tobytes()
+    if (why := formats.rate_problem(fmt.spec, sample_rate)) is not None:
+        raise AudioError(f"sample_rate: {why}")
+    if fmt in _LIBSNDFILE:
+        encoder = SndfileEncoder(fmt.value, sample_rate)
+        encoder.encode(pcm)
+        return encoder.finish()  # the header patched at close: a whole clip states its length
+    return StreamingEncoder(fmt, sample_rate).encode(pcm)
 
 
 class StreamingResampler:

@@ -144,6 +144,13 @@ DUPLEX_REFUSED = Counter(
     ["reason"],
     registry=REGISTRY,
 )  # exported as voxstage_duplex_refused_sessions_total
+DUPLEX_ENDED = Counter(
+    "voxstage_duplex_ended_sessions",
+    "Gateway: duplex sessions the gateway ended because of their client, by reason (send_timeout: the "
+    "client stopped reading for gateway.duplex_send_timeout_s).",
+    ["reason"],
+    registry=REGISTRY,
+)  # exported as voxstage_duplex_ended_sessions_total
 DUPLEX_DROPPED_INPUT = Counter(
     "voxstage_duplex_dropped_input_seconds",
     "Gateway: seconds of user audio dropped because more than 2 s of it waited beyond the codec's grant.",

@@ -21,7 +21,6 @@ import ctypes
 import logging
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -33,6 +32,8 @@ from typing import Any
 from voxstage.config import ConfigError
 from voxstage.config.cli_args import add_deploy_options, load_from_args
 from voxstage.health_probe import check
+from voxstage.placement import place
+from voxstage.stage_tls import LinkTls, LinkTlsError, add_link_options, launch_link
 from voxstage.transport.shm_reader import sweep_dead_regions
 
 log = logging.getLogger("voxstage.serve")
@@ -59,8 +60,13 @@ def register(subparsers: Any) -> None:
     )
     p.add_argument("--http-port", type=int, default=None, help="HTTP port (default: gateway.http_port)")
     p.add_argument("--stage-host", default="127.0.0.1", help="address talker and codec listen on")
-    p.add_argument("--talker-port", type=int, default=0, help="talker gRPC port (default: a free port)")
-    p.add_argument("--codec-port", type=int, default=0, help="codec gRPC port (default: a free port)")
+    p.add_argument(
+        "--talker-port",
+        type=int,
+        default=0,
+        help="talker gRPC port; replica k of several gets PORT+k (default: free ports)",
+    )
+    p.add_argument("--codec-port", type=int, default=0, help="codec gRPC port, as --talker-port")  # fmt: skip
     p.add_argument("--talker-metrics-port", type=int, default=None)
     p.add_argument("--codec-metrics-port", type=int, default=None)
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto", help="device of both stages")
@@ -86,6 +92,7 @@ def register(subparsers: Any) -> None:
         help="restarts allowed per stage within --restart-window (5; 0 = never restart: any death stops all)",
     )
     r.add_argument("--restart-window", type=float, default=300.0, metavar="S", help="budget window (300)")
+    add_link_options(p, client=True, what="every process it starts (else the file's gateway.link_* keys)")
     add_deploy_options(p)
     p.set_defaults(handler=run)
 
@@ -100,6 +107,7 @@ class Stage:
     restarts: deque[float] = field(default_factory=deque)  # when each restart in the window was scheduled
     restart_at: float | None = None  # set while dead and waiting out its back-off
     starting_since: float | None = None  # set while a restarted process has not reported SERVING yet
+    tls: LinkTls | None = None  # what a health probe of a stage port presents (stage-link mTLS)
 
 
 @dataclass(frozen=True)
@@ -125,6 +133,11 @@ def run(args: argparse.Namespace) -> int:
     if not model:
         print(f"{args.config}: no model: pass --model or set `model` in the file", file=sys.stderr)
         return EXIT_INVALID
+    try:
+        link = launch_link(args, config.gateway)  # one set of files for talker, codec and gateway
+    except LinkTlsError as exc:
+        print(f"voxstage serve: {exc}", file=sys.stderr)
+        return EXIT_INVALID
     # Materialize a preset once here, so the stage processes do not race to build the same directory.
     from voxstage.presets import resolve_model
 
@@ -140,9 +153,9 @@ def run(args: argparse.Namespace) -> int:
         print("voxstage serve: --restart-* values must not be negative", file=sys.stderr)
         return EXIT_INVALID
     deploy = _deploy_flags(args)
+    tls = None if link is None else link.tls
+    talker_tls, codec_tls = (link.stage_flags(client=c) for c in (False, True)) if link else ([], [])
     host = args.stage_host
-    talker_port = args.talker_port or _free_port(host)
-    codec_port = args.codec_port or _free_port(host)
     stage_flags = ["--config", args.config, "--model", model, "--host", host, "--device", args.device]
     stage_flags += ["--drain-grace", str(args.drain_grace)]
     if args.threads is not None:
@@ -155,41 +168,49 @@ def run(args: argparse.Namespace) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, on_signal)
     stages: list[Stage] = []
-    try:
-        for devices in (config.talker.devices, config.codec.devices):
-            _visible_devices(devices)
+    try:  # replicas, ports and GPUs of every stage process (voxstage.placement)
+        talkers, codecs = place(
+            config, host, talker_port=args.talker_port, codec_port=args.codec_port,
+            talker_metrics_port=args.talker_metrics_port, codec_metrics_port=args.codec_metrics_port,
+        )  # fmt: skip
     except ValueError as exc:
         print(f"{args.config}: {exc}", file=sys.stderr)
         return EXIT_INVALID
     try:
-        plan: list[tuple[str, list[str], str, str]] = [
-            ("talker", _metrics(["--port", str(talker_port)], args.talker_metrics_port),
-             f"{host}:{talker_port}", config.talker.devices),
-            # The codec dials only this launch's talker, whatever a StreamOpen names (docs/protocol.md §1).
-            ("codec", _metrics(["--port", str(codec_port), "--allowed-talkers", f"{host}:{talker_port}"],
-                               args.codec_metrics_port), f"{host}:{codec_port}", config.codec.devices),
-        ]  # fmt: skip
-        for name, extra, address, devices in plan:
-            stages.append(_start(name, [*stage_flags, *extra, *deploy], address, _visible_devices(devices)))
-            if not _wait_serving(stages[-1], args.start_timeout, stopping):
-                return _abort(stages, args.drain_grace, stopping)
+        talker_list = ",".join(t.address for t in talkers)
+        codec_list = ",".join(c.address for c in codecs)
+        # The codecs dial only this launch's talkers, whatever a StreamOpen names (docs/protocol.md §1).
+        plan = [(t, ["--port", str(t.port), *talker_tls]) for t in talkers]
+        plan += [(c, ["--port", str(c.port), "--allowed-talkers", talker_list, *codec_tls]) for c in codecs]
+        for role in ("talker", "codec"):  # replicas of a stage start together; the codecs after the talkers
+            group = [(pl, extra) for pl, extra in plan if pl.role == role]
+            for pl, extra in group:
+                argv = [*stage_flags, *_metrics(extra, pl.metrics_port), *deploy]
+                stages.append(_start(pl.name, argv, pl.address, pl.visible, tls))
+            for started in stages[-len(group) :]:
+                if not _wait_serving(started, args.start_timeout, stopping):
+                    return _abort(stages, args.drain_grace, stopping)
         if not args.no_gateway:
             gw = config.gateway
+            if gw.codec_addresses or gw.talker_addresses:
+                log.warning("gateway.codec_addresses / talker_addresses: not used, the gateway gets the "
+                            "addresses of the stages started here")  # fmt: skip
             port = args.grpc_port or gw.grpc_port
             flags = [
                 "--config",
                 args.config,
                 "--codec",
-                f"{host}:{codec_port}",
+                codec_list,
                 "--talker",
-                f"{host}:{talker_port}",
+                talker_list,
             ]
             flags += ["--grpc-port", str(port), "--http-port", str(args.http_port or gw.http_port)]
             if args.host:
                 flags += ["--host", args.host]
             listen = args.host or gw.host
             probe = f"{'127.0.0.1' if listen in ('0.0.0.0', '::') else listen}:{port}"
-            stages.append(_start("gateway", [*flags, *deploy], probe, None))
+            overrides = link.gateway_overrides() if link else []
+            stages.append(_start("gateway", [*flags, *deploy, *overrides], probe, None))
             if not _wait_serving(stages[-1], args.start_timeout, stopping):
                 return _abort(stages, args.drain_grace, stopping)
         log.info("all stages SERVING: %s", ", ".join(f"{s.name} {s.address}" for s in stages))
@@ -216,25 +237,6 @@ def _metrics(flags: list[str], port: int | None) -> list[str]:
     return flags if port is None else [*flags, "--metrics-port", str(port)]
 
 
-def _free_port(host: str) -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
-
-
-def _visible_devices(devices: str) -> str:
-    """The stage's ``devices`` are indices into the launcher's own visible list."""
-    parent = os.environ.get("CUDA_VISIBLE_DEVICES")
-    ids = [int(i) for i in devices.split(",")]
-    if parent is None or not parent.strip():
-        return ",".join(str(i) for i in ids)
-    entries = [e.strip() for e in parent.split(",") if e.strip()]
-    missing = [i for i in ids if i >= len(entries)]
-    if missing:
-        raise ValueError(f"devices {devices!r} index past CUDA_VISIBLE_DEVICES={parent!r}")
-    return ",".join(entries[i] for i in ids)
-
-
 def _die_with_parent() -> None:
     # A launcher killed with SIGKILL cannot forward anything; the kernel then stops its children for it.
     with contextlib.suppress(OSError, AttributeError):
@@ -245,13 +247,16 @@ def _spawn(name: str, flags: Sequence[str], visible: str | None) -> subprocess.P
     env = dict(os.environ)
     if visible is not None:
         env["CUDA_VISIBLE_DEVICES"] = visible
-    cmd = [sys.executable, "-m", "voxstage", name, *flags]
+    role = name.partition("-")[0]  # a replica's name is its role plus its index (talker-1)
+    cmd = [sys.executable, "-m", "voxstage", role, *flags]
     log.info("starting %s: %s", name, " ".join(cmd))
     return subprocess.Popen(cmd, env=env, start_new_session=True, preexec_fn=_die_with_parent)  # noqa: S603
 
 
-def _start(name: str, flags: Sequence[str], address: str, visible: str | None) -> Stage:
-    return Stage(name, address, _spawn(name, flags, visible), list(flags), visible)
+def _start(
+    name: str, flags: Sequence[str], address: str, visible: str | None, tls: LinkTls | None = None
+) -> Stage:
+    return Stage(name, address, _spawn(name, flags, visible), list(flags), visible, tls=tls)
 
 
 def _supervise(
@@ -281,7 +286,7 @@ def _check_restarted(stage: Stage, start_timeout: float) -> int | None:
     """A restarted stage is watched like a first start, without blocking the loop: SERVING ends it; one
     stuck past ``start_timeout`` is killed and counts as another crash (its exit code is returned)."""
     assert stage.starting_since is not None
-    if check(stage.address, timeout=0.5):
+    if check(stage.address, timeout=0.5, tls=stage.tls):
         log.info(
             "%s stage is SERVING again on %s (pid %d, %.1f s after its restart)",
             stage.name,
@@ -352,7 +357,7 @@ def _wait_serving(stage: Stage, timeout: float, stopping: list[int]) -> bool:
         if code is not None:
             log.error("%s stage exited with code %d during start-up (see its log above)", stage.name, code)
             return False
-        if check(stage.address, timeout=1.0):
+        if check(stage.address, timeout=1.0, tls=stage.tls):
             log.info("%s stage is SERVING on %s", stage.name, stage.address)
             return True
         time.sleep(POLL_S)
@@ -368,18 +373,24 @@ def _abort(stages: Sequence[Stage], grace: float, stopping: list[int]) -> int:
 
 
 def _stop_all(stages: Sequence[Stage], grace: float) -> int:
-    """SIGTERM in reverse start order (gateway, codec, talker), each drained before the next."""
+    """SIGTERM in reverse start order (gateway, codecs, talkers), each stage drained before the next;
+    the replicas of one stage drain together."""
     code = 0
+    groups: dict[str, list[Stage]] = {}
     for s in reversed(stages):
-        if s.proc.poll() is None:
-            s.proc.send_signal(signal.SIGTERM)
+        groups.setdefault(s.name.partition("-")[0], []).append(s)
+    for group in groups.values():
+        for s in group:
+            if s.proc.poll() is None:
+                s.proc.send_signal(signal.SIGTERM)
+        for s in group:
             try:
                 s.proc.wait(grace + 10.0)
             except subprocess.TimeoutExpired:
                 log.error("%s stage did not stop within %.0f s; killing it", s.name, grace + 10.0)
                 s.proc.kill()
                 s.proc.wait()
-        rc = s.proc.returncode
-        log.info("%s stage exited with code %s", s.name, rc)
-        code = code or (0 if rc == 0 else EXIT_STAGE_FAILED)
+            rc = s.proc.returncode
+            log.info("%s stage exited with code %s", s.name, rc)
+            code = code or (0 if rc == 0 else EXIT_STAGE_FAILED)
     return code

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 from voxstage.config.cli_args import add_deploy_options, load_from_args
+from voxstage.stage_tls import LinkTlsError, add_link_options, link_from_args
 
 if TYPE_CHECKING:
     from voxstage.config import DeployConfig
@@ -32,6 +33,7 @@ GiB = 1 << 30
 WORKSPACE_FRACTION = 0.05
 MIN_WORKSPACE_BYTES = 512 << 20
 EXIT_START_FAILED = 1
+EXIT_USAGE = 2
 EXIT_ENGINE_FAILED = 3
 # Stages listen on loopback unless told otherwise: their gRPC ports are internal (no auth), and a stage
 # reachable from other hosts would let anyone open streams on it (and, for the codec, make it dial out).
@@ -77,11 +79,15 @@ def register_stage(
     build: Callable[[argparse.Namespace], StageParts],
     logger: logging.Logger,
     extra_options: Callable[[argparse.ArgumentParser], None] | None = None,
+    dials_stages: bool = False,
 ) -> None:
     """Add the ``voxstage <role>`` subcommand: the options every stage takes, plus the role's own
-    (``extra_options``); it runs ``run_stage``."""
+    (``extra_options``); it runs ``run_stage``. ``dials_stages``: the stage is also a client of other
+    stages (the codec dials talkers), so it takes ``--link-server-name`` too."""
     parser = subparsers.add_parser(role, help=help, description=description)
     add_stage_options(parser, default_port=default_port)
+    add_link_options(parser, client=dials_stages, what=f"the {role} (its gRPC port"
+                     + (" and its channels to talkers)" if dials_stages else ")"))  # fmt: skip
     if extra_options is not None:
         extra_options(parser)
     parser.set_defaults(handler=functools.partial(run_stage, role=role, build=build, logger=logger))
@@ -97,6 +103,13 @@ def run_stage(
 
     ``logger`` is the stage's own (its name is part of every log line), not this module's."""
     setup_logging(args.log_level, role)
+    try:
+        # Read before the model loads, so a half-configured set fails in a second, naming the flag. Kept on
+        # ``args``: the codec's build hands it to its talker channels.
+        args.link_tls = link_from_args(args)
+    except LinkTlsError as exc:
+        logger.error("%s: cannot start: %s", role, exc)
+        return EXIT_USAGE
     try:
         parts = build(args)
     except Exception as exc:  # noqa: BLE001 - any start-up failure ends the process with its reason
@@ -262,15 +275,23 @@ async def serve(parts: StageParts, args: argparse.Namespace) -> int:
         with contextlib.suppress(NotImplementedError):
             loop.add_signal_handler(sig, stop.set)
     parts.start(loop, on_fatal)
+    link = getattr(args, "link_tls", None)
     stage = await start_stage_server(
-        parts.bindings, host=args.host, port=args.port, metrics_port=args.metrics_port
+        parts.bindings,
+        host=args.host,
+        port=args.port,
+        metrics_port=args.metrics_port,
+        credentials=None if link is None else link.server_credentials(),
     )
     try:
         seconds = await parts.warm_up()
         log.info("%s: warm-up request took %.2f s", parts.role, seconds)
         parts.servicer.ready = True
         await stage.set_ready()
-        log.info("%s: SERVING on %s:%d", parts.role, args.host, stage.port)
+        log.info(
+            "%s: SERVING on %s:%d (%s)", parts.role, args.host, stage.port,
+            "mutual TLS: clients need a certificate from --link-ca" if link else "plain gRPC",
+        )  # fmt: skip
         await stop.wait()
         if fatal:
             log.error("%s: engine thread failed (%s); stopping", parts.role, fatal[0])

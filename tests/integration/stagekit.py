@@ -201,10 +201,13 @@ async def synthesize(
             ref.audio_format = S.PCM_FORMAT_F32LE
             ref.audio_sample_rate_hz = reference.sample_rate
             ref.text = reference.text
+        if stream_text:
+            # Streaming input: deltas, so the talker starts the segment early (early_start_chars) in its
+            # streaming-text mode and takes the rest as it comes.
+            op.text_deltas = True
         outbox.put_nowait(S.CodecStreamRequest(open=op))
         outbox.put_nowait(S.CodecStreamRequest(text=text))
-        if stream_text:  # streaming input: flush what we have, then deltas
-            outbox.put_nowait(S.CodecStreamRequest(flush=S.Flush()))
+        if stream_text:
             for delta in stream_text:
                 outbox.put_nowait(S.CodecStreamRequest(text=delta))
         outbox.put_nowait(S.CodecStreamRequest(end_of_input=S.EndOfInput()))

@@ -148,7 +148,7 @@ async def test_bad_input_through_the_real_stages(stack: ComposeStack) -> None:
         cases = [
             # uint64 on the wire, 63 bits in the samplers: refused at the edge, in the talker's words.
             ({"seed": 2**63}, grpc.StatusCode.INVALID_ARGUMENT, "seed: must be in [0, 2**63)"),
-            ({"voice": "alloy"}, grpc.StatusCode.NOT_FOUND, "voice 'alloy'"),
+            ({"voice": "nobody"}, grpc.StatusCode.NOT_FOUND, "voice 'nobody'"),
             ({"language": "klingon"}, grpc.StatusCode.INVALID_ARGUMENT, "config.language"),
             ({"temperature": -1.0}, grpc.StatusCode.INVALID_ARGUMENT, "config.sampling.temperature"),
         ]

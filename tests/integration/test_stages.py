@@ -188,7 +188,8 @@ async def test_a_processes_equal_in_process_engines(pair_a: Pair, cache: Path) -
 
 
 async def test_a_streamed_text_equals_in_process_engines(pair_a: Pair, cache: Path) -> None:
-    # flush after the first words: the talker starts in streaming-text mode and takes later deltas.
+    # Text deltas without a flush: past early_start_chars the talker starts the segment in streaming-text
+    # mode and takes later deltas; the result equals the engines fed the same way in process.
     res = await synthesize(pair_a.codec.address, pair_a.talker_address, TEXT_HEAD, stream_text=TEXT_TAIL)
     assert res.eos is not None and res.eos.reason == S.END_REASON_MAX_FRAMES, res.eos
     expected = in_process_reference(cache, FRAMES, seed=42, stream_text=TEXT_TAIL)

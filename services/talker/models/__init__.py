@@ -27,6 +27,9 @@ class TalkerInfo:
     default_sampling: SamplingParams
     default_subtalker_sampling: SamplingParams
     max_new_frames: int
+    # The model can start speaking before a segment's text is complete (a streaming-text prompt), so the
+    # talker may start a segment early (SegmentsConfig.early_start_chars).
+    streams_text: bool = False
 
 
 def load_talker(
@@ -57,6 +60,7 @@ def load_talker(
     info = TalkerInfo(
         family="qwen3_tts",
         model=source.name,
+        streams_text=True,
         num_code_groups=t.num_code_groups,
         frame_rate_hz=12.5,
         voices=tuple(sorted(t.spk_id)),

@@ -20,16 +20,14 @@ import grpc
 import numpy as np
 from google.rpc import error_details_pb2, status_pb2
 
+from voxstage import formats
 from voxstage.v1 import speech_pb2
 
-Encoding = Literal["pcm", "pcm_f32", "wav", "mulaw", "alaw", "opus"]
+# The format table every face shares (voxstage.formats); the Literal spells it for type checkers, and a test
+# keeps the two equal.
+Encoding = Literal["pcm", "pcm_f32", "wav", "mulaw", "alaw", "mp3", "opus", "flac"]
 ENCODINGS: dict[str, speech_pb2.AudioEncoding] = {
-    "pcm": speech_pb2.AUDIO_ENCODING_PCM_S16LE,
-    "pcm_f32": speech_pb2.AUDIO_ENCODING_PCM_F32LE,
-    "wav": speech_pb2.AUDIO_ENCODING_WAV,
-    "mulaw": speech_pb2.AUDIO_ENCODING_MULAW,
-    "alaw": speech_pb2.AUDIO_ENCODING_ALAW,
-    "opus": speech_pb2.AUDIO_ENCODING_OGG_OPUS,
+    f.name: speech_pb2.AudioEncoding.ValueType(f.encoding) for f in formats.FORMATS
 }
 NAMES: dict[int, str] = {v: k for k, v in ENCODINGS.items()}
 RETRYABLE = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED})

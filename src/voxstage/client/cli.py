@@ -1,7 +1,8 @@
 """``voxstage say "text" -o out.wav``: synthesize through a running gateway with the SDK.
 
-The output encoding follows the file name (.wav, .pcm, .raw, .ulaw, .alaw, .opus/.ogg); ``--stream``
-uses the streaming RPC and writes audio as it arrives, reporting the time to the first chunk.
+The output format follows the file name's extension, or ``--format``; both come from the one format table
+(``voxstage.formats``: .wav, .pcm/.raw, .f32, .ulaw, .alaw, .mp3, .opus/.ogg, .flac). ``--stream`` uses the
+streaming RPC and writes audio as it arrives, reporting the time to the first chunk.
 """
 
 from __future__ import annotations
@@ -9,9 +10,9 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from voxstage import formats
 from voxstage.client._common import add_connection_options, connection_options
 
 if TYPE_CHECKING:
@@ -19,33 +20,31 @@ if TYPE_CHECKING:
 
 EXIT_FAILED = 1
 EXIT_INVALID = 2
-SUFFIXES = {
-    ".wav": "wav",
-    ".pcm": "pcm",
-    ".raw": "pcm",
-    ".ulaw": "mulaw",
-    ".alaw": "alaw",
-    ".opus": "opus",
-    ".ogg": "opus",
-}
+SUFFIXES = {suffix: f.name for suffix, f in formats.BY_SUFFIX.items()}
 
 
 def _encoding(path: str) -> str | None:
-    return SUFFIXES.get(Path(path).suffix.lower())
+    found = formats.by_suffix(path)
+    return None if found is None else found.name
 
 
 def _run(args: argparse.Namespace) -> int:
     from voxstage.client import SpeechClient, SpeechError
 
-    encoding = _encoding(args.output)
+    encoding = args.format or _encoding(args.output)
     if encoding is None:
         print(
-            f"voxstage say: -o: cannot tell the format of {args.output!r}; use one of {', '.join(SUFFIXES)}",
+            f"voxstage say: -o: cannot tell the format of {args.output!r}; use one of {', '.join(SUFFIXES)} "
+            "or give --format",
             file=sys.stderr,
         )
         return EXIT_INVALID
-    if args.stream and encoding == "opus":  # the gateway streams only the chunkable encodings
-        print("voxstage say: --stream: opus is produced whole; drop --stream or write .wav", file=sys.stderr)
+    if args.stream and not formats.BY_NAME[encoding].streams:
+        print(
+            f"voxstage say: --stream: {encoding} is produced whole; drop --stream or use one of "
+            f"{', '.join(formats.STREAMING_NAMES)}",
+            file=sys.stderr,
+        )
         return EXIT_INVALID
     options = {
         "voice": args.voice,
@@ -110,7 +109,12 @@ def add_say(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[typ
         "say", help="synthesize text through a running gateway", description=__doc__
     )
     parser.add_argument("text", help="what to say")
-    parser.add_argument("-o", "--output", required=True, help="output file (.wav, .pcm, .ulaw, .alaw, .opus)")
+    parser.add_argument(
+        "-o", "--output", required=True, help=f"output file ({', '.join(SUFFIXES)}; any name with --format)"
+    )
+    parser.add_argument(
+        "--format", choices=formats.NAMES, default=None, help="output format (default: from the file name)"
+    )
     parser.add_argument("--addr", default="localhost:50051", help="gateway gRPC address (host:port)")
     add_connection_options(parser)
     parser.add_argument("--voice", default="", help="voice name (see ListVoices); default: the model's")

@@ -145,19 +145,25 @@ def check_edges(cfg: DeployConfig) -> list[Issue]:
 
 def check_devices(cfg: DeployConfig) -> list[Issue]:
     out: list[Issue] = []
+    # Every replica is its own process with its own budget: a GPU's sum counts each replica on it.
     users: dict[int, list[tuple[int, StageConfig]]] = defaultdict(list)
     for i, stage in enumerate(cfg.stages):
-        for device in stage.device_ids:
-            users[device].append((i, stage))
-        if len(stage.device_ids) > 1:
-            out.append(
-                _warning(
-                    ("stages", i, "devices"),
-                    f"lists {len(stage.device_ids)} GPUs, but a stage runs on one GPU (no tensor "
-                    f"parallelism): it uses GPU {stage.device_ids[0]} and the others are only made "
-                    "visible to the process",
+        if stage.replica_devices is not None and "devices" in stage.model_fields_set:
+            out.append(_warning(("stages", i, "devices"), "no effect: replica_devices places every replica"))
+        for devices in stage.replica_device_lists:
+            for device in (int(part) for part in devices.split(",")):
+                users[device].append((i, stage))
+        for devices in dict.fromkeys(stage.replica_device_lists):  # once per distinct list
+            ids = [int(part) for part in devices.split(",")]
+            if len(ids) > 1:
+                out.append(
+                    _warning(
+                        ("stages", i, "devices" if stage.replica_devices is None else "replica_devices"),
+                        f"lists {len(ids)} GPUs, but a stage runs on one GPU (no tensor "
+                        f"parallelism): it uses GPU {ids[0]} and the others are only made "
+                        "visible to the process",
+                    )
                 )
-            )
     for device, sharing in sorted(users.items()):
         total = sum(stage.gpu_memory_utilization for _, stage in sharing)
         if total > 1.0 + _EPS:
@@ -208,6 +214,14 @@ def check_stage_settings(cfg: DeployConfig) -> list[Issue]:
                     )
                 )
         elif stage.stage_id == CODEC_STAGE_ID:
+            if stage.segments is not None:
+                out.append(
+                    _error(
+                        ("stages", i, "segments"),
+                        f"belongs to the talker stage (stage_id {TALKER_STAGE_ID}): the talker cuts "
+                        "text into segments",
+                    )
+                )
             if stage.subtalker_sampling_params is not None:
                 out.append(
                     _error(
@@ -231,7 +245,7 @@ def check_session(cfg: DeployConfig) -> list[Issue]:
     out: list[Issue] = []
     gw = cfg.gateway
     if cfg.session_mode != "duplex":
-        for key in ("duplex_idle_timeout_s", "duplex_max_session_s"):
+        for key in ("duplex_idle_timeout_s", "duplex_max_session_s", "duplex_send_timeout_s"):
             if key in gw.model_fields_set:
                 out.append(
                     _warning(

@@ -46,11 +46,18 @@ class GatewayConfig(StrictModel):
     max_queue: int = Field(default=64, ge=0)
     queue_timeout_s: float = Field(default=30.0, gt=0.0)
     max_text_chars: int = Field(default=4096, ge=1)
+    # Voice names (OpenAI's, or any) standing for voices of the served model: alias -> voice. Unset: the
+    # family's built-in table (gateway/voice_aliases.py); {} turns aliases off. Targets are checked against
+    # the model's voices once the gateway knows them (a missing one is logged, and refused per request).
+    voice_aliases: dict[str, str] | None = None
     # Duplex sessions (session_mode: duplex): closed after this long without client audio, and after this
     # long in all; a session holds a talker slot for its whole life, so neither may be unbounded (a day at
     # most, as for streaming calls below).
     duplex_idle_timeout_s: float = Field(default=30.0, gt=0.0)
     duplex_max_session_s: float = Field(default=3600.0, gt=0.0, le=86400.0)
+    # A client that keeps its connection but stops reading parks the session's agent audio in its face's
+    # write; beyond this the gateway ends the session and frees its slots instead of waiting for a disconnect.
+    duplex_send_timeout_s: float = Field(default=10.0, gt=0.0, le=300.0)
     # Streaming calls (gRPC StreamingSynthesize; on HTTP, a response the client does not take, and every
     # request): each holds an admission slot and a codec stream until it ends, so a client that sends nothing
     # or takes no audio is ended after the idle timeout, and every call after the lifetime limit; neither may
@@ -73,6 +80,56 @@ class GatewayConfig(StrictModel):
     tls_key_file: str | None = Field(default=None, min_length=1)
     reflection: bool = True
     public_metrics: bool = True
+    # Mutual TLS on the gateway's links to the stages (off by default: a private network). The stages take
+    # the same files as ``--link-*`` flags; ``voxstage serve`` passes one set to every process.
+    link_ca_file: str | None = Field(default=None, min_length=1)
+    link_cert_file: str | None = Field(default=None, min_length=1)
+    link_key_file: str | None = Field(default=None, min_length=1)
+    link_server_name: str | None = Field(default=None, min_length=1)
+    # Where the stages are (``voxstage gateway`` without --codec/--talker reads these): host:port entries,
+    # a name standing for every address it resolves to (gateway/discovery.py). ``voxstage serve`` passes
+    # the addresses of the stages it starts instead.
+    codec_addresses: list[str] | None = Field(default=None, min_length=1)
+    talker_addresses: list[str] | None = Field(default=None, min_length=1)
+    # How often names among those addresses are resolved again (also at once on failure); DNS TTLs of
+    # headless Services are seconds to tens of seconds, and a lookup is cheap.
+    discovery_interval_s: float = Field(default=5.0, gt=0.0, le=3600.0)
+
+    @field_validator("codec_addresses", "talker_addresses", mode="before")
+    @classmethod
+    def _address_list(cls, value: Any) -> Any:
+        # `--set gateway.talker_addresses=a:1,b:2` arrives as one string; a YAML list is the file's form.
+        return [part.strip() for part in value.split(",")] if isinstance(value, str) else value
+
+    @field_validator("codec_addresses", "talker_addresses")
+    @classmethod
+    def _host_ports(cls, value: list[str] | None) -> list[str] | None:
+        if value is not None:
+            from voxstage.resolver import split_host_port
+
+            for entry in value:
+                host, port = split_host_port(entry)  # ValueError names the entry
+                if not 0 < port < 65536:
+                    raise ValueError(f"{entry!r}: port out of range")
+            if len(set(value)) != len(value):
+                raise ValueError(f"lists an address twice: {value}")
+        return value
+
+    @field_validator("voice_aliases")
+    @classmethod
+    def _aliases(cls, value: dict[str, str] | None) -> dict[str, str] | None:
+        if value is None:
+            return None
+        table: dict[str, str] = {}
+        for alias, target in value.items():
+            if not alias.strip() or any(c.isspace() for c in alias):
+                raise ValueError(f"alias {alias!r} must be a non-empty name without spaces")
+            if not target.strip():
+                raise ValueError(f"alias {alias!r} needs a target voice, got {target!r}")
+            if alias.lower() in table:
+                raise ValueError(f"alias {alias!r} is listed twice (names match without regard to case)")
+            table[alias.lower()] = target.strip()  # voices are matched without regard to case too
+        return table
 
     @model_validator(mode="after")
     def _distinct_ports(self) -> GatewayConfig:
@@ -87,6 +144,24 @@ class GatewayConfig(StrictModel):
             if self.tls_cert_file is None:
                 have, missing = missing, have
             raise ValueError(f"gateway.{have} is set but gateway.{missing} is not: TLS needs both PEM files")
+        return self
+
+    @model_validator(mode="after")
+    def _link_set(self) -> GatewayConfig:
+        files = {"link_ca_file": self.link_ca_file, "link_cert_file": self.link_cert_file,
+                 "link_key_file": self.link_key_file}  # fmt: skip
+        missing = [f"gateway.{name}" for name, value in files.items() if value is None]
+        if len(missing) == len(files):
+            if self.link_server_name is not None:
+                raise ValueError(
+                    "gateway.link_server_name is set but mTLS on the stage links is off: it also needs "
+                    "gateway.link_ca_file, gateway.link_cert_file and gateway.link_key_file"
+                )
+        elif missing:
+            raise ValueError(
+                f"{', '.join(missing)} not set: mTLS on the stage links needs gateway.link_ca_file, "
+                "gateway.link_cert_file and gateway.link_key_file together"
+            )
         return self
 
     @property
@@ -209,10 +284,12 @@ class DeployConfig(StrictModel):
     @property
     def admission_limit(self) -> int:
         """Requests the gateway runs at once: ``gateway.max_concurrent_requests``, else the smaller of the
-        talker's slots and the codec's streams (each request holds one of each)."""
+        talkers' slots and the codecs' streams over this file's replicas (each request holds one of each).
+        Replicas found by discovery beyond those are not counted: set the key when the fleet is larger."""
         if self.gateway.max_concurrent_requests is not None:
             return self.gateway.max_concurrent_requests
-        return min(self.talker.max_num_seqs, self.codec.max_num_seqs)
+        talker, codec = self.talker, self.codec
+        return min(talker.max_num_seqs * talker.replica_count, codec.max_num_seqs * codec.replica_count)
 
     def model_path(self) -> Path | None:
         """``model`` as a directory, or None when it is unset or a preset name.

@@ -73,6 +73,37 @@ class SamplingParams(StrictModel):
         return self.temperature == 0.0 or self.top_k == 1
 
 
+class SegmentsConfig(StrictModel):
+    """voxstage: how the talker turns a streaming request's text into segments (voxstage.segments)."""
+
+    # Start a segment's take once this many characters of it are in, before its flush, in the model's
+    # streaming-text mode (families that stream text only; 0: every segment waits for its flush).
+    early_start_chars: int = Field(default=16, ge=0, le=4096)
+    # The per-segment frame cap from the text length; a request's explicit max_frames replaces it.
+    frame_cap: bool = True
+    frame_cap_floor_s: float = Field(default=3.0, gt=0.0, le=600.0)
+    frame_cap_s_per_char: float = Field(default=0.15, gt=0.0, le=10.0)
+    frame_cap_s_per_wide_char: float = Field(default=0.5, gt=0.0, le=10.0)
+
+
+def _int_as_devices(value: Any) -> Any:
+    # `devices: 0` (unquoted) and `--set stages.1.devices=1` are YAML ints; accept them as one index.
+    if isinstance(value, int) and not isinstance(value, bool):
+        return str(value)
+    return value
+
+
+def _device_list(value: str) -> str:
+    if not _DEVICES.match(value):
+        raise ValueError(
+            f"must be a comma-separated list of non-negative GPU indices like '0' or '0,1', got {value!r}"
+        )
+    ids = [int(part) for part in value.split(",")]
+    if len(set(ids)) != len(ids):
+        raise ValueError(f"lists a GPU index twice: {value!r}")
+    return ",".join(str(i) for i in ids)
+
+
 class StageConfig(StrictModel):
     """One stage process: its device slice, its engine limits and its connector edges."""
 
@@ -91,30 +122,56 @@ class StageConfig(StrictModel):
     output_connectors: dict[str, str] = Field(default_factory=dict)
     default_sampling_params: SamplingParams = Field(default_factory=SamplingParams)
     subtalker_sampling_params: SamplingParams | None = None
+    segments: SegmentsConfig | None = None  # talker only; None: the defaults
+    # voxstage serve: how many processes of this stage to start on this host, and each one's GPUs
+    # (docs/configuration.md, "Replicas on one host"). Unset: one replica on `devices`.
+    replicas: int | None = Field(default=None, ge=1, le=64)
+    replica_devices: list[str] | None = Field(default=None, min_length=1)
 
     @field_validator("devices", mode="before")
     @classmethod
     def _devices_from_int(cls, value: Any) -> Any:
-        # `devices: 0` (unquoted) and `--set stages.1.devices=1` are YAML ints; accept them as one index.
-        if isinstance(value, int) and not isinstance(value, bool):
-            return str(value)
-        return value
+        return _int_as_devices(value)
+
+    @field_validator("replica_devices", mode="before")
+    @classmethod
+    def _replica_devices_from_ints(cls, value: Any) -> Any:
+        return [_int_as_devices(v) for v in value] if isinstance(value, list) else value
 
     @field_validator("devices")
     @classmethod
     def _devices_list(cls, value: str) -> str:
-        if not _DEVICES.match(value):
-            raise ValueError(
-                f"must be a comma-separated list of non-negative GPU indices like '0' or '0,1', got {value!r}"
-            )
-        ids = [int(part) for part in value.split(",")]
-        if len(set(ids)) != len(ids):
-            raise ValueError(f"lists a GPU index twice: {value!r}")
-        return ",".join(str(i) for i in ids)
+        return _device_list(value)
+
+    @field_validator("replica_devices")
+    @classmethod
+    def _replica_device_lists(cls, value: list[str] | None) -> list[str] | None:
+        return None if value is None else [_device_list(v) for v in value]
+
+    @model_validator(mode="after")
+    def _replica_count(self) -> StageConfig:
+        if self.replicas is not None and self.replica_devices is not None:
+            if self.replicas != len(self.replica_devices):
+                raise ValueError(
+                    f"replicas is {self.replicas} but replica_devices lists {len(self.replica_devices)} "
+                    "entries (one per replica); set one of them"
+                )
+        return self
 
     @property
     def device_ids(self) -> tuple[int, ...]:
         return tuple(int(part) for part in self.devices.split(","))
+
+    @property
+    def replica_count(self) -> int:
+        if self.replica_devices is not None:
+            return len(self.replica_devices)
+        return self.replicas or 1
+
+    @property
+    def replica_device_lists(self) -> list[str]:
+        """Each replica's ``devices`` (what its process sees), in replica order."""
+        return list(self.replica_devices or [self.devices] * self.replica_count)
 
     @property
     def role(self) -> StageRole | None:

@@ -19,12 +19,15 @@ class AudioEncoding(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     AUDIO_ENCODING_MULAW: _ClassVar[AudioEncoding]
     AUDIO_ENCODING_ALAW: _ClassVar[AudioEncoding]
     AUDIO_ENCODING_OGG_OPUS: _ClassVar[AudioEncoding]
+    AUDIO_ENCODING_MP3: _ClassVar[AudioEncoding]
+    AUDIO_ENCODING_FLAC: _ClassVar[AudioEncoding]
 
 class FinishReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     FINISH_REASON_UNSPECIFIED: _ClassVar[FinishReason]
     FINISH_REASON_END_OF_SPEECH: _ClassVar[FinishReason]
     FINISH_REASON_MAX_FRAMES: _ClassVar[FinishReason]
+    FINISH_REASON_FRAME_CAP: _ClassVar[FinishReason]
 
 class TurnDetectionType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -48,9 +51,12 @@ AUDIO_ENCODING_WAV: AudioEncoding
 AUDIO_ENCODING_MULAW: AudioEncoding
 AUDIO_ENCODING_ALAW: AudioEncoding
 AUDIO_ENCODING_OGG_OPUS: AudioEncoding
+AUDIO_ENCODING_MP3: AudioEncoding
+AUDIO_ENCODING_FLAC: AudioEncoding
 FINISH_REASON_UNSPECIFIED: FinishReason
 FINISH_REASON_END_OF_SPEECH: FinishReason
 FINISH_REASON_MAX_FRAMES: FinishReason
+FINISH_REASON_FRAME_CAP: FinishReason
 TURN_DETECTION_TYPE_UNSPECIFIED: TurnDetectionType
 TURN_DETECTION_TYPE_NONE: TurnDetectionType
 TURN_DETECTION_TYPE_SERVER_VAD: TurnDetectionType
@@ -211,16 +217,18 @@ class AudioChunk(_message.Message):
     def __init__(self, data: _Optional[bytes] = ..., sample_offset: _Optional[int] = ..., segment_index: _Optional[int] = ...) -> None: ...
 
 class SegmentDone(_message.Message):
-    __slots__ = ("segment_index", "sample_count", "time_to_first_audio", "duration")
+    __slots__ = ("segment_index", "sample_count", "time_to_first_audio", "duration", "finish_reason")
     SEGMENT_INDEX_FIELD_NUMBER: _ClassVar[int]
     SAMPLE_COUNT_FIELD_NUMBER: _ClassVar[int]
     TIME_TO_FIRST_AUDIO_FIELD_NUMBER: _ClassVar[int]
     DURATION_FIELD_NUMBER: _ClassVar[int]
+    FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
     segment_index: int
     sample_count: int
     time_to_first_audio: _duration_pb2.Duration
     duration: _duration_pb2.Duration
-    def __init__(self, segment_index: _Optional[int] = ..., sample_count: _Optional[int] = ..., time_to_first_audio: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., duration: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ...) -> None: ...
+    finish_reason: FinishReason
+    def __init__(self, segment_index: _Optional[int] = ..., sample_count: _Optional[int] = ..., time_to_first_audio: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., duration: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ...) -> None: ...
 
 class SynthesisSummary(_message.Message):
     __slots__ = ("request_id", "finish_reason", "segment_count", "sample_count", "frame_count", "audio_duration", "time_to_first_audio", "total_duration")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -51,6 +52,8 @@ class FakeDuplexCodec(stage_pb2_grpc.CodecServicer):
     active: int = 0
     user_messages: int = 0
     protocol_errors: list[str] = field(default_factory=list)
+    # request_id -> when its latest user frame arrived: a session whose client stops reading stops here
+    last_user_audio: dict[str, float] = field(default_factory=dict)
 
     async def Status(self, request: Any, context: Any) -> stage_pb2.CodecStatusResponse:
         return stage_pb2.CodecStatusResponse(
@@ -112,6 +115,7 @@ class FakeDuplexCodec(stage_pb2_grpc.CodecServicer):
                 if kind == "user_audio":
                     chunk = msg.user_audio
                     self.user_messages += 1
+                    self.last_user_audio[op.request_id] = time.monotonic()
                     if chunk.sample_count != FRAME or chunk.sample_offset != received:
                         self.protocol_errors.append(f"user_audio {chunk.sample_offset}+{chunk.sample_count}")
                     if chunk.sample_count > user_credit:
@@ -163,4 +167,3 @@ class FakeDuplexTalker(stage_pb2_grpc.TalkerServicer):
                 ready=True, model=MODEL, family=FAMILY, slots_total=8, frame_rate_hz=12.5, sample_rate_hz=RATE
             )
         )
-

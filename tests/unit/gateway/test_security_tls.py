@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-import shutil
 import ssl
-import subprocess
 from pathlib import Path
 
 import grpc
@@ -14,25 +12,15 @@ import pytest
 from gateway_fakes import expected_samples
 from gateway_kit import MakeStack
 
+from tests.tlskit import self_signed
 from voxstage import health_probe
 from voxstage.client import AsyncSpeechClient, RetryPolicy, SpeechClient, SpeechError
 
 
 @pytest.fixture
 def cert(tmp_path: Path) -> tuple[Path, Path]:
-    """A self-signed certificate for 127.0.0.1 and localhost: ``cryptography`` is not in the venv, so
-    ``openssl`` makes it; without either the TLS tests are skipped."""
-    openssl = shutil.which("openssl")
-    if openssl is None:
-        pytest.skip("no way to make a test certificate: neither cryptography nor the openssl command")
-    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
-    subprocess.run(
-        [openssl, "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
-         "-days", "1", "-subj", "/CN=localhost", "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1",
-         "-keyout", str(key), "-out", str(cert)],
-        check=True, capture_output=True,
-    )  # fmt: skip
-    return cert, key
+    """A self-signed certificate for 127.0.0.1 and localhost (skipped without ``openssl``)."""
+    return self_signed(tmp_path)
 
 
 def _tls(cert: tuple[Path, Path]) -> list[str]:

@@ -274,3 +274,60 @@ def test_graphs_enabled_before_the_slots_exist_reach_the_prefill(
     adapter.enable_cuda_graphs()
     adapter.allocate(2, 64)
     assert adapter.graphs is not None and adapter.prefill_runner.graphs is not None
+
+
+def test_a_follower_takes_the_freed_slot_ahead_of_the_queue(
+    tiny_custom_voice: Qwen3TTSTalker, tiny_tokenizer: QwenTextTokenizer
+) -> None:
+    # One slot: r0 runs, r1 queues, r2 follows r0 (a stream's next segment). When r0 ends, r2 goes first.
+    eng = make_engine(tiny_custom_voice, tiny_tokenizer, 1)
+    eng.submit(request(0, frames=4))
+    eng.submit(request(1, frames=4))
+    eng.submit(request(2, frames=4), follows="r0")
+    assert eng.queue_depth() == 3  # r0 and r1 waiting, r2 following
+    order: list[str] = []
+    out: dict[str, list[TalkerOutput]] = {}
+    for _ in range(100):
+        for o in eng.step():
+            out.setdefault(o.request_id, []).append(o)
+            if o.finish is not None:
+                order.append(o.request_id)
+        if not eng.has_work():
+            break
+    assert order == ["r0", "r2", "r1"]
+    # A follower's frames are what it makes alone: taking over a slot leaves nothing of the previous take.
+    alone = drive(make_engine(tiny_custom_voice, tiny_tokenizer, 1), [request(2, frames=4)])
+    assert np.array_equal(frames_of(alone["r2"]), frames_of(out["r2"]))
+
+
+def test_cancelling_a_take_cancels_its_follower(
+    tiny_custom_voice: Qwen3TTSTalker, tiny_tokenizer: QwenTextTokenizer
+) -> None:
+    eng = make_engine(tiny_custom_voice, tiny_tokenizer, 2)
+    eng.submit(request(0, frames=40))
+    eng.submit(request(1, frames=40), follows="r0")
+    eng.submit(request(2, frames=40), follows="r1")  # a chain: r2 waits behind r1, which waits behind r0
+    for _ in range(3):
+        eng.step()
+    eng.cancel("r0")
+    finishes: dict[str, Finish] = {}
+    for _ in range(5):
+        finishes.update({o.request_id: o.finish for o in eng.step() if o.finish is not None})
+    assert finishes == dict.fromkeys(("r0", "r1", "r2"), Finish.CANCELLED)
+    assert eng.slots_in_use() == 0 and eng.queue_depth() == 0 and not eng.has_work()
+
+
+def test_a_follower_of_an_ended_take_goes_to_the_front(
+    tiny_custom_voice: Qwen3TTSTalker, tiny_tokenizer: QwenTextTokenizer
+) -> None:
+    eng = make_engine(tiny_custom_voice, tiny_tokenizer, 1)
+    eng.submit(request(0, frames=40))
+    eng.submit(request(1, frames=2))
+    eng.step()  # r0 holds the slot, r1 waits
+    eng.submit(request(3, frames=2), follows="gone")  # the take it follows has already ended
+    order = []
+    for _ in range(200):
+        order += [o.request_id for o in eng.step() if o.finish is not None]
+        if not eng.has_work():
+            break
+    assert order == ["r0", "r3", "r1"]

@@ -36,6 +36,7 @@ class EndReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     END_REASON_MAX_FRAMES: _ClassVar[EndReason]
     END_REASON_CANCELLED: _ClassVar[EndReason]
     END_REASON_ERROR: _ClassVar[EndReason]
+    END_REASON_FRAME_CAP: _ClassVar[EndReason]
 
 class RequestPhase(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -60,6 +61,7 @@ END_REASON_EOS: EndReason
 END_REASON_MAX_FRAMES: EndReason
 END_REASON_CANCELLED: EndReason
 END_REASON_ERROR: EndReason
+END_REASON_FRAME_CAP: EndReason
 REQUEST_PHASE_UNSPECIFIED: RequestPhase
 REQUEST_PHASE_QUEUED: RequestPhase
 REQUEST_PHASE_PREFILL: RequestPhase
@@ -149,7 +151,7 @@ class ChunkSchedule(_message.Message):
     def __init__(self, initial_chunk_frames: _Optional[int] = ..., steady_chunk_frames: _Optional[int] = ..., left_context_frames: _Optional[int] = ...) -> None: ...
 
 class StreamOpen(_message.Message):
-    __slots__ = ("request_id", "mode", "talker_address", "model", "voice", "language", "instructions", "seed", "sampling", "subtalker_sampling", "non_streaming_mode", "reference", "chunk_schedule", "pcm_format", "sample_rate_hz", "initial_credit", "transport")
+    __slots__ = ("request_id", "mode", "talker_address", "model", "voice", "language", "instructions", "seed", "sampling", "subtalker_sampling", "non_streaming_mode", "text_deltas", "reference", "chunk_schedule", "pcm_format", "sample_rate_hz", "initial_credit", "transport")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     MODE_FIELD_NUMBER: _ClassVar[int]
     TALKER_ADDRESS_FIELD_NUMBER: _ClassVar[int]
@@ -161,6 +163,7 @@ class StreamOpen(_message.Message):
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
     SUBTALKER_SAMPLING_FIELD_NUMBER: _ClassVar[int]
     NON_STREAMING_MODE_FIELD_NUMBER: _ClassVar[int]
+    TEXT_DELTAS_FIELD_NUMBER: _ClassVar[int]
     REFERENCE_FIELD_NUMBER: _ClassVar[int]
     CHUNK_SCHEDULE_FIELD_NUMBER: _ClassVar[int]
     PCM_FORMAT_FIELD_NUMBER: _ClassVar[int]
@@ -178,13 +181,14 @@ class StreamOpen(_message.Message):
     sampling: _speech_pb2.SamplingParams
     subtalker_sampling: _speech_pb2.SubtalkerSamplingParams
     non_streaming_mode: bool
+    text_deltas: bool
     reference: VoiceReference
     chunk_schedule: ChunkSchedule
     pcm_format: PcmFormat
     sample_rate_hz: int
     initial_credit: Credit
     transport: TransportHello
-    def __init__(self, request_id: _Optional[str] = ..., mode: _Optional[_Union[StreamMode, str]] = ..., talker_address: _Optional[str] = ..., model: _Optional[str] = ..., voice: _Optional[str] = ..., language: _Optional[str] = ..., instructions: _Optional[str] = ..., seed: _Optional[int] = ..., sampling: _Optional[_Union[_speech_pb2.SamplingParams, _Mapping]] = ..., subtalker_sampling: _Optional[_Union[_speech_pb2.SubtalkerSamplingParams, _Mapping]] = ..., non_streaming_mode: _Optional[bool] = ..., reference: _Optional[_Union[VoiceReference, _Mapping]] = ..., chunk_schedule: _Optional[_Union[ChunkSchedule, _Mapping]] = ..., pcm_format: _Optional[_Union[PcmFormat, str]] = ..., sample_rate_hz: _Optional[int] = ..., initial_credit: _Optional[_Union[Credit, _Mapping]] = ..., transport: _Optional[_Union[TransportHello, _Mapping]] = ...) -> None: ...
+    def __init__(self, request_id: _Optional[str] = ..., mode: _Optional[_Union[StreamMode, str]] = ..., talker_address: _Optional[str] = ..., model: _Optional[str] = ..., voice: _Optional[str] = ..., language: _Optional[str] = ..., instructions: _Optional[str] = ..., seed: _Optional[int] = ..., sampling: _Optional[_Union[_speech_pb2.SamplingParams, _Mapping]] = ..., subtalker_sampling: _Optional[_Union[_speech_pb2.SubtalkerSamplingParams, _Mapping]] = ..., non_streaming_mode: _Optional[bool] = ..., text_deltas: _Optional[bool] = ..., reference: _Optional[_Union[VoiceReference, _Mapping]] = ..., chunk_schedule: _Optional[_Union[ChunkSchedule, _Mapping]] = ..., pcm_format: _Optional[_Union[PcmFormat, str]] = ..., sample_rate_hz: _Optional[int] = ..., initial_credit: _Optional[_Union[Credit, _Mapping]] = ..., transport: _Optional[_Union[TransportHello, _Mapping]] = ...) -> None: ...
 
 class StreamOpened(_message.Message):
     __slots__ = ("request_id", "model", "family", "num_code_groups", "frame_rate_hz", "pcm_format", "sample_rate_hz", "channels", "chunk_schedule", "initial_credit", "transport")
@@ -273,14 +277,16 @@ class PcmChunk(_message.Message):
     def __init__(self, sample_offset: _Optional[int] = ..., sample_count: _Optional[int] = ..., format: _Optional[_Union[PcmFormat, str]] = ..., data: _Optional[_Union[Payload, _Mapping]] = ..., segment_index: _Optional[int] = ..., first_frame: _Optional[int] = ..., frame_count: _Optional[int] = ..., transcript_delta: _Optional[str] = ..., sent_unix_ns: _Optional[int] = ..., user_frame: _Optional[int] = ...) -> None: ...
 
 class SegmentDone(_message.Message):
-    __slots__ = ("segment_index", "frame_count", "sample_count")
+    __slots__ = ("segment_index", "frame_count", "sample_count", "reason")
     SEGMENT_INDEX_FIELD_NUMBER: _ClassVar[int]
     FRAME_COUNT_FIELD_NUMBER: _ClassVar[int]
     SAMPLE_COUNT_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
     segment_index: int
     frame_count: int
     sample_count: int
-    def __init__(self, segment_index: _Optional[int] = ..., frame_count: _Optional[int] = ..., sample_count: _Optional[int] = ...) -> None: ...
+    reason: EndReason
+    def __init__(self, segment_index: _Optional[int] = ..., frame_count: _Optional[int] = ..., sample_count: _Optional[int] = ..., reason: _Optional[_Union[EndReason, str]] = ...) -> None: ...
 
 class StreamError(_message.Message):
     __slots__ = ("code", "message", "origin")
