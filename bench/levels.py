@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from bench.clients import Client, Synthesis
+from bench.llm_stream import llm_tokens, segment_budget, sentence_count
 from bench.playback import percentile, poisson_arrivals
 from bench.records import (
     FRAME_RATE_HZ,
@@ -43,6 +44,17 @@ class RunConfig:
     warmup_s: float = 0.0
     tolerance_s: float = 0.0
     gate: Gate = field(default_factory=Gate)
+    # "whole": each request's text at once; "llm": deltas at an LLM's rate, one segment per sentence
+    # (bench/llm_stream.py), ``frames`` then split evenly over the sentences.
+    text_mode: str = "whole"
+
+    def frame_budget(self, text: str) -> tuple[int | None, int | None]:
+        """(``max_frames`` to send, frames the clip must have): per segment in LLM mode."""
+        if self.frames is None or self.text_mode != "llm":
+            return self.frames, self.frames
+        sentences = sentence_count(llm_tokens(text))
+        budget = segment_budget(self.frames, sentences)
+        return budget, budget * sentences
 
 
 class LagProbe:
@@ -89,13 +101,14 @@ class Level:
         prompt_id = int(self.rng.integers(len(cfg.prompts)))
         text = cfg.prompts[prompt_id]
         seed = cfg.seed * 1_000_003 + index
+        max_frames, fixed_frames = cfg.frame_budget(text)
         synth = Synthesis(
             text=text,
             seed=seed,
             voice=cfg.voice,
             language=cfg.language,
             model=cfg.model,
-            max_frames=cfg.frames,
+            max_frames=max_frames,
             initial_chunk_frames=cfg.initial_chunk_frames,
             steady_chunk_frames=cfg.steady_chunk_frames,
         )
@@ -119,7 +132,7 @@ class Level:
                 done=time.perf_counter(),
                 scheduled_s=scheduled_s,
                 warmup=scheduled_s < cfg.warmup_s,
-                fixed_frames=cfg.frames,
+                fixed_frames=fixed_frames,
                 frame_rate_hz=cfg.frame_rate_hz,
                 tolerance_s=cfg.tolerance_s,
             )

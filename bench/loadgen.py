@@ -14,6 +14,11 @@ Fixed-length mode (``--frames N``) sends ``max_frames = N`` and checks every cli
 API has no minimum, so EOS must be disabled on the server: start it with
 ``--set stages.0.default_sampling_params.min_tokens=N`` (``bench/run_gpu.py`` does).
 
+LLM-rate mode (``--text-mode llm --tokens-per-s 30``): each ``StreamingSynthesize`` call streams an answer
+from ``prompts/llm_answers.txt`` as word-piece deltas on an absolute schedule, a flush per sentence, then
+half-closes (``bench/llm_stream.py``); ``max_frames`` is then per segment, ``ceil(N / sentences)``, and every
+clip must be exactly that times the sentence count. TTFA counts from the first delta (the request start).
+
 Bounded by construction: every level has a duration or request cap, every request a deadline, and targets
 must be loopback addresses. See bench/README.md for the metric definitions.
 """
@@ -33,6 +38,7 @@ from typing import Any
 
 from bench.clients import Client, GrpcStreamClient, GrpcUnaryClient, HttpStreamClient
 from bench.levels import RunConfig, run_level, search
+from bench.llm_stream import ANSWERS, GrpcLlmClient
 from bench.records import Gate
 
 PROMPTS = Path(__file__).resolve().parent / "prompts" / "en_sentences.txt"
@@ -87,7 +93,16 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument(
         "--chunk-schedule", default=None, metavar="I,S", help="gRPC per-request chunk schedule override"
     )
-    ap.add_argument("--prompts", type=Path, default=PROMPTS)
+    ap.add_argument(
+        "--text-mode",
+        choices=("whole", "llm"),
+        default="whole",
+        help="whole: each text at once; llm: deltas at --tokens-per-s, a flush per sentence (gRPC streaming)",
+    )
+    ap.add_argument("--tokens-per-s", type=float, default=30.0, help="llm text mode: deltas per second")
+    ap.add_argument(
+        "--prompts", type=Path, default=None, help=f"default {PROMPTS.name}; llm mode: {ANSWERS.name}"
+    )
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--voice", default="ryan", help="'' = the model's default voice")
     ap.add_argument("--language", default="english", help="'' = the model's default")
@@ -105,6 +120,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def make_client(args: argparse.Namespace) -> Client:
+    if args.text_mode == "llm":
+        if args.api != "grpc":
+            raise SystemExit("--text-mode llm streams text deltas: only --api grpc (StreamingSynthesize) can")
+        require_loopback(args.grpc)
+        return GrpcLlmClient(args.grpc, channels=args.grpc_channels, tokens_per_s=args.tokens_per_s)
     if args.api == "http":
         host, port = require_loopback(args.http)
         return HttpStreamClient(host, port)
@@ -117,6 +137,8 @@ async def amain(args: argparse.Namespace) -> dict[str, Any]:
     initial, steady = (int(x) for x in args.chunk_schedule.split(",")) if args.chunk_schedule else (0, 0)
     if (initial or steady) and args.api != "grpc":
         raise SystemExit("--chunk-schedule is a gRPC StreamingSynthesize option; the HTTP API has none")
+    if args.prompts is None:
+        args.prompts = ANSWERS if args.text_mode == "llm" else PROMPTS
     cfg = RunConfig(
         prompts=load_prompts(args.prompts),
         seed=args.seed,
@@ -131,6 +153,7 @@ async def amain(args: argparse.Namespace) -> dict[str, Any]:
         warmup_s=args.warmup,
         tolerance_s=args.underrun_tolerance_ms / 1e3,
         gate=Gate(args.ttfa_slo_ms / 1e3 if args.ttfa_slo_ms > 0 else None),
+        text_mode=args.text_mode,
     )
     client = make_client(args)
     doc: dict[str, Any] = {

@@ -27,6 +27,10 @@ class Outcome:
     request_id: str = ""
     frames: int | None = None  # codec frames, from the server's summary when the API returns one
     server_ttfa_s: float | None = None  # the gateway's own TTFA (receipt to first audio byte sent)
+    # LLM-rate mode (bench/llm_stream.py) only:
+    text_done: float | None = None  # when the last text delta was handed to the transport
+    send_lag_max_s: float | None = None  # worst lateness of a delta against its schedule
+    segments: int | None = None  # segment_done responses received
 
 
 @dataclass
@@ -58,6 +62,12 @@ class RequestRecord:
     max_lag_s: float = 0.0
     first_stall_audio_s: float | None = None
     server_ttfa_s: float | None = None
+    # LLM-rate mode: the last text delta's send time from the first (the request start), whether the first
+    # playable sample came before it, the client's worst delta lateness and the segments received.
+    text_done_s: float | None = None
+    audio_before_text_done: bool | None = None
+    send_lag_max_s: float | None = None
+    segments: int | None = None
 
 
 def build_record(
@@ -92,6 +102,9 @@ def build_record(
         request_id=out.request_id,
         frames=out.frames,
         server_ttfa_s=out.server_ttfa_s,
+        text_done_s=None if out.text_done is None else out.text_done - out.start,
+        send_lag_max_s=out.send_lag_max_s,
+        segments=out.segments,
     )
     arrivals = pcm_arrivals(out.reads, out.bytes_per_sample)
     rec.samples = sum(n for _, n in arrivals)
@@ -101,6 +114,8 @@ def build_record(
     if not rec.ok or not out.sample_rate:
         return rec
     rec.ttfa_s = arrivals[0][0] - out.start
+    if rec.text_done_s is not None:
+        rec.audio_before_text_done = rec.ttfa_s < rec.text_done_s
     rec.e2e_s = (out.end if out.end is not None else arrivals[-1][0]) - out.start
     rec.audio_s = rec.samples / out.sample_rate
     rec.rtf = rec.e2e_s / rec.audio_s
@@ -170,6 +185,21 @@ def summarize(
             [r.first_stall_audio_s for r in underrun if r.first_stall_audio_s is not None]
         ),
         "length_mismatches": sum(1 for r in ok if r.length_ok is False),
+        **_llm_summary(ok),
+    }
+
+
+def _llm_summary(ok: list[RequestRecord]) -> dict[str, Any]:
+    """LLM-rate mode: when the text was complete, and how often first audio came before it (None: no
+    request of the level streamed its text)."""
+    llm = [r for r in ok if r.text_done_s is not None]
+    if not llm:
+        return {"text_done_s": None, "audio_before_text_done": None, "send_lag_max_s": None, "segments": None}
+    return {
+        "text_done_s": _dist([r.text_done_s for r in llm if r.text_done_s is not None]),
+        "audio_before_text_done": sum(1 for r in llm if r.audio_before_text_done),
+        "send_lag_max_s": max(r.send_lag_max_s or 0.0 for r in llm),
+        "segments": _dist([float(r.segments) for r in llm if r.segments is not None]),
     }
 
 

@@ -26,6 +26,27 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def free_port_block(n: int, tries: int = 50) -> int:
+    """A port P with P .. P+n-1 all free now (``voxstage serve`` gives replica k the metrics port P+k)."""
+    for _ in range(tries):
+        base = free_port()
+        if base + n > 65536:
+            continue
+        socks: list[socket.socket] = []
+        try:
+            for k in range(1, n):
+                sock = socket.socket()
+                socks.append(sock)
+                sock.bind(("127.0.0.1", base + k))
+            return base
+        except OSError:
+            continue
+        finally:
+            for sock in socks:
+                sock.close()
+    raise RuntimeError(f"no block of {n} free loopback ports found")
+
+
 @dataclass
 class StackSpec:
     model: str
@@ -37,14 +58,27 @@ class StackSpec:
     threads: int | None = None
     extra_sets: tuple[str, ...] = ()
     deploy: Path = DEPLOY
+    # Talker + codec pairs on the one device: `pairs` replicas of each stage sharing it, `slots` split
+    # evenly over them (the total stays `slots`) and each replica given `pair_memory_fraction` of the GPU.
+    pairs: int = 1
+    pair_memory_fraction: float | None = None  # None: 0.9 / (2 x pairs), so all replicas sum to 0.9
+
+    def replica_slots(self) -> int | None:
+        return None if self.slots is None else max(1, self.slots // self.pairs)
 
     def sets(self) -> list[str]:
         out: list[str] = []
         if self.frames is not None:
             # The public API only caps frames (max_frames); the minimum is a deploy setting.
             out.append(f"stages.0.default_sampling_params.min_tokens={self.frames}")
+        if self.pairs > 1:
+            fraction = self.pair_memory_fraction or round(0.9 / (2 * self.pairs), 4)
+            for stage in (0, 1):
+                out += [f"stages.{stage}.replicas={self.pairs}"]
+                out += [f"stages.{stage}.gpu_memory_utilization={fraction}"]
         if self.slots is not None:
-            out += [f"stages.0.max_num_seqs={self.slots}", f"stages.1.max_num_seqs={self.slots}"]
+            n = self.replica_slots()
+            out += [f"stages.0.max_num_seqs={n}", f"stages.1.max_num_seqs={n}"]
         if self.max_model_len is not None:
             out.append(f"stages.0.max_model_len={self.max_model_len}")
         if self.chunk_schedule is not None:
@@ -63,7 +97,12 @@ class Stack:
         self.env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
         self.grpc = f"127.0.0.1:{free_port()}"
         self.http = f"127.0.0.1:{free_port()}"
-        self.metrics = {"talker": free_port(), "codec": free_port()}
+        # Replica k of a stage serves metrics on its stage's port + k; the two blocks must not overlap.
+        talker = free_port_block(spec.pairs)
+        codec = free_port_block(spec.pairs)
+        while abs(codec - talker) < spec.pairs:
+            codec = free_port_block(spec.pairs)
+        self.metrics = {"talker": talker, "codec": codec}
         self.proc: subprocess.Popen[bytes] | None = None
         self.start_s: float | None = None
 
@@ -123,7 +162,11 @@ class Stack:
     def scrape(self, prefix: Path) -> None:
         """Snapshot every process's Prometheus text to ``<prefix>_<process>.prom`` (counters are cumulative:
         diff two snapshots for a phase's tick times and counts)."""
-        urls = {name: f"http://127.0.0.1:{port}/metrics" for name, port in self.metrics.items()}
+        urls = {}
+        for role, port in self.metrics.items():
+            for k in range(self.spec.pairs):
+                name = role if self.spec.pairs == 1 else f"{role}-{k}"
+                urls[name] = f"http://127.0.0.1:{port + k}/metrics"
         urls["gateway"] = f"http://{self.http}/metrics"
         for name, url in urls.items():
             try:

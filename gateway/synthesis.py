@@ -29,6 +29,7 @@ from voxstage.gateway.request import SynthesisJob, check_text
 from voxstage.gateway.routing import Replica, ReplicaPool, open_on_pair
 from voxstage.gateway.upstream import CodecStream, Pcm, Timeouts
 from voxstage.internal.v1 import stage_pb2
+from voxstage.segments import SentenceFlusher
 from voxstage.transport.host import local_hello
 from voxstage.transport.payload import hello_to_proto
 from voxstage.transport.shm_reader import ShmReader
@@ -252,26 +253,33 @@ class Synthesizer:
         acct: RequestAccounting,
         segment_starts: list[float],
         text_field: str,
+        flusher: SentenceFlusher | None = None,
     ) -> None:
-        """Forward client input to the codec; a client error ends the request through ``stream.fail``."""
+        """Forward client input to the codec; a client error ends the request through ``stream.fail``.
+        With ``flusher`` (``auto_flush: sentence``) a flush also goes wherever a sentence ends."""
         total = 0
         pending = False
         try:
             async for item in inputs:
-                if isinstance(item, Flush):
-                    if pending:  # an empty flush would ask the talker for an empty segment
-                        pending = False
-                        await stream.flush()
-                    continue
                 if not item:
                     continue
-                check_text(item, text_field, self.max_text_chars, already=total, delta=True)
-                total += len(item)
-                if item.strip() and not pending:
-                    pending = True
-                    segment_starts.append(time.monotonic())
-                    acct.start_work(segment_starts[-1])
-                await stream.send_text(item)
+                if not isinstance(item, Flush):
+                    check_text(item, text_field, self.max_text_chars, already=total, delta=True)
+                    total += len(item)
+                elif flusher is not None:
+                    flusher.flushed()
+                pieces = [item] if flusher is None or isinstance(item, Flush) else flusher.feed(item)
+                for piece in pieces:
+                    if piece is None or isinstance(piece, Flush):
+                        if pending:  # an empty flush would ask the talker for an empty segment
+                            pending = False
+                            await stream.flush()
+                        continue
+                    if piece.strip() and not pending:
+                        pending = True
+                        segment_starts.append(time.monotonic())
+                        acct.start_work(segment_starts[-1])
+                    await stream.send_text(piece)
             if not segment_starts:
                 raise invalid(text_field, "no text was sent before the end of input", reason="empty_text")
             await stream.end_of_input(owes_segment=pending)
@@ -294,7 +302,8 @@ class Synthesizer:
         if watch is not None:
             watch.attach(stream)
         segment_starts: list[float] = []
-        pump = asyncio.create_task(self._pump(inputs, stream, acct, segment_starts, text_field))
+        flusher = SentenceFlusher() if text_deltas and self.config.gateway.auto_flush == "sentence" else None
+        pump = asyncio.create_task(self._pump(inputs, stream, acct, segment_starts, text_field, flusher))
         try:
             yield Started(job.request_id, job.sample_rate, job.model.name, job.voice)
             relay = self._relay(job, stream, opened, acct, segment_starts, watch)

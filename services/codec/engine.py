@@ -166,6 +166,9 @@ class CodecEngine:
         self._free = list(range(max_streams - 1, -1, -1))
         self._streams: dict[str, _Stream] = {}
         self.ticks = 0
+        # With slots_in_use it makes the occupancy ratio the codec's autoscaler targets (deploy/k8s); the
+        # talker engine and the duplex codec set theirs the same way.
+        metrics.SLOTS_TOTAL.labels(stage="codec").set(max_streams)
 
     # -- commands -------------------------------------------------------------------------------------
     def open(

@@ -19,8 +19,7 @@ import numpy as np
 
 from voxstage import limits
 from voxstage.config import SamplingParams as DeploySampling
-from voxstage.config import StageConfig
-from voxstage.config.stage import SegmentsConfig
+from voxstage.config import SegmentsConfig, StageConfig
 from voxstage.segments import FrameCap
 from voxstage.stage_errors import StageFailure
 from voxstage.stage_worker import StageWorker

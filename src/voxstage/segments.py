@@ -47,14 +47,48 @@ class FrameCap:
         return max(1, math.ceil(self.seconds(text) * frame_rate_hz))
 
 
-def sentence_cut(text: str) -> int:
-    """Length of the longest prefix of ``text`` that ends a sentence (0: no complete sentence yet).
+def first_sentence_end(text: str) -> int:
+    """Length of the first complete sentence of ``text`` that has words in it (0: none yet).
 
     The end must be followed by whitespace (or be CJK punctuation), so "3.5" is never cut and a delta that
     stops right after a period waits for the next one: "Hello." alone is not cut, "Hello. Next" is, after
     "Hello.". Abbreviations ("Mr. Smith") do cut; a client that needs better boundaries sends its own flushes.
     """
-    cut = 0
     for m in _SENTENCE_END.finditer(text):
-        cut = m.end()
-    return cut
+        if text[: m.end()].strip(" \t\n.!?;…。！？；\"'”’)]」』）"):
+            return m.end()
+    return 0
+
+
+class SentenceFlusher:
+    """``auto_flush: sentence``: cuts a stream of text deltas into segments at sentence ends.
+
+    ``feed`` returns the delta's text in pieces with ``None`` where a flush belongs, so a delta that holds
+    the end of one sentence and the start of the next ("done. Next") is split around its flush. A cut is
+    only seen once the character after the punctuation arrives (``first_sentence_end``), so it may fall
+    right at the start of a delta: the flush then goes before the delta's text.
+    """
+
+    def __init__(self) -> None:
+        self._text = ""  # the current segment's text so far
+
+    def feed(self, delta: str) -> list[str | None]:
+        out: list[str | None] = []
+        while True:
+            text = self._text + delta
+            first = first_sentence_end(text)
+            if not first:
+                break
+            split = max(first - len(self._text), 0)  # the cut may fall in text already sent
+            if delta[:split]:
+                out.append(delta[:split])
+            out.append(None)
+            delta, self._text = delta[split:], ""
+        if delta:
+            out.append(delta)
+        self._text += delta
+        return out
+
+    def flushed(self) -> None:
+        """The client flushed: the next text starts a new segment."""
+        self._text = ""

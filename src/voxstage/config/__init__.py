@@ -14,6 +14,7 @@ from voxstage.config.stage import (
     CODEC_STAGE_ID,
     TALKER_STAGE_ID,
     SamplingParams,
+    SegmentsConfig,
     StageConfig,
     StageRole,
 )
@@ -32,6 +33,7 @@ __all__ = [
     "GatewayConfig",
     "Issue",
     "SamplingParams",
+    "SegmentsConfig",
     "StageConfig",
     "StageRole",
     "check_codec_against_model",

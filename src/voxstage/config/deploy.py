@@ -46,6 +46,9 @@ class GatewayConfig(StrictModel):
     max_queue: int = Field(default=64, ge=0)
     queue_timeout_s: float = Field(default=30.0, gt=0.0)
     max_text_chars: int = Field(default=4096, ge=1)
+    # StreamingSynthesize: "sentence" also flushes wherever a sentence ends in the client's deltas
+    # (voxstage.segments.SentenceFlusher); "off" leaves segment boundaries to the client's flushes.
+    auto_flush: Literal["off", "sentence"] = "off"
     # Voice names (OpenAI's, or any) standing for voices of the served model: alias -> voice. Unset: the
     # family's built-in table (gateway/voice_aliases.py); {} turns aliases off. Targets are checked against
     # the model's voices once the gateway knows them (a missing one is logged, and refused per request).

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 
+from voxstage import metrics
 from voxstage.codec.engine import ChunkSchedule, CodecAdmissionError, CodecEngine, CodecOutput
 from voxstage.codec.models.qwen3_tts.decoder import Qwen3TokenizerDecoder
 from voxstage.codec.models.qwen3_tts.loader import random_init
@@ -128,6 +129,22 @@ def test_cancel_frees_the_slot_and_reuse_starts_from_clean_state(model: Qwen3Tok
         collect(engine.step(), out)
     pcm = np.concatenate([o.pcm for o in out["y"]])
     np.testing.assert_allclose(pcm, offline(model, fresh), atol=TOL, rtol=0)
+
+
+def test_slot_gauges_give_the_occupancy_ratio(model: Qwen3TokenizerDecoder) -> None:
+    # The codec's autoscaler divides slots_in_use by slots (deploy/k8s/components/autoscaling): both must
+    # be exported, and slots must be the engine's capacity, not its current use.
+    def sample(name: str) -> float | None:
+        return metrics.REGISTRY.get_sample_value(name, {"stage": "codec"})
+
+    metrics.SLOTS_TOTAL.labels(stage="codec").set(0)  # whatever an earlier test left there
+    engine = make_engine(model, streams=3)
+    assert sample("voxstage_slots") == 3
+    engine.open("a")
+    engine.open("b")
+    assert sample("voxstage_slots_in_use") == 2 and sample("voxstage_slots") == 3
+    engine.cancel("a")
+    assert sample("voxstage_slots_in_use") == 1 and sample("voxstage_slots") == 3
 
 
 def test_prefix_warms_state_and_its_audio_is_dropped(model: Qwen3TokenizerDecoder) -> None:

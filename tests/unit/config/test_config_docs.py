@@ -16,6 +16,7 @@ from voxstage.config import (
     DuplexSessionConfig,
     GatewayConfig,
     SamplingParams,
+    SegmentsConfig,
     StageConfig,
 )
 
@@ -65,6 +66,7 @@ def test_every_schema_field_has_a_table_row() -> None:
         ConnectorExtra,
         StageConfig,
         SamplingParams,
+        SegmentsConfig,
         DuplexSessionConfig,
         GatewayConfig,
     ]

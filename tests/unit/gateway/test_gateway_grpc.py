@@ -155,3 +155,22 @@ async def test_converse_names_the_deploy_setting_in_turn_mode(make_stack: MakeSt
             pass
     assert err.value.code() is grpc.StatusCode.FAILED_PRECONDITION
     assert "session_mode: duplex" in (err.value.details() or "")
+
+
+async def test_auto_flush_cuts_segments_at_sentence_ends(make_stack: MakeStack) -> None:
+    # gateway.auto_flush: sentence: a client that streams deltas without flushing still gets one segment
+    # per sentence, split inside a delta where the sentence ends.
+    stack = await make_stack(overrides=["gateway.auto_flush=sentence"])
+
+    async def requests():  # type: ignore[no-untyped-def]
+        yield speech_pb2.StreamingSynthesizeRequest(config=config())
+        for delta in ("Hello", " world.", " How are", " you? Fine", "."):
+            yield speech_pb2.StreamingSynthesizeRequest(text=delta)
+
+    responses = [r async for r in stack.stub.StreamingSynthesize(requests())]
+    done = [r.segment_done for r in responses if r.HasField("segment_done")]
+    assert [d.segment_index for d in done] == [0, 1, 2]
+    audio = sum(len(r.audio.data) for r in responses if r.HasField("audio")) // 2
+    native = sum(expected_samples(t) for t in ("Hello world.", " How are you?", " Fine."))
+    assert abs(audio - native) <= 4
+    assert responses[-1].summary.segment_count == 3

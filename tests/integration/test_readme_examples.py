@@ -1,0 +1,99 @@
+"""The README's API examples, exactly as written, against ``voxstage serve`` on the built-in tiny model.
+
+A new user runs them on CPU against the default ports; each must finish in under 30 s with audio. They used
+to run for minutes: the random tiny model rarely says end-of-speech, and nothing bounded a take but the
+deploy file's ``max_tokens``. The text-derived frame cap (voxstage.segments) now ends such a take within a
+few seconds of audio.
+"""
+
+from __future__ import annotations
+
+import re
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.integration.stagekit import MODEL, ROOT, SEED_DEPLOY, stage_env
+from voxstage.health_probe import check
+
+README = (ROOT / "README.md").read_text()
+LIMIT_S = 30.0
+PORTS = (50051, 8000)  # what the examples name
+
+
+def blocks(lang: str) -> list[str]:
+    return re.findall(rf"```{lang}\n(.*?)```", README, flags=re.S)
+
+
+def example(lang: str, marker: str) -> str:
+    found = [b for b in blocks(lang) if marker in b]
+    assert len(found) == 1, f"README: expected one ```{lang} block with {marker!r}, found {len(found)}"
+    return found[0]
+
+
+def busy(port: int) -> bool:
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    if any(busy(p) for p in PORTS):
+        pytest.skip(f"a README port ({PORTS}) is taken on this machine; the examples hard-code them")
+    cache = tmp_path_factory.mktemp("vxcache-readme")
+    log = tmp_path_factory.mktemp("readme") / "serve.log"
+    cmd = [sys.executable, "-m", "voxstage", "serve", str(SEED_DEPLOY), "--model", MODEL, "--device", "cpu"]
+    with log.open("wb") as out:
+        proc = subprocess.Popen(cmd, env=stage_env(cache), stdout=out, stderr=subprocess.STDOUT, cwd=ROOT)
+    try:
+        deadline = time.monotonic() + 120
+        while not check("localhost:50051", timeout=1.0):
+            assert proc.poll() is None, log.read_text()[-3000:]
+            assert time.monotonic() < deadline, log.read_text()[-3000:]
+            time.sleep(0.5)
+        work = tmp_path_factory.mktemp("readme-cwd")
+        (work / ".venv").symlink_to(ROOT / ".venv")  # the examples call .venv/bin/voxstage
+        yield work
+    finally:
+        proc.terminate()
+        proc.wait(60)
+
+
+def run(cmd: list[str], cwd: Path) -> float:
+    t0 = time.monotonic()
+    done = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=LIMIT_S + 30)
+    elapsed = time.monotonic() - t0
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    return elapsed
+
+
+def test_sdk_example(served: Path) -> None:
+    code = example("python", 'SpeechClient("localhost:50051")')
+    assert run([sys.executable, "-c", code], served) < LIMIT_S
+    assert (served / "hello.wav").stat().st_size > 44
+
+
+def test_curl_example(served: Path) -> None:
+    code = example("bash", "curl -s localhost:8000/v1/audio/speech")
+    assert run(["bash", "-c", code], served) < LIMIT_S
+    assert (served / "hello.wav").read_bytes()[:4] == b"RIFF"
+
+
+def test_openai_example(served: Path) -> None:
+    code = example("python", "client.audio.speech.create(")
+    assert run([sys.executable, "-c", code], served) < LIMIT_S
+    data = (served / "hello.mp3").read_bytes()
+    assert data[:3] == b"ID3" or data[0] == 0xFF  # an MP3 stream: a tag or a frame sync
+
+
+def test_say_example(served: Path) -> None:
+    line = next(
+        ln for b in blocks("bash") for ln in b.splitlines() if "voxstage say" in ln and "--voice ryan" in ln
+    )
+    assert run(["bash", "-c", line], served) < LIMIT_S
+    assert (served / "hello.wav").read_bytes()[:4] == b"RIFF"
