@@ -169,8 +169,12 @@ def bench_end_to_end(size: str, graphs: bool, async_scheduling: bool = False) ->
     adapter, _ = load_talker(source, device=DEV, dtype=torch.bfloat16)
     if graphs:
         adapter.enable_cuda_graphs()
+    # Both stages get the flag, as in the seed: without it the "graphs + async" rows were synchronous runs.
     talker = TalkerEngine(
-        adapter, EngineConfig(max_num_seqs=8, max_model_len=1024, max_num_batched_tokens=512)
+        adapter,
+        EngineConfig(
+            max_num_seqs=8, max_model_len=1024, max_num_batched_tokens=512, async_scheduling=async_scheduling
+        ),
     )
     model = random_decoder(decoder_preset(f"qwen3-tts-{size}"), 0, device=DEV, dtype=torch.bfloat16)
     pool = StreamingDecoder(model, 16)
@@ -178,7 +182,8 @@ def bench_end_to_end(size: str, graphs: bool, async_scheduling: bool = False) ->
         pool, num_groups=16, max_batch=8, frame_buckets=(1, 25), device=DEV, enabled=graphs
     )
     codec = CodecEngine(pool, max_streams=8, schedule=ChunkSchedule(1, 25), num_groups=16, device=DEV,
-                        decode_fn=decode, frame_buckets=(1, 25))  # fmt: skip
+                        decode_fn=decode, frame_buckets=(1, 25),
+                        async_scheduling=async_scheduling)  # fmt: skip
     results = []
     for i in range(4):  # the first runs capture graphs
         t0 = time.perf_counter()

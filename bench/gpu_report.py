@@ -50,8 +50,45 @@ def _search(doc: dict[str, Any] | None) -> dict[str, Any] | None:
             "rtf_p50": a["rtf"]["p50"],
             "audio_s_per_s": a["audio_s_per_s"],
             "peak_in_flight": a["peak_in_flight"],
+            "n": a["requests"],
+            "audio_before_text_done_rate": _ratio(a.get("audio_before_text_done"), a["ok"]),
         }
     s["levels"] = [(lv["level"], lv["verdict"]["pass"], lv["verdict"]["reason"]) for lv in doc["levels"]]
+    return s
+
+
+def _llm_fields(a: dict[str, Any]) -> dict[str, Any]:
+    """What only the LLM-rate mode measures: when the text was complete and whether audio came first."""
+    text_done = a.get("text_done_s") or {}
+    return {
+        "text_done_p50_s": text_done.get("p50"),
+        "audio_before_text_done": a.get("audio_before_text_done"),
+        "audio_before_text_done_rate": _ratio(a.get("audio_before_text_done"), a["ok"]),
+        "send_lag_max_ms": _ms(a.get("send_lag_max_s")),
+    }
+
+
+def llm_summary(out: Path, tag: str) -> dict[str, Any]:
+    """The LLM-rate phases (``*_llm_<tag>.json``), keyed as the whole-text ones with ``_llm``."""
+    s: dict[str, Any] = {}
+    if a := _agg(_load(out / f"ttfa_1rps_llm_{tag}.json")):
+        s["ttfa_1rps_llm"] = {f"{p}_ms": _ms(a["ttfa_s"][p]) for p in ("p50", "p90", "p95", "p99")}
+        s["ttfa_1rps_llm"].update(
+            underrun_rate=a["underrun_rate"], errors=a["errors_by_code"], n=a["requests"], **_llm_fields(a)
+        )
+    if a := _agg(_load(out / f"c1_llm_{tag}.json")):
+        s["c1_llm"] = {
+            "ttfa_p50_ms": _ms(a["ttfa_s"]["p50"]),
+            "ttfa_p95_ms": _ms(a["ttfa_s"]["p95"]),
+            "e2e_p50_s": a["e2e_s"]["p50"],
+            "underrun_rate": a["underrun_rate"],
+            "errors": a["errors_by_code"],
+            "n": a["requests"],
+            **_llm_fields(a),
+        }
+    for key in ("closed_search_llm", "poisson_search_llm"):
+        if (found := _search(_load(out / f"{key}_{tag}.json"))) is not None:
+            s[key] = found
     return s
 
 
@@ -73,6 +110,7 @@ def model_summary(out: Path, tag: str) -> dict[str, Any]:
             }
     s["poisson_search"] = _search(_load(out / f"poisson_search_{tag}.json"))
     s["closed_search"] = _search(_load(out / f"closed_search_{tag}.json"))
+    s.update(llm_summary(out, tag))
     if eng := _load(out / f"engine_{tag}.json"):
         step = eng.get("talker_frame_step", {}).get("graph", {})
         s["engine"] = {
@@ -132,7 +170,78 @@ def markdown(summary: dict[str, Any]) -> str:
             _fmt(r.get("rtf"), 3),
         ]
         lines.append("| " + " | ".join(row) + " |")
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines) + "\n" + llm_markdown(summary) + pairs_markdown(summary)
+
+
+def _best(search: dict[str, Any] | None, digits: int = 0) -> str:
+    if not search:
+        return "–"
+    at = search.get("at_best") or {}
+    ttfa = f", TTFA p50 {_fmt(at.get('ttfa_p50_ms'), 0)} ms" if at else ""
+    return f"{_fmt(search.get('best'), digits)} ({search.get('limited_by', '–')}{ttfa})"
+
+
+def llm_markdown(summary: dict[str, Any]) -> str:
+    """Whole text vs text streamed at an LLM's rate, one row each, for every model with LLM results."""
+    rows = []
+    for model, s in summary["models"].items():
+        if not any(k.endswith("_llm") for k in s):
+            continue
+        for label, sfx in (("whole text", ""), ("LLM deltas", "_llm")):
+            t, c1 = s.get(f"ttfa_1rps{sfx}") or {}, s.get(f"c1{sfx}") or {}
+            early = t.get("audio_before_text_done")
+            rows.append(
+                [
+                    model,
+                    label,
+                    f"{_fmt(t.get('p50_ms'))} / {_fmt(t.get('p95_ms'))} / {_fmt(t.get('p99_ms'))}",
+                    _fmt(t.get("underrun_rate"), 3),
+                    "–" if early is None else f"{early} of {t.get('n')}",
+                    _fmt(c1.get("ttfa_p50_ms")),
+                    _best(s.get(f"closed_search{sfx}")),
+                    _best(s.get(f"poisson_search{sfx}"), 1),
+                ]
+            )
+    if not rows:
+        return ""
+    head = (
+        "\n| model | text | TTFA @1 rps p50 / p95 / p99 ms | underrun rate @1 rps | first audio before "
+        "last delta @1 rps | c=1 TTFA p50 ms | max streams (closed) | max rate req/s (Poisson) |\n"
+        + "|---" * 8
+        + "|\n"
+    )
+    return head + "".join("| " + " | ".join(r) + " |\n" for r in rows)
+
+
+def pairs_markdown(summary: dict[str, Any]) -> str:
+    """One talker + codec pair vs N pairs sharing the GPU, for every ``<tag>_<N>pairs`` with its base."""
+    models = summary["models"]
+    rows = []
+    for model, s in models.items():
+        base, sep, pairs = model.rpartition("_")
+        if not sep or not pairs.endswith("pairs") or not pairs[:-5].isdigit():
+            continue
+        for label, m in (("1", models.get(base) or {}), (pairs[:-5], s)):
+            cs = m.get("closed_search") or {}
+            at = cs.get("at_best") or {}
+            rows.append(
+                [
+                    base,
+                    label,
+                    f"{_fmt(cs.get('best'), 0)} ({cs.get('limited_by', '–')})",
+                    _fmt((m.get("ttfa_1rps") or {}).get("p50_ms")),
+                    f"{_fmt(at.get('ttfa_p50_ms'))} / {_fmt(at.get('ttfa_p95_ms'))}",
+                    _fmt(at.get("rtf_p50"), 3),
+                    _fmt(at.get("audio_s_per_s")),
+                ]
+            )
+    if not rows:
+        return ""
+    head = (
+        "\n| model | pairs on the GPU | max gap-free streams (closed) | TTFA @1 rps p50 ms | at best: TTFA "
+        "p50 / p95 ms | at best: RTF p50 | at best: audio s per s |\n" + "|---" * 7 + "|\n"
+    )
+    return head + "".join("| " + " | ".join(r) + " |\n" for r in rows)
 
 
 def write_report(out: Path) -> dict[str, Any]:

@@ -47,14 +47,16 @@ class RunConfig:
     # "whole": each request's text at once; "llm": deltas at an LLM's rate, one segment per sentence
     # (bench/llm_stream.py), ``frames`` then split evenly over the sentences.
     text_mode: str = "whole"
+    segment_frames: int = 0  # LLM mode: per-segment max_frames; 0 = ceil(frames / sentences)
 
     def frame_budget(self, text: str) -> tuple[int | None, int | None]:
-        """(``max_frames`` to send, frames the clip must have): per segment in LLM mode."""
-        if self.frames is None or self.text_mode != "llm":
-            return self.frames, self.frames
+        """(``max_frames`` to send, sentences the client flushes): per segment in LLM mode."""
+        if self.text_mode != "llm":
+            return self.frames, None
         sentences = sentence_count(llm_tokens(text))
-        budget = segment_budget(self.frames, sentences)
-        return budget, budget * sentences
+        if self.segment_frames:
+            return self.segment_frames, sentences
+        return (None if self.frames is None else segment_budget(self.frames, sentences)), sentences
 
 
 class LagProbe:
@@ -101,7 +103,7 @@ class Level:
         prompt_id = int(self.rng.integers(len(cfg.prompts)))
         text = cfg.prompts[prompt_id]
         seed = cfg.seed * 1_000_003 + index
-        max_frames, fixed_frames = cfg.frame_budget(text)
+        max_frames, sentences = cfg.frame_budget(text)
         synth = Synthesis(
             text=text,
             seed=seed,
@@ -132,7 +134,8 @@ class Level:
                 done=time.perf_counter(),
                 scheduled_s=scheduled_s,
                 warmup=scheduled_s < cfg.warmup_s,
-                fixed_frames=fixed_frames,
+                fixed_frames=max_frames if cfg.frames is not None else None,
+                sentences=sentences,
                 frame_rate_hz=cfg.frame_rate_hz,
                 tolerance_s=cfg.tolerance_s,
             )

@@ -10,10 +10,17 @@ server-side, so the response is one segment per sentence, contiguous in sample o
 playback simulation (a player started at the first chunk) covers the seams between segments unchanged.
 
 **Fixed length.** ``max_frames`` applies per segment, and the server's ``min_tokens`` (EOS disabled, see
-bench/README.md) is per take, so a request of S sentences and a per-segment budget B gives exactly S x B
-frames whenever ``min_tokens >= B``. :func:`segment_budget` picks ``B = ceil(frames / S)``: the answers in
+bench/README.md) is per take, so every segment runs to exactly its budget B whenever ``min_tokens >= B``.
+:func:`segment_budget` picks ``B = ceil(frames / S)`` for S sentences: the answers in
 ``prompts/llm_answers.txt`` have 10 sentences each, so ``--frames 100`` gives 10 frames (0.8 s) per sentence
-and 8.0 s per request, the whole-text mode's length.
+and 8.0 s per request, the whole-text mode's length, *if the server keeps one segment per sentence*. It does
+not always: a segment starts early (``early_start_chars``, 16) and its take is paced by the text tokens it
+has, one frame per token; the presets' byte-level tokenizer gives about one token per character, so a take
+can reach B frames before its sentence is complete, and the talker then starts a new segment with the rest
+of the sentence. The check is therefore ``frames == B x segments received`` (and ``segments >= sentences``);
+records keep both counts, and a level's ``split_requests`` counts requests with more segments than
+sentences. ``--segment-frames`` sets B outright (e.g. 80, above the longest sentence's 70 characters, so
+none should be split: about 64 s of audio per request).
 """
 
 from __future__ import annotations
@@ -76,9 +83,9 @@ class GrpcLlmClient(_GrpcBase):
     api = "grpc-llm"
 
     def __init__(self, address: str, channels: int = 1, tokens_per_s: float = 30.0) -> None:
-        super().__init__(address, channels)
-        if tokens_per_s <= 0:
+        if tokens_per_s <= 0:  # before any channel exists
             raise ValueError(f"tokens_per_s must be > 0, got {tokens_per_s}")
+        super().__init__(address, channels)
         self.tokens_per_s = tokens_per_s
 
     async def _inputs(self, s: Synthesis, out: Outcome) -> AsyncIterator[Req]:

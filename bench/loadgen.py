@@ -101,6 +101,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     ap.add_argument("--tokens-per-s", type=float, default=30.0, help="llm text mode: deltas per second")
     ap.add_argument(
+        "--segment-frames",
+        type=int,
+        default=0,
+        help="llm text mode: max_frames per segment; 0 = ceil(--frames / sentences)",
+    )
+    ap.add_argument(
         "--prompts", type=Path, default=None, help=f"default {PROMPTS.name}; llm mode: {ANSWERS.name}"
     )
     ap.add_argument("--seed", type=int, default=0)
@@ -154,6 +160,7 @@ async def amain(args: argparse.Namespace) -> dict[str, Any]:
         tolerance_s=args.underrun_tolerance_ms / 1e3,
         gate=Gate(args.ttfa_slo_ms / 1e3 if args.ttfa_slo_ms > 0 else None),
         text_mode=args.text_mode,
+        segment_frames=args.segment_frames,
     )
     client = make_client(args)
     doc: dict[str, Any] = {

@@ -63,10 +63,12 @@ class RequestRecord:
     first_stall_audio_s: float | None = None
     server_ttfa_s: float | None = None
     # LLM-rate mode: the last text delta's send time from the first (the request start), whether the first
-    # playable sample came before it, the client's worst delta lateness and the segments received.
+    # playable sample came before it, the client's worst delta lateness, the sentences sent (flushes) and
+    # the segments received (more than sentences when a take hit its frame budget mid-sentence).
     text_done_s: float | None = None
     audio_before_text_done: bool | None = None
     send_lag_max_s: float | None = None
+    sentences: int | None = None
     segments: int | None = None
 
 
@@ -85,7 +87,10 @@ def build_record(
     fixed_frames: int | None,
     tolerance_s: float = 0.0,
     frame_rate_hz: float = FRAME_RATE_HZ,
+    sentences: int | None = None,
 ) -> RequestRecord:
+    """``sentences`` (LLM-rate mode) makes ``fixed_frames`` a per-segment budget: the clip must then be that
+    many frames times the segments the server reported (every take runs to its budget: EOS is disabled)."""
     rec = RequestRecord(
         index=index,
         api=api,
@@ -104,6 +109,7 @@ def build_record(
         server_ttfa_s=out.server_ttfa_s,
         text_done_s=None if out.text_done is None else out.text_done - out.start,
         send_lag_max_s=out.send_lag_max_s,
+        sentences=sentences,
         segments=out.segments,
     )
     arrivals = pcm_arrivals(out.reads, out.bytes_per_sample)
@@ -120,8 +126,10 @@ def build_record(
     rec.audio_s = rec.samples / out.sample_rate
     rec.rtf = rec.e2e_s / rec.audio_s
     if fixed_frames is not None:
-        expected = round(fixed_frames * out.sample_rate / frame_rate_hz)
-        rec.length_ok = rec.samples == expected
+        takes = 1 if sentences is None else (out.segments or 0)
+        expected = round(takes * fixed_frames * out.sample_rate / frame_rate_hz)
+        # A sentence without its own segment(s) is audio missing, whatever the sample count says.
+        rec.length_ok = rec.samples == expected and (sentences is None or takes >= sentences)
     play: Playback = simulate_playback(
         [(t - out.start, n) for t, n in arrivals], out.sample_rate, tolerance_s=tolerance_s
     )
@@ -194,12 +202,15 @@ def _llm_summary(ok: list[RequestRecord]) -> dict[str, Any]:
     request of the level streamed its text)."""
     llm = [r for r in ok if r.text_done_s is not None]
     if not llm:
-        return {"text_done_s": None, "audio_before_text_done": None, "send_lag_max_s": None, "segments": None}
+        keys = ("text_done_s", "audio_before_text_done", "send_lag_max_s", "segments", "split_requests")
+        return dict.fromkeys(keys)
     return {
         "text_done_s": _dist([r.text_done_s for r in llm if r.text_done_s is not None]),
         "audio_before_text_done": sum(1 for r in llm if r.audio_before_text_done),
         "send_lag_max_s": max(r.send_lag_max_s or 0.0 for r in llm),
         "segments": _dist([float(r.segments) for r in llm if r.segments is not None]),
+        # Requests whose server made more segments than the client flushed sentences.
+        "split_requests": sum(1 for r in llm if (r.segments or 0) > (r.sentences or 0)),
     }
 
 

@@ -1,7 +1,8 @@
 """The whole GPU benchmark of one host: serving latency and capacity, engine micro-benchmarks, the reference.
 
     python -m bench.run_gpu --out OUT [--models qwen3-tts-0.6b,qwen3-tts-1.7b] [--profile quick|full]
-        [--phases latency,poisson,closed,engine,reference,report] [--ref-env /tmp/refenv]
+        [--phases latency,poisson,closed,llm,llm_poisson,engine,reference,report] [--ref-env /tmp/refenv]
+        [--pairs 2]
 
 ``bench/run_gpu.sh OUT`` installs the carried wheels and runs this (see bench/README.md). Per model:
 
@@ -9,7 +10,8 @@
   stack (started once for all three; fixed length: EOS disabled for ``--frames`` frames): warm-up, TTFA at
   1 req/s Poisson, c=1 RTF (gRPC streaming; also the seed file's [1, 25] chunk schedule and the HTTP face),
   then searches for the highest sustained Poisson rate and concurrency (no error, no underrun, p95 TTFA
-  within the SLO);
+  within the SLO); ``llm`` / ``llm_poisson`` repeat them with the text streamed as deltas at an LLM's rate
+  (bench/serve_gpu.py); ``--pairs N`` serves from N talker + codec pairs sharing the GPU;
 * ``engine``: ``bench/engine_gpu.py`` (frame step and codec time at batch 1/8/32/64);
 * ``reference``: the preset's weights exported in the checkpoint layout, then ``bench/reference_qwen_tts.py``
   in the reference's own environment;
@@ -33,11 +35,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench import loadgen
-from bench.stack import REPO, Stack, StackSpec
+from bench.serve_gpu import SERVE_PHASES, serve_phases
+from bench.stack import REPO
 
-SERVE_PHASES = ("latency", "poisson", "closed")
 ALL_PHASES = (*SERVE_PHASES, "engine", "reference", "report")
+DEFAULT_PHASES = tuple(p for p in ALL_PHASES if p != "llm_poisson")  # that one only when asked for
 
 
 @dataclass(frozen=True)
@@ -87,15 +89,22 @@ class Profile:
     refine: int
     engine_quick: bool
     ref_runs: int
+    # The LLM-rate phases (bench/serve_gpu.py): a request lasts its text (about 7 s at 30 tokens/s), so
+    # fewer of them: seconds measured at 1 req/s, c=1 requests, first closed and Poisson search levels.
+    llm_ttfa_s: float
+    llm_c1_requests: int
+    llm_conc_start: float
+    llm_rate_start: float
 
 
 PROFILES = {
     # Nari-like durations (30 s warm-up, 2 min measured at 1 req/s); about an hour for two models.
-    "full": Profile(30, 120, 20, 10, 60, 1, 512, 1, 512, 3, False, 5),
-    # Sized so one model's serving phases fit a 10-minute device session (bench/README.md).
-    "quick": Profile(5, 30, 6, 3, 10, 4, 256, 16, 512, 1, True, 5),
+    "full": Profile(30, 120, 20, 10, 60, 1, 512, 1, 512, 3, False, 5, 120, 10, 4, 1),
+    # Sized so one model's serving phases fit a 10-minute device session (bench/README.md); `llm` adds
+    # about 2 minutes (20 s at 1 req/s, 3 requests at c=1, closed levels 16, 32, 64).
+    "quick": Profile(5, 30, 6, 3, 10, 4, 256, 16, 512, 1, True, 5, 20, 3, 16, 4),
     # CPU dry run of the orchestration on the tiny preset.
-    "smoke": Profile(0, 2, 2, 0, 2, 1, 2, 1, 2, 0, True, 1),
+    "smoke": Profile(0, 2, 2, 0, 2, 1, 2, 1, 2, 0, True, 1, 2, 1, 1, 1),
 }
 
 
@@ -103,100 +112,9 @@ def size_of(model: str) -> str:
     return model.removeprefix("qwen3-tts-")  # audio8 presets keep their full name as the tag
 
 
-def run_loadgen(out: Path, name: str, args: list[str], log: list[dict]) -> dict:
-    """One loadgen invocation, in-process, recorded with the equivalent command line."""
-    path = out / f"{name}.json"
-    argv = [*args, "--out", str(path)]
-    print(f"\n== {name}: python -m bench.loadgen {' '.join(argv)}", flush=True)
-    t0 = time.monotonic()
-    loadgen.main(argv)
-    log.append({"phase": name, "argv": argv, "wall_s": time.monotonic() - t0})
-    return json.loads(path.read_text())
-
-
-def serve_phases(a: argparse.Namespace, model: str, phases: list[str], out: Path, prof: Profile) -> None:
-    tag = size_of(model)
-    fam = family_of(model)
-    chunks = None
-    if a.chunk_schedule:
-        initial, steady = (int(x) for x in a.chunk_schedule.split(","))
-        chunks = (initial, steady)
-    stack = None
-    slots = a.slots
-    for _ in range(3):  # a stack that cannot start with this many slots is retried with half
-        spec = StackSpec(
-            model, a.device, a.frames, slots, a.max_model_len, chunks, a.threads, tuple(a.set), fam.deploy
-        )
-        stack = Stack(spec, out / f"serve_{tag}.log")
-        if stack.start():
-            break
-        print(f"stack for {model} with {slots} slots did not start:\n{stack.tail()}", flush=True)
-        stack.stop()
-        stack = None
-        if slots is None or slots <= 1:
-            break
-        slots //= 2
-    if stack is None:
-        failed = {"model": model, "slots": a.slots, "log": str(out / f"serve_{tag}.log")}
-        (out / f"serve_{tag}_failed.json").write_text(json.dumps(failed) + "\n")
-        return
-    meta: dict = {"model": model, "command": stack.command(), "start_s": stack.start_s, "slots": slots}
-    meta["chunk_schedule"] = a.chunk_schedule or "deploy"
-    runs: list[dict] = []
-    common = ["--grpc", stack.grpc, "--http", stack.http, "--frames", str(a.frames), "--label", model]
-    common += ["--voice", fam.voice, "--language", fam.language, "--frame-rate-hz", str(fam.frame_rate_hz)]
-    common += ["--ttfa-slo-ms", str(a.ttfa_slo_ms), "--settle", "1" if a.profile == "smoke" else "3"]
-    try:
-        # Both stages capture their CUDA graphs at start-up; this ramp through the batch sizes the searches
-        # will reach still warms what is lazy (allocator growth, channels, oversize codec buckets).
-        top = slots or 8
-        for level in sorted({1, min(4, top), min(16, top), min(64, top), top}):
-            n = 2 * level if level <= 16 else level
-            args = [*common, "--closed", str(level), "--requests", str(n), "--duration", "600"]
-            run_loadgen(out, f"warmup_{tag}_c{level}", args, runs)
-        stack.scrape(out / f"metrics_{tag}_0warm")
-        if "latency" in phases:
-            args = [
-                *common,
-                "--poisson",
-                "1",
-                "--duration",
-                str(prof.ttfa_s),
-                "--warmup",
-                str(prof.ttfa_warmup_s),
-            ]
-            run_loadgen(out, f"ttfa_1rps_{tag}", args, runs)
-            c1 = [*common, "--closed", "1", "--duration", "600"]
-            run_loadgen(out, f"c1_{tag}", [*c1, "--requests", str(prof.c1_requests)], runs)
-            few = [*c1, "--requests", str(max(2, prof.c1_requests // 2))]
-            run_loadgen(out, f"c1_seed_schedule_{tag}", [*few, "--chunk-schedule", fam.seed_schedule], runs)
-            run_loadgen(out, f"c1_http_{tag}", [*few, "--api", "http"], runs)
-            stack.scrape(out / f"metrics_{tag}_1latency")
-        level = ["--duration", str(prof.level_s), "--warmup", str(prof.level_warmup_s)]
-        level += ["--search-refine", str(prof.refine)]
-        if "poisson" in phases:
-            args = [*common, *level, "--search", "poisson", "--search-start", str(prof.rate_start)]
-            run_loadgen(out, f"poisson_search_{tag}", [*args, "--search-max", str(prof.rate_max)], runs)
-            stack.scrape(out / f"metrics_{tag}_2poisson")
-        if "closed" in phases:
-            top = min(prof.conc_max, float(slots)) if slots else prof.conc_max
-            start = min(prof.conc_start, top)
-            args = [
-                *common,
-                *level,
-                "--search",
-                "closed",
-                "--search-start",
-                str(start),
-                "--search-max",
-                str(top),
-            ]
-            run_loadgen(out, f"closed_search_{tag}", args, runs)
-            stack.scrape(out / f"metrics_{tag}_3closed")
-    finally:
-        meta["exit_code"] = stack.stop()
-        meta["runs"] = runs
-        (out / f"serve_{tag}.json").write_text(json.dumps(meta, indent=1) + "\n")
+def serve_tag(model: str, pairs: int) -> str:
+    """The file tag of a serving run: the size, plus ``_<N>pairs`` for N talker + codec pairs on one GPU."""
+    return size_of(model) + (f"_{pairs}pairs" if pairs > 1 else "")
 
 
 def engine_phase(a: argparse.Namespace, model: str, out: Path, prof: Profile) -> None:
@@ -274,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--models", default="qwen3-tts-0.6b,qwen3-tts-1.7b")
-    ap.add_argument("--phases", default=",".join(ALL_PHASES))
+    ap.add_argument("--phases", default=",".join(DEFAULT_PHASES))
     ap.add_argument("--profile", choices=sorted(PROFILES), default="quick")
     ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     ap.add_argument("--threads", type=int, default=None, help="CPU threads per stage (CPU dry runs)")
@@ -284,6 +202,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--chunk-schedule", default="", help="I,S frames for every request; '' = deploy's")
     ap.add_argument("--ttfa-slo-ms", type=float, default=1000.0)
     ap.add_argument("--set", action="append", default=[], help="extra `voxstage serve --set` (repeatable)")
+    ap.add_argument(
+        "--pairs", type=int, default=1, help="talker + codec pairs sharing the GPU (--slots split over them)"
+    )
+    ap.add_argument(
+        "--pair-memory-fraction",
+        type=float,
+        default=None,
+        help="gpu_memory_utilization of each replica when --pairs > 1 (default 0.9 / (2 x pairs))",
+    )
+    ap.add_argument("--llm-tokens-per-s", type=float, default=30.0, help="llm phases: text deltas per second")
+    ap.add_argument("--llm-search-max", type=int, default=64, help="llm phase: closed search's top level")
+    ap.add_argument(
+        "--llm-segment-frames", type=int, default=0, help="llm: frames per segment (0: frames / sentences)"
+    )
     ap.add_argument("--engine-args", default="", help="extra engine_gpu.py arguments, e.g. '--batches 1,64'")
     ap.add_argument("--ref-env", default=None, help="--target folder of the reference's packages")
     ap.add_argument("--ref-python", default=None, help="interpreter for the reference (default: this one)")
@@ -293,6 +225,8 @@ def main(argv: list[str] | None = None) -> int:
     unknown = set(phases) - set(ALL_PHASES)
     if unknown:
         raise SystemExit(f"unknown phases {sorted(unknown)}; choose from {', '.join(ALL_PHASES)}")
+    if a.pairs < 1:
+        raise SystemExit("--pairs must be >= 1")
     prof = PROFILES[a.profile]
     a.out.mkdir(parents=True, exist_ok=True)
     environment(a.out, a.device)
@@ -311,7 +245,11 @@ def main(argv: list[str] | None = None) -> int:
 
     for model in models:
         if any(p in SERVE_PHASES for p in phases):
-            guarded(f"serve {model}", lambda m=model: serve_phases(a, m, phases, a.out, prof))
+            tag = serve_tag(model, a.pairs)
+            guarded(
+                f"serve {model}",
+                lambda m=model, t=tag: serve_phases(a, m, t, family_of(m), phases, a.out, prof),
+            )
         if "engine" in phases:
             guarded(f"engine {model}", lambda m=model: engine_phase(a, m, a.out, prof))
         if "reference" in phases:

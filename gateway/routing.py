@@ -391,7 +391,13 @@ async def open_on_pair(
                 raise
             last = exc
             if exc.reason == "codec_unavailable":
-                tried_codecs.append(codec)
+                # The codec says UNAVAILABLE in its own name when it cannot reach the talker too (killed a
+                # moment ago, not yet seen here): ask the talker before blaming the codec.
+                await talkers.probe(talker)
+                if talker.down:
+                    tried_talkers.append(talker)
+                else:
+                    tried_codecs.append(codec)
             elif exc.reason.startswith("talker"):
                 talkers.mark_down(talker, exc.text)
                 tried_talkers.append(talker)

@@ -38,7 +38,7 @@ async def _app_schema() -> dict[str, Any]:
 
 
 def build_schema() -> dict[str, Any]:
-    from voxstage.gateway.http_api import SpeechRequest
+    from voxstage.gateway.http_speech import SpeechRequest
 
     schema = asyncio.run(_app_schema())
     body = SpeechRequest.model_json_schema(ref_template="#/components/schemas/{model}")

@@ -18,6 +18,12 @@ the mark, the frames before it go out even if they are not a whole chunk, the ou
 the next take's audio continues from the previous one's (no re-warm, no click at the seam), so a segment is
 not bit-identical to the same take decoded alone.
 
+Async scheduling (the stage's ``async_scheduling: true``): ``step`` first collects the decodes the previous
+step launched, then launches this tick's and returns without waiting for them, so the device decodes while
+the engine thread hands out audio and takes in frames. Audio reaches its consumer one ``step`` later than in
+the synchronous form (which collects its own launch before returning); the PCM is the same. Either way every
+bucket of a tick is launched before any is read back, its audio copied out through pinned host memory.
+
 Overlap+crop (``left_context > 0``, the deploy file's ``codec_decode: overlap_crop``): instead of carrying
 state, each chunk is decoded from a reset slot behind up to ``left_context`` of the stream's earlier frames,
 whose audio is cropped. It is what vllm-omni does, only approximate unless the context covers the decoder's
@@ -27,9 +33,8 @@ receptive field, and kept as a documented alternative (docs/models.md gives its 
 from __future__ import annotations
 
 import time
-from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
@@ -37,6 +42,7 @@ import torch
 
 from voxstage import metrics
 from voxstage.chunking import next_boundary, whole_chunks
+from voxstage.codec.engine_state import Launched, StreamState, read_back
 
 
 class CodecAdmissionError(RuntimeError):
@@ -95,31 +101,6 @@ class CodecOutput:
     segment_end: bool = False  # this output holds the last frames before an ``end_segment`` mark
 
 
-@dataclass
-class _Stream:
-    stream_id: str
-    slot: int
-    initial_frames: int
-    pending: list[np.ndarray] = field(default_factory=list)
-    pending_frames: int = 0
-    emitted_frames: int = 0
-    received: int = 0  # frames pushed (reference prefix excluded)
-    segment_emitted: int = 0  # frames decoded since the last segment mark: where the chunk schedule stands
-    marks: deque[int] = field(default_factory=deque)  # `received` counts at which segments end
-    prefix_frames: int = 0  # decoded for state only (voice-clone reference codes); their audio is dropped
-    history: np.ndarray | None = None  # overlap+crop: the last left_context frames, decoded again each chunk
-    sample_offset: int = 0
-    ended: bool = False
-    opened_at: float = field(default_factory=time.perf_counter)
-
-    def take(self, n: int) -> np.ndarray:
-        buf = np.concatenate(self.pending, axis=0) if len(self.pending) > 1 else self.pending[0]
-        out, rest = buf[:n], buf[n:]
-        self.pending = [rest] if rest.shape[0] else []
-        self.pending_frames -= n
-        return out
-
-
 DecodeFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
 
@@ -144,6 +125,7 @@ class CodecEngine:
         sample_rate: int = 24000,
         codebook_size: int = 2048,
         left_context: int = 0,
+        async_scheduling: bool = False,
     ) -> None:
         # Padding rows of a batch bucket need distinct slots of their own: the pool holds 2x max_streams and
         # the upper half is scratch.
@@ -163,8 +145,10 @@ class CodecEngine:
         if left_context < 0:
             raise ValueError(f"left_context must be >= 0, got {left_context}")
         self.left_context = left_context
+        self.async_scheduling = async_scheduling
+        self._inflight: list[Launched] = []
         self._free = list(range(max_streams - 1, -1, -1))
-        self._streams: dict[str, _Stream] = {}
+        self._streams: dict[str, StreamState] = {}
         self.ticks = 0
         # With slots_in_use it makes the occupancy ratio the codec's autoscaler targets (deploy/k8s); the
         # talker engine and the duplex codec set theirs the same way.
@@ -185,7 +169,7 @@ class CodecEngine:
             )
         slot = self._free.pop()
         self.codec.reset(torch.tensor([slot], dtype=torch.int64, device=self.device))
-        stream = _Stream(stream_id, slot, initial)
+        stream = StreamState(stream_id, slot, initial)
         self._streams[stream_id] = stream
         if prefix is not None and prefix.shape[0]:
             self._check_codes(prefix)
@@ -226,7 +210,7 @@ class CodecEngine:
 
     # -- introspection ----------------------------------------------------------------------------------
     def has_work(self) -> bool:
-        return any(
+        return bool(self._inflight) or any(
             self._ready_frames(s) or self._drained(s) or self._mark_due(s) for s in self._streams.values()
         )
 
@@ -242,6 +226,11 @@ class CodecEngine:
     # -- the tick -----------------------------------------------------------------------------------------
     def step(self) -> list[CodecOutput]:
         outputs: list[CodecOutput] = []
+        t0 = time.perf_counter()
+        # The previous step's decodes first: stream state is then exactly as the synchronous form sees it.
+        launched, self._inflight = self._inflight, []
+        for group in launched:
+            self._collect(group, outputs)
         # A segment whose frames all went out already (or that had none) still owes its end marker.
         for stream in [s for s in self._streams.values() if self._mark_due(s)]:
             self._pass_mark(stream)
@@ -258,19 +247,23 @@ class CodecEngine:
             )
             self._release(self._streams.pop(stream.stream_id))
         work = [(s, n) for s in self._streams.values() if (n := self._ready_frames(s))]
-        if not work:
+        if not work and not launched:
             return outputs
-        t0 = time.perf_counter()
         # One decode per frame bucket: a single batch padded to its longest chunk would make hundreds of
         # 4-frame chunks pay for one stream's 100-frame catch-up.
-        groups: dict[int, list[tuple[_Stream, int]]] = {}
+        groups: dict[int, list[tuple[StreamState, int]]] = {}
         for stream, n in work:
             total = n + self._context(stream)
             bucket = next((b for b in self.frame_buckets if b >= total), total)
             groups.setdefault(bucket, []).append((stream, n))
-        for t_bucket, group in sorted(groups.items()):
-            self._decode_group(group, t_bucket, outputs)
-        self.ticks += 1
+        # Every bucket launches before any is read back: bucket k+1's host staging overlaps bucket k's decode.
+        self._inflight = [self._launch(group, t_bucket) for t_bucket, group in sorted(groups.items())]
+        if not self.async_scheduling:
+            for group in self._inflight:
+                self._collect(group, outputs)
+            self._inflight = []
+        if work:
+            self.ticks += 1
         metrics.STAGE_TICK.labels(stage="codec").observe(time.perf_counter() - t0)
         metrics.AUDIO_GENERATED.labels(stage="codec").inc(
             sum(o.frames for o in outputs) * self.spf / self.sample_rate
@@ -278,9 +271,7 @@ class CodecEngine:
         return outputs
 
     # -- internals -------------------------------------------------------------------------------------
-    def _decode_group(
-        self, work: list[tuple[_Stream, int]], t_bucket: int, outputs: list[CodecOutput]
-    ) -> None:
+    def _launch(self, work: list[tuple[StreamState, int]], t_bucket: int) -> Launched:
         b_real = len(work)
         # Power-of-two batch buckets bound how many graphs exist; capping at max_streams keeps a full
         # engine on its own (graphed) bucket instead of padding 300 rows to 512.
@@ -309,8 +300,15 @@ class CodecEngine:
             slots_t,
             torch.from_numpy(lengths).to(self.device, non_blocking=True),
         )
-        wav_np = wav[:b_real].float().to("cpu", copy=True).numpy()  # graph outputs are reused buffers
-        for i, ((stream, n), ctx) in enumerate(zip(work, contexts, strict=True)):
+        return Launched(work, contexts, *read_back(wav[:b_real]))
+
+    def _collect(self, launched: Launched, outputs: list[CodecOutput]) -> None:
+        if launched.event is not None:
+            launched.event.synchronize()
+        wav_np = launched.pcm.numpy()
+        for i, ((stream, n), ctx) in enumerate(zip(launched.work, launched.contexts, strict=True)):
+            if self._streams.get(stream.stream_id) is not stream:
+                continue  # cancelled while its decode was in flight
             pcm = wav_np[i, ctx * self.spf : (ctx + n) * self.spf]
             drop = min(stream.prefix_frames, n)
             if drop:
@@ -329,11 +327,11 @@ class CodecEngine:
             if final:
                 self._release(self._streams.pop(stream.stream_id))
 
-    def _context(self, s: _Stream) -> int:
+    def _context(self, s: StreamState) -> int:
         """Frames decoded again in front of ``s``'s next chunk (overlap+crop only)."""
         return 0 if s.history is None else min(self.left_context, s.history.shape[0])
 
-    def _ready_frames(self, s: _Stream) -> int:
+    def _ready_frames(self, s: StreamState) -> int:
         if s.prefix_frames:  # reference prefix: decode it as soon as the stream opens
             return min(s.pending_frames, self.schedule.max_frames_per_decode)
         if s.marks:  # the segment's frames are all in: decode up to the mark as if the input had ended
@@ -342,16 +340,16 @@ class CodecEngine:
         return self.schedule.take(s.segment_emitted, s.pending_frames, s.ended, s.initial_frames)
 
     @staticmethod
-    def _mark_due(s: _Stream) -> bool:
+    def _mark_due(s: StreamState) -> bool:
         return bool(s.marks) and s.prefix_frames == 0 and s.marks[0] == s.emitted_frames
 
     @staticmethod
-    def _pass_mark(s: _Stream) -> None:
+    def _pass_mark(s: StreamState) -> None:
         s.marks.popleft()
         s.segment_emitted = 0
 
     @staticmethod
-    def _drained(s: _Stream) -> bool:
+    def _drained(s: StreamState) -> bool:
         return s.ended and s.pending_frames == 0 and not s.marks
 
     def _check_codes(self, codes: np.ndarray) -> None:
@@ -361,13 +359,13 @@ class CodecEngine:
         if codes.size and (int(codes.min()) < 0 or int(codes.max()) >= self.codebook_size):
             raise ValueError(f"codes must lie in [0, {self.codebook_size})")
 
-    def _get(self, stream_id: str) -> _Stream:
+    def _get(self, stream_id: str) -> StreamState:
         try:
             return self._streams[stream_id]
         except KeyError:
             raise KeyError(f"no open codec stream {stream_id!r}") from None
 
-    def _release(self, stream: _Stream) -> None:
+    def _release(self, stream: StreamState) -> None:
         self._free.append(stream.slot)
         self._update_gauges()
 

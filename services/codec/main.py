@@ -93,7 +93,13 @@ def build(args: argparse.Namespace) -> StageParts:
     decode_fn = None
     buckets: tuple[int, ...] = ()
     if device == "cuda" and not stage.enforce_eager:
+        import torch
+
         from voxstage.codec.graphs import GraphedDecode
+
+        # Before any capture: the warm-up runs then time cuDNN's algorithms per bucket shape (the default
+        # heuristic put one 64x25 conv on implicit_convolve_sgemm, 17.8 ms of a 152 ms decode).
+        torch.backends.cudnn.benchmark = True
 
         # Chunks are padded up to the next bucket; the chunk sizes in force always get one of their own.
         sizes = config.stream.decode_cudagraph_capture_sizes or []
@@ -122,6 +128,7 @@ def build(args: argparse.Namespace) -> StageParts:
         sample_rate=runtime.sample_rate,
         codebook_size=runtime.codebook_size,
         left_context=left,
+        async_scheduling=stage.async_scheduling,
     )
     worker = CodecWorker(runtime, engine)
     sweep_dead_regions()
@@ -130,11 +137,12 @@ def build(args: argparse.Namespace) -> StageParts:
     pool = TalkerPool(reader, allowed=allowed, tls=link)
     servicer = CodecServicer(worker, plan=plan, stream_config=config.stream, shm_writer=writer, pool=pool)
     log.info(
-        "codec: %s (%s) on %s/%s: %d streams, chunks %d then %s%d frames, %s, %s, voice clone %s, shm %s",
+        "codec: %s (%s) on %s/%s: %d streams, chunks %d then %s%d frames, %s, %s, %s, voice clone %s, shm %s",
         runtime.model, runtime.family, device, str(dtype).removeprefix("torch."), stage.max_num_seqs,
         plan.initial_frames, "growing to " if plan.ramp else "", plan.steady_frames,
         f"overlap+crop behind {left} frames" if left else "exact stateful decode",
         f"CUDA graphs for {buckets} frames" if decode_fn else "eager",
+        "async scheduling" if stage.async_scheduling else "sync scheduling",
         "on" if runtime.voice_clone else "off",
         f"above {writer.threshold_bytes} B" if writer else "off",
     )  # fmt: skip
@@ -192,6 +200,9 @@ def _build_duplex(
             "lower max_num_seqs or raise gpu_memory_utilization",
         )
         log.info("codec: memory budget %s; session state %.2f GiB", budget.describe(), state / (1 << 30))
+    if stage.async_scheduling:
+        # A duplex tick answers its own talker step, so there is no next batch to launch ahead of it.
+        log.warning("codec: async_scheduling has no effect on duplex sessions (each decode is awaited)")
     calls = None
     graphed = device == "cuda" and not stage.enforce_eager
     if graphed:

@@ -32,8 +32,18 @@ class PackedDecodeAdapter:
     prefill_runner: Prefill
 
     def decode_core(self, b: int, attn_len: int) -> None:
-        """The captured unit over slots ``[0, b)``: static shapes for a given (b, attn_len), no host syncs."""
+        """The captured unit over slots ``[0, b)``: static shapes for a given (b, attn_len), no host syncs.
+        A family with ``variants`` takes their parts as further (defaulted) arguments."""
         raise NotImplementedError
+
+    def variant(self, active: Sequence[bool]) -> tuple[int, ...]:
+        """Extra key parts of ``decode_core`` chosen on the host for one step (a family's sampler variant,
+        passed after ``(b, attn_len)``); none by default."""
+        return ()
+
+    def variants(self) -> list[tuple[int, ...]]:
+        """Every value ``variant`` can return (each is a graph of its own per bucket)."""
+        return [()]
 
     def step_io(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The frame step's device tensors: ``active [slots]`` (its input mask), ``codes [slots, G]`` and
@@ -58,10 +68,11 @@ class PackedDecodeAdapter:
         # Host buffers come from a pinned ring: with async scheduling two steps can be outstanding, and a
         # pinned buffer must not be rewritten before the device has used it.
         self.host.upload_active(active, mask[:b])
+        key = (b, length, *self.variant(active))
         if self.graphs is not None:
-            self.graphs.run(b, length)
+            self.graphs.run(*key)
         else:
-            self.decode_core(b, length)
+            self.decode_core(*key)
         return self.host.download(codes, eos, n)
 
     def collect(self, handle: object) -> tuple[np.ndarray, np.ndarray]:
@@ -85,19 +96,26 @@ class PackedDecodeAdapter:
         if hasattr(self, "prefill_runner"):  # else allocate_launch() enables it once the slots exist
             self.prefill_runner.enable_cuda_graphs()
 
-    def graph_keys(self) -> tuple[list[tuple[int, int]], list[tuple[int, int, int]]]:
-        """Every (batch, context) decode key and (rows, length, context) prefill key the engine can reach."""
-        decode = decode_graph_keys(self.num_slots, self.max_len, self.min_attn_bucket)
+    def graph_keys(self) -> tuple[list[tuple[int, ...]], list[tuple[int, int, int]]]:
+        """Every (batch, context, *variant) decode key and (rows, length, context) prefill key the engine
+        can reach."""
+        buckets = decode_graph_keys(self.num_slots, self.max_len, self.min_attn_bucket)
+        decode = [(*k, *v) for k in buckets for v in self.variants()]
         return decode, self.prefill_runner.graph_keys()
 
-    def capture_all_graphs(self) -> int:
+    def capture_all_graphs(self, variants: list[tuple[int, ...]] | None = None) -> int:
         """Capture every graph before serving (call with no request in flight): a lazily captured bucket
         stalls every running stream for the capture, which showed as first-audio outliers and cold
-        underruns. Returns how many graphs were captured."""
+        underruns. ``variants`` limits the decode graphs to those variants (the deploy default's: each
+        variant multiplies capture time and graph memory); another variant is captured on first use.
+        Returns how many graphs were captured."""
         prefill_graphs = self.prefill_runner.graphs
         if self.graphs is None or prefill_graphs is None:
             return 0
         decode, prefill = self.graph_keys()
+        if variants is not None:
+            width = len(decode[0]) - len(variants[0]) if decode else 0
+            decode = [key for key in decode if tuple(key[width:]) in variants]
         n = sum(self.graphs.capture(*key) for key in decode)
         # Prefill warm-up runs write junk K/V into the first positions of the slots in its static input;
         # no request holds a slot yet, and a slot's prefill rewrites every position it later reads.

@@ -52,6 +52,20 @@ class PrefillModel(Protocol):
     ) -> torch.Tensor: ...
 
 
+def upload(values: Sequence[int], device: torch.device) -> torch.Tensor:
+    """``values`` as an int64 tensor on ``device`` without waiting for the device.
+
+    A copy from pageable memory makes the host wait for everything queued before it, which with async
+    scheduling is the frame step in flight, so an arrival's prefill stalled the next launch. A fresh pinned
+    tensor per call: the caching host allocator keeps it until the copy has run, so a later call cannot
+    overwrite values still waiting in the queue (a reused staging buffer could).
+    """
+    host = torch.tensor(values, dtype=torch.int64)
+    if device.type != "cuda":
+        return host.to(device)
+    return host.pin_memory().to(device, non_blocking=True)
+
+
 @dataclass(frozen=True)
 class PrefillChunk:
     slot: int
@@ -130,7 +144,7 @@ class Prefill:
             self._x[i, n:t].zero_()
             torch.add(self._steps[:t], c.start, out=self._pos[i, :t])
         slots = [c.slot for c in group] + [group[0].slot] * (rows - len(group))
-        self._slots[:rows].copy_(torch.tensor(slots))
+        self._slots[:rows].copy_(upload(slots, self._slots.device), non_blocking=True)
         context = self.context_bucket(max(c.start for c in group) + t)
         if self.graphs is not None:
             self.graphs.run(rows, t, context)
@@ -140,7 +154,7 @@ class Prefill:
 
     def _run_exact(self, c: PrefillChunk) -> None:
         positions = torch.arange(c.start, c.end, device=self._pos.device).unsqueeze(0)
-        slot_ids = torch.tensor([c.slot], device=self._pos.device)
+        slot_ids = upload([c.slot], self._pos.device)
         self.model(c.embeds.unsqueeze(0), positions, self.kv, slot_ids, c.end)
         self.forwards += 1
 

@@ -13,7 +13,9 @@ Processing order follows transformers' generate: repetition penalty, then the ca
 
 from __future__ import annotations
 
+import enum
 import functools
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import torch
@@ -141,6 +143,34 @@ class SamplingParams:
         return self.temperature if self.do_sample else 0.0
 
 
+# The widest top-k the sort-free path serves: ``torch.topk`` of this many columns is a selection, not a
+# sort of the vocabulary; a request asking for more takes the full path.
+TOP_K_CAP = 64
+
+
+class Sampler(enum.IntEnum):
+    """Which sampling code a batch can take, chosen on the host from its requests' parameters (a static
+    property of a step, e.g. one CUDA-graph variant). Every variant draws exactly the tokens ``FULL`` would
+    for the batches it is chosen for."""
+
+    FULL = 0  # sorted top-k and top-p
+    TOP_K = 1  # no row uses top-p; top-k of at most TOP_K_CAP (or off) by selection
+    GREEDY = 2  # every row greedy: arg-max, no noise
+
+    @classmethod
+    def for_params(cls, params: Iterable[SamplingParams]) -> Sampler:
+        """The most specialised variant valid for every one of ``params``."""
+        return min((cls._one(p) for p in params), default=cls.GREEDY)
+
+    @classmethod
+    def _one(cls, p: SamplingParams) -> Sampler:
+        if p.effective_temperature <= 0:
+            return cls.GREEDY
+        if p.top_p >= 1.0 and p.top_k <= TOP_K_CAP:
+            return cls.TOP_K
+        return cls.FULL
+
+
 class SamplingTable:
     """Per-slot sampling parameters ``[S]`` on device; rows are written at admission, read every step."""
 
@@ -184,6 +214,16 @@ def filter_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.T
     return logits.masked_fill(remove, float("-inf"))
 
 
+def filter_top_k(logits: torch.Tensor, top_k: torch.Tensor) -> torch.Tensor:
+    """``filter_top_k_top_p`` for rows without top-p whose ``top_k`` is off or at most ``TOP_K_CAP``: the
+    same threshold (the k-th largest value, ties kept) from a selection instead of a full sort."""
+    width = min(TOP_K_CAP, logits.shape[-1])
+    largest = torch.topk(logits, width, dim=-1).values
+    kth = largest.gather(-1, (top_k.clamp(1, width) - 1).unsqueeze(-1))
+    kth = kth.masked_fill((top_k <= 0).unsqueeze(-1), float("-inf"))
+    return logits.masked_fill(logits < kth, float("-inf"))
+
+
 def sample(
     logits: torch.Tensor,
     params: SamplingTensors,
@@ -194,6 +234,7 @@ def sample(
     banned: torch.Tensor | None = None,
     all_greedy: bool = False,
     noise: torch.Tensor | None = None,
+    sampler: Sampler = Sampler.FULL,
 ) -> torch.Tensor:
     """Draw one token per row of ``logits [B, V]``; returns int64 ``[B]``.
 
@@ -203,7 +244,8 @@ def sample(
     ``all_greedy`` is a host-side promise that every row is greedy (known from the requests, not from
     device data); it skips the sort and the noise and gives the same tokens. ``noise [B, V]``, when given,
     is ``gumbel_noise(seed, step, stream, V)`` computed by the caller (a frame's groups draw theirs in one
-    batched call instead of one hash chain each).
+    batched call instead of one hash chain each). ``sampler`` is the batch's ``Sampler`` variant (a host-side
+    promise like ``all_greedy``, which is ``Sampler.GREEDY``).
     """
     scores = logits.float()
     if seen is not None:
@@ -211,11 +253,15 @@ def sample(
     if banned is not None:
         scores = scores.masked_fill(banned, float("-inf"))
     greedy_tok = scores.argmax(dim=-1)
-    if all_greedy:
+    if all_greedy or sampler is Sampler.GREEDY:
         return greedy_tok
     greedy = params.temperature <= 0
     temp = torch.where(greedy, torch.ones_like(params.temperature), params.temperature).to(scores.dtype)
-    scaled = filter_top_k_top_p(scores / temp.unsqueeze(-1), params.top_k, params.top_p)
+    scaled = scores / temp.unsqueeze(-1)
+    if sampler is Sampler.TOP_K:
+        scaled = filter_top_k(scaled, params.top_k)
+    else:
+        scaled = filter_top_k_top_p(scaled, params.top_k, params.top_p)
     if noise is None:
         noise = gumbel_noise(seed, step, stream, scores.shape[-1])
     drawn = (scaled + noise).argmax(dim=-1)

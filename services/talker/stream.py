@@ -22,74 +22,24 @@ import itertools
 import time
 from collections import deque
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from voxstage import wire
-from voxstage.chunking import whole_chunks
 from voxstage.internal.v1 import stage_pb2
 from voxstage.stage_errors import StageFailure
 from voxstage.stage_stream import StageStream
 from voxstage.talker.engine import Finish, TalkerOutput
 from voxstage.talker.request_params import request_params
+from voxstage.talker.takes import Segment, Take, sendable
 from voxstage.talker.worker import RequestParams, RequestSnapshot
 
 if TYPE_CHECKING:
     from voxstage.talker.servicer import TalkerServicer
 
 MAX_TEXT_CHARS = 1 << 16  # the gateway enforces the user-facing limit; this only bounds a buggy peer
-_REASONS = {
-    Finish.EOS: stage_pb2.END_REASON_EOS,
-    Finish.MAX_FRAMES: stage_pb2.END_REASON_MAX_FRAMES,
-    Finish.MAX_MODEL_LEN: stage_pb2.END_REASON_MAX_FRAMES,
-}
 _keys = itertools.count(1)
-
-
-def sendable(
-    sent: int, avail: int, credit: int, initial: int, steady: int, finished: bool, ramp: bool = True
-) -> int:
-    """Frames to put in the next CodecFrames: whole chunks of the schedule that fit the credit, or the
-    whole remainder once generation has finished (never split to fit: the codec's window holds a chunk)."""
-    if finished and avail <= credit:
-        return avail
-    return whole_chunks(sent, min(avail, credit), initial, steady, ramp)
-
-
-@dataclass
-class _Segment:
-    """Text between two flushes; it gets its index when its take starts (blank segments never do)."""
-
-    parts: list[str] = field(default_factory=list)
-    closed: bool = False
-
-    @property
-    def text(self) -> str:
-        return "".join(self.parts)
-
-
-@dataclass
-class _Take:
-    """One segment's engine request and the frames it has produced but not yet sent."""
-
-    index: int
-    key: str
-    segment: _Segment
-    fed: int  # characters of the segment's text handed to the engine
-    complete: bool  # the engine has the whole text
-    capped: bool  # the text-derived frame cap is the binding budget (MAX_FRAMES then means FRAME_CAP)
-    sent: int = 0
-    pending: list[np.ndarray] = field(default_factory=list)
-    pending_frames: int = 0
-    finish: Finish | None = None
-
-    def reason(self) -> int:
-        assert self.finish is not None
-        if self.finish is Finish.MAX_FRAMES and self.capped:
-            return stage_pb2.END_REASON_FRAME_CAP
-        return _REASONS[self.finish]
 
 
 class TalkerStream(StageStream):
@@ -109,10 +59,10 @@ class TalkerStream(StageStream):
         self.ramp = True
         self.credit = 0
         self.sent_frames = 0
-        self.segments: deque[_Segment] = deque()  # not started yet; the last may still take text
-        self.takes: deque[_Take] = deque()  # started, in order; takes[0] is the one whose frames go out
-        self.by_key: dict[str, _Take] = {}
-        self.open_take: _Take | None = None  # a started segment still taking text (early start)
+        self.segments: deque[Segment] = deque()  # not started yet; the last may still take text
+        self.takes: deque[Take] = deque()  # started, in order; takes[0] is the one whose frames go out
+        self.by_key: dict[str, Take] = {}
+        self.open_take: Take | None = None  # a started segment still taking text (early start)
         self.text_chars = 0
         self.engine_error: str | None = None
         self.failed_finish: Finish | None = None
@@ -215,7 +165,7 @@ class TalkerStream(StageStream):
             await self._feed(take)
             return
         if not self.segments or self.segments[-1].closed:
-            self.segments.append(_Segment())
+            self.segments.append(Segment())
         self.segments[-1].parts.append(text)
         await self._advance()
 
@@ -243,26 +193,26 @@ class TalkerStream(StageStream):
             self.segments.popleft()
             await self._start(seg)
 
-    def _early(self, seg: _Segment) -> bool:
+    def _early(self, seg: Segment) -> bool:
         n = self.policy.early_start_chars
         explicit_whole = self.non_streaming or self.params.non_streaming is True
         return n > 0 and self.text_deltas and not explicit_whole and len(seg.text.strip()) >= n
 
-    async def _start(self, seg: _Segment) -> None:
+    async def _start(self, seg: Segment) -> None:
         index = len(self.by_key)
         text = seg.text
         limit, capped = self.worker.frame_limit(self.params, text)
         key = f"{self.key}.{index}"
         request = self.worker.build_request(key, self.params, text, seg.closed, max_frames=limit)
         follows = self.takes[-1].key if self.takes else None
-        take = _Take(index, key, seg, fed=len(text), complete=seg.closed, capped=capped)
+        take = Take(index, key, seg, fed=len(text), complete=seg.closed, capped=capped)
         self.takes.append(take)
         self.by_key[key] = take
         if not seg.closed:
             self.open_take = take
         await self.worker.submit(request, self, follows=follows)
 
-    async def _feed(self, take: _Take) -> None:
+    async def _feed(self, take: Take) -> None:
         """Hand the engine the text (and completion) of an early-started take it does not have yet."""
         text = take.segment.text
         delta, complete = text[take.fed :], take.segment.closed
@@ -286,9 +236,9 @@ class TalkerStream(StageStream):
             take.pending.append(out.codes)
             take.pending_frames += out.codes.shape[0]
         if out.finish is not None:
+            # An early-started take that ends before its flush (max_frames, the cap) ends its segment: the
+            # rest of the segment's text is not spoken; it is taken and dropped until the flush.
             take.finish = out.finish
-            if take is self.open_take:
-                self.open_take = None  # later text of this segment has nowhere to go: the take has ended
             self.finished_tick = self.worker.engine.ticks
             if out.finish in (Finish.CANCELLED, Finish.ERROR):
                 self.failed_finish = out.finish
@@ -326,7 +276,7 @@ class TalkerStream(StageStream):
         if self.end_of_input and not self.segments and self.open_take is None:
             self._terminal(self.end_reason)
 
-    def _send_frames(self, take: _Take, n: int) -> None:
+    def _send_frames(self, take: Take, n: int) -> None:
         buf = np.concatenate(take.pending) if len(take.pending) > 1 else take.pending[0]
         chunk, rest = buf[:n], buf[n:]
         take.pending = [rest] if rest.shape[0] else []

@@ -193,10 +193,12 @@ class TalkerWorker(StageWorker[TalkerOutput, OutputListener]):
             self.engine.submit(req)
             while self.engine.has_work():
                 self.engine.step()
-            capture = getattr(self.engine.adapter, "capture_all_graphs", None)
+            adapter = self.engine.adapter
+            capture = getattr(adapter, "capture_all_graphs", None)
             if capture is not None:
                 t1 = time.perf_counter()
-                n = capture()
+                variants_of = getattr(adapter, "variants_of", None)  # families with sampler variants
+                n = capture(variants_of(d.sampling, d.subtalker)) if variants_of is not None else capture()
                 if n:
                     log.info("talker: captured %d CUDA graphs in %.1f s", n, time.perf_counter() - t1)
             return time.perf_counter() - t0

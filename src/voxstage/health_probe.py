@@ -8,7 +8,10 @@ probes the gateway's public port (``--tls-root`` when that serves TLS) and the s
 from __future__ import annotations
 
 import argparse
+import ssl
 import sys
+import urllib.error
+import urllib.request
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -37,6 +40,20 @@ def check(
         except grpc.RpcError:
             return False
     return reply.status == health_pb2.HealthCheckResponse.SERVING
+
+
+def check_https(url: str, timeout: float = 3.0) -> bool:
+    """HTTP 200 from ``url`` over TLS, without checking the certificate: ``voxstage serve`` probing the
+    gateway it started, whose certificate names the public host (or is signed by a CA the launcher does not
+    hold), not 127.0.0.1. Only readiness is read; nothing is sent but the GET."""
+    ctx = ssl.create_default_context()
+    ctx.check_hostname = False
+    ctx.verify_mode = ssl.CERT_NONE
+    try:
+        with urllib.request.urlopen(url, timeout=timeout, context=ctx) as reply:  # noqa: S310 - https only
+            return bool(reply.status == 200)
+    except (OSError, urllib.error.URLError):
+        return False
 
 
 def main(argv: list[str] | None = None) -> int:

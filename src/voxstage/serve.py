@@ -31,7 +31,7 @@ from typing import Any
 
 from voxstage.config import ConfigError
 from voxstage.config.cli_args import add_deploy_options, load_from_args
-from voxstage.health_probe import check
+from voxstage.health_probe import check, check_https
 from voxstage.placement import place
 from voxstage.stage_tls import LinkTls, LinkTlsError, add_link_options, launch_link
 from voxstage.transport.shm_reader import sweep_dead_regions
@@ -108,6 +108,12 @@ class Stage:
     restart_at: float | None = None  # set while dead and waiting out its back-off
     starting_since: float | None = None  # set while a restarted process has not reported SERVING yet
     tls: LinkTls | None = None  # what a health probe of a stage port presents (stage-link mTLS)
+    https_health: str | None = None  # a gateway serving TLS: its HTTP /health, probed unverified
+
+    def serving(self, timeout: float) -> bool:
+        if self.https_health is not None:
+            return check_https(self.https_health, timeout)
+        return check(self.address, timeout=timeout, tls=self.tls)
 
 
 @dataclass(frozen=True)
@@ -211,6 +217,9 @@ def run(args: argparse.Namespace) -> int:
             probe = f"{'127.0.0.1' if listen in ('0.0.0.0', '::') else listen}:{port}"
             overrides = link.gateway_overrides() if link else []
             stages.append(_start("gateway", [*flags, *deploy, *overrides], probe, None))
+            if gw.tls_cert_file:  # the gRPC health check would need the public certificate's trust root
+                http = args.http_port or gw.http_port
+                stages[-1].https_health = f"https://{probe.rsplit(':', 1)[0]}:{http}/health"
             if not _wait_serving(stages[-1], args.start_timeout, stopping):
                 return _abort(stages, args.drain_grace, stopping)
         log.info("all stages SERVING: %s", ", ".join(f"{s.name} {s.address}" for s in stages))
@@ -286,7 +295,7 @@ def _check_restarted(stage: Stage, start_timeout: float) -> int | None:
     """A restarted stage is watched like a first start, without blocking the loop: SERVING ends it; one
     stuck past ``start_timeout`` is killed and counts as another crash (its exit code is returned)."""
     assert stage.starting_since is not None
-    if check(stage.address, timeout=0.5, tls=stage.tls):
+    if stage.serving(0.5):
         log.info(
             "%s stage is SERVING again on %s (pid %d, %.1f s after its restart)",
             stage.name,
@@ -357,7 +366,7 @@ def _wait_serving(stage: Stage, timeout: float, stopping: list[int]) -> bool:
         if code is not None:
             log.error("%s stage exited with code %d during start-up (see its log above)", stage.name, code)
             return False
-        if check(stage.address, timeout=1.0, tls=stage.tls):
+        if stage.serving(1.0):
             log.info("%s stage is SERVING on %s", stage.name, stage.address)
             return True
         time.sleep(POLL_S)

@@ -1,9 +1,10 @@
-"""Two network namespaces wired like two hosts, for the multi-host test (ARCHITECTURE.md §8).
+"""Network namespaces wired like hosts: two (``make_hosts``, pair B of test_stages.py, ARCHITECTURE.md §8),
+or any number on one bridge (``make_lan``, test_multi_host.py).
 
-Three veth pairs: test (root namespace) <-> talker, test <-> codec, codec <-> talker. The talker and codec
-see each other only through their own link, and the test reaches each through its own, so the codec ->
-talker stream crosses a real (virtual) network interface instead of loopback. Needs root and ``ip``; when
-that fails the caller falls back to distinct loopback addresses.
+``make_hosts``: three veth pairs: test (root namespace) <-> talker, test <-> codec, codec <-> talker. The
+talker and codec see each other only through their own link, and the test reaches each through its own, so
+the codec -> talker stream crosses a real (virtual) network interface instead of loopback. Needs root and
+``ip``; when that fails the caller falls back to distinct loopback addresses.
 """
 
 from __future__ import annotations
@@ -75,3 +76,57 @@ def make_hosts() -> tuple[Hosts, str]:
             hosts.teardown()
             return LOOPBACK, f"loopback addresses (`{' '.join(step)}` failed: {done.stderr.strip()})"
     return hosts, f"network namespaces {t} / {c}"
+
+
+@dataclass(frozen=True)
+class Lan:
+    """Network namespaces as hosts on one switched network: each host's veth is a port of a bridge in the
+    root namespace, which holds ``gateway_ip`` (the test and a gateway run there). Hosts reach each other
+    only through the bridge, never over loopback."""
+
+    tag: str
+    hosts: dict[str, tuple[str, str]]  # name -> (namespace, address)
+    gateway_ip: str
+
+    def ns(self, name: str) -> str:
+        return self.hosts[name][0]
+
+    def ip(self, name: str) -> str:
+        return self.hosts[name][1]
+
+    def teardown(self) -> None:
+        for ns, _ in self.hosts.values():
+            subprocess.run(["ip", "netns", "del", ns], check=False, capture_output=True)
+        subprocess.run(["ip", "link", "del", f"{self.tag}br"], check=False, capture_output=True)
+
+
+def make_lan(names: list[str]) -> tuple[Lan | None, str]:
+    """One namespace per name on a bridge, or (None, why not): the caller skips, saying why."""
+    if os.geteuid() != 0 or shutil.which("ip") is None:
+        return None, "needs root and `ip` to create network namespaces"
+    tag = f"vl{os.getpid() % 100000}"
+    net = 16 + os.getpid() % 200  # per test process, as make_hosts; .10 keeps clear of its subnets
+    hosts = {name: (f"{tag}{i}", f"10.{net}.10.{11 + i}") for i, name in enumerate(names)}
+    lan = Lan(tag, hosts, f"10.{net}.10.1")
+    steps = [
+        ["ip", "link", "add", f"{tag}br", "type", "bridge"],
+        ["ip", "addr", "add", f"{lan.gateway_ip}/24", "dev", f"{tag}br"],
+        ["ip", "link", "set", f"{tag}br", "up"],
+    ]
+    for i, (ns, ip) in enumerate(hosts.values()):
+        outer, inner = f"{tag}h{i}", f"{tag}n{i}"
+        steps += [
+            ["ip", "netns", "add", ns],
+            ["ip", "link", "add", outer, "type", "veth", "peer", "name", inner],
+            ["ip", "link", "set", inner, "netns", ns],
+            ["ip", "link", "set", outer, "master", f"{tag}br", "up"],
+            ["ip", "-n", ns, "addr", "add", f"{ip}/24", "dev", inner],
+            ["ip", "-n", ns, "link", "set", inner, "up"],
+            ["ip", "-n", ns, "link", "set", "lo", "up"],
+        ]
+    for step in steps:
+        done = subprocess.run(step, check=False, capture_output=True, text=True)
+        if done.returncode != 0:
+            lan.teardown()  # deleting a namespace deletes its veth pair too
+            return None, f"`{' '.join(step)}` failed: {done.stderr.strip()}"
+    return lan, f"network namespaces {', '.join(ns for ns, _ in hosts.values())} on bridge {tag}br"

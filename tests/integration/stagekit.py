@@ -9,7 +9,9 @@ from __future__ import annotations
 import asyncio
 import itertools
 import os
+import random
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -73,6 +75,28 @@ class StageProc:
         return self.proc.returncode
 
 
+def reserve_ports(n: int) -> list[int]:
+    """``n`` distinct ports that nothing on this machine holds now, on any address. They come from below the
+    ephemeral range: ``bind(0)`` ports come from the range every process's outgoing connections use, and a
+    port probed, closed and started on seconds later met one of those (or another process's test) often
+    enough on this shared box to fail a multi-process test's start with "Address already in use"."""
+    rng = random.Random(time.monotonic_ns() ^ os.getpid())
+    held: list[socket.socket] = []
+    try:
+        while len(held) < n:
+            s = socket.socket()
+            try:
+                s.bind(("0.0.0.0", rng.randrange(20000, 32000)))  # 0.0.0.0: taken on any address fails
+            except OSError:
+                s.close()
+                continue
+            held.append(s)
+        return [int(s.getsockname()[1]) for s in held]
+    finally:
+        for s in held:
+            s.close()
+
+
 def stage_env(cache: Path) -> dict[str, str]:
     env = dict(os.environ)
     env["VOXSTAGE_CACHE"] = str(cache)
@@ -95,9 +119,12 @@ def start_stage(
     model: str = MODEL,
     deploy: Path = SEED_DEPLOY,
     extra: Sequence[str] = (),
+    own_shm: bool = False,
 ) -> StageProc:
     """Start ``voxstage <role>`` on a seed deploy file with a tiny preset (one torch thread); ``listen``
-    None leaves ``--host`` at the stage's default (loopback), ``extra`` are more flags."""
+    None leaves ``--host`` at the stage's default (loopback), ``extra`` are more flags. ``own_shm`` (with
+    ``netns``) gives the process a ``/dev/shm`` of its own, as another host has: the namespace shares
+    this machine's boot id, so only that makes the shared-memory probe fail as it does across hosts."""
     cmd = [sys.executable, "-m", "voxstage", role, "--config", str(deploy), "--model", model]
     cmd += ["--host", listen] if listen is not None else []
     cmd += ["--port", str(port), "--device", "cpu", "--threads", "1", "--drain-grace", "20", *extra]
@@ -105,7 +132,11 @@ def start_stage(
         cmd += ["--metrics-port", str(metrics_port)]
     for item in sets:
         cmd += ["--set", item]
-    if netns is not None:
+    if netns is not None and own_shm:
+        # `ip netns exec` runs the command in a mount namespace of its own (slave): this mount stays there.
+        mount = 'mount -t tmpfs -o size=256m voxstage-host /dev/shm && exec "$@"'
+        cmd = ["ip", "netns", "exec", netns, "sh", "-c", mount, "sh", *cmd]  # sh execs: the pid is python's
+    elif netns is not None:
         cmd = ["ip", "netns", "exec", netns, *cmd]  # execs the command: the Popen pid is python's
     log = logs / f"{role}{tag}-{time.monotonic_ns()}.log"
     with log.open("wb") as out:

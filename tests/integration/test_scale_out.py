@@ -26,9 +26,17 @@ from pathlib import Path
 import grpc
 import pytest
 
-from tests.integration.stagekit import MODEL, SEED_DEPLOY, StageProc, codec_status, stage_env, start_stage
+from tests.integration.stagekit import (
+    MODEL,
+    SEED_DEPLOY,
+    StageProc,
+    codec_status,
+    reserve_ports,
+    stage_env,
+    start_stage,
+)
 from tests.integration.stagekit import talker_status as stage_talker_status
-from tests.integration.test_stages import RELAXED_STALL, free_port
+from tests.integration.test_stages import RELAXED_STALL
 from voxstage.health_probe import check
 from voxstage.resolver import TEST_RESOLVER_ENV
 from voxstage.v1 import speech_pb2, speech_pb2_grpc
@@ -84,14 +92,14 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
     cache = tmp / "cache"
     resolve_model(MODEL, cache=cache)
     hosts_file = tmp / "hosts"
-    tp, cp, gp, hp = free_port(), free_port(), free_port(), free_port()
+    tp, cp, gp, hp, *metrics_ports = reserve_ports(9)
     env_before = os.environ.get(TEST_RESOLVER_ENV)
     os.environ[TEST_RESOLVER_ENV] = str(hosts_file)  # stage_env() copies it into every process
     procs: list[StageProc] = []
     gateway: subprocess.Popen[bytes] | None = None
     try:
-        talker_metrics = {ip: free_port() for ip in (*HOSTS, LATE)}
-        codec_metrics = {ip: free_port() for ip in HOSTS}
+        talker_metrics = dict(zip((*HOSTS, LATE), metrics_ports[:3], strict=True))
+        codec_metrics = dict(zip(HOSTS, metrics_ports[3:], strict=True))
         talkers = {
             ip: start_stage("talker", port=tp, listen=ip, cache=cache, logs=tmp, sets=SETS,
                             metrics_port=talker_metrics[ip], tag=ip)
@@ -151,11 +159,29 @@ async def synthesize(stub: speech_pb2_grpc.SpeechStub, text: str) -> int:
     return len(reply.audio) // 2
 
 
-async def serving_pair(fleet: Fleet) -> tuple[list[str], list[str]]:
-    """Which talker and which codec hold a stream now (stage Status, independent of the gateway)."""
-    talkers = [ip for ip in HOSTS if (await stage_talker_status(f"{ip}:{fleet.talker_port}")).active_streams]
-    codecs = [ip for ip in HOSTS if (await codec_status(f"{ip}:{fleet.codec_port}")).active_streams]
-    return talkers, codecs
+@dataclass(frozen=True)
+class Holder:
+    """Which talker and which codec list a request in their own ``Status`` (independent of the gateway),
+    and how many frames the talker has produced for it so far."""
+
+    talkers: tuple[str, ...]
+    codecs: tuple[str, ...]
+    talker_frames: int
+
+
+async def holder(fleet: Fleet, request_id: str) -> Holder:
+    talkers, codecs, frames = [], [], 0
+    for ip in HOSTS:
+        if fleet.talkers[ip].proc.poll() is None:
+            status = await stage_talker_status(f"{ip}:{fleet.talker_port}")
+            mine = [r for r in status.requests if r.request_id == request_id]
+            if mine:
+                talkers.append(ip)
+                frames = int(mine[0].frame_count)
+        status = await codec_status(f"{ip}:{fleet.codec_port}")
+        if any(r.request_id == request_id for r in status.requests):
+            codecs.append(ip)
+    return Holder(tuple(talkers), tuple(codecs), frames)
 
 
 async def test_scale_out_through_names(fleet: Fleet) -> None:
@@ -174,22 +200,39 @@ async def test_scale_out_through_names(fleet: Fleet) -> None:
         assert sum(per_talker.values()) == 8 and sum(per_codec.values()) == 8, (per_talker, per_codec)
         assert all(3 <= n <= 5 for n in [*per_talker.values(), *per_codec.values()]), (per_talker, per_codec)
 
-        # 2. Stickiness: one streaming call, several segments, one talker and one codec throughout.
+        # 2. Stickiness: one streaming call, two whole segments and the start of a third, on one talker and
+        # one codec throughout. Each sample names the replicas whose Status lists the call's request id.
         call = stub.StreamingSynthesize(timeout=60)
         cfg = speech_pb2.SynthesisConfig(encoding=PCM, voice="ryan")
         await call.write(speech_pb2.StreamingSynthesizeRequest(config=cfg))
-        pairs = []
-        await call.write(speech_pb2.StreamingSynthesizeRequest(text="Segment zero of a long call."))
-        await call.write(speech_pb2.StreamingSynthesizeRequest(flush=speech_pb2.Flush()))
-        while not (msg := await call.read()).HasField("segment_done"):
-            assert msg is not grpc.aio.EOF
-            if msg.HasField("audio") and not pairs:
-                pairs.append(await serving_pair(fleet))  # while segment 0 speaks
-        pairs.append(await serving_pair(fleet))  # between segments: the call still holds its pair
-        await call.write(speech_pb2.StreamingSynthesizeRequest(text="The next segment starts."))
-        pairs.append(await serving_pair(fleet))
-        assert all(len(t) == 1 and len(c) == 1 for t, c in pairs) and len(set(map(str, pairs))) == 1, pairs
-        serving = pairs[0][0][0]
+        request_id = ""
+        seen: list[tuple[str, Holder]] = []  # (when, who held the call then)
+        spoken = 0  # samples of the finished segments
+        for segment in range(2):
+            await call.write(speech_pb2.StreamingSynthesizeRequest(text=f"Segment {segment} of a long call."))
+            await call.write(speech_pb2.StreamingSynthesizeRequest(flush=speech_pb2.Flush()))
+            sampled = False
+            while not (msg := await call.read()).HasField("segment_done"):
+                assert msg is not grpc.aio.EOF
+                if msg.HasField("started"):
+                    request_id = msg.started.request_id
+                if msg.HasField("audio") and not sampled:
+                    assert msg.audio.segment_index == segment
+                    seen.append((f"segment {segment} speaks", await holder(fleet, request_id)))
+                    sampled = True
+            assert msg.segment_done.segment_index == segment
+            spoken += msg.segment_done.sample_count
+            seen.append((f"after segment {segment}", await holder(fleet, request_id)))
+        await call.write(speech_pb2.StreamingSynthesizeRequest(text="The third segment starts."))
+        seen.append(("segment 2 starts", await holder(fleet, request_id)))
+        pairs = {(h.talkers, h.codecs) for _, h in seen}
+        assert len(pairs) == 1, seen
+        ((talkers, codecs),) = pairs
+        assert len(talkers) == 1 and len(codecs) == 1, seen
+        # The one talker produced both segments' frames: it is the replica that served each of them.
+        assert dict(seen)["after segment 1"].talker_frames * 1920 == spoken > 0, (spoken, seen)
+        print("the streaming call's replicas:", *(f"{when}: {h}" for when, h in seen), sep="\n  ")
+        serving = talkers[0]
         other = next(ip for ip in HOSTS if ip != serving)
 
         # 3. Kill that talker mid-call: the call ends with UNAVAILABLE at once, it does not move.
@@ -201,7 +244,9 @@ async def test_scale_out_through_names(fleet: Fleet) -> None:
                 pass
             await call
         assert err.value.code() is grpc.StatusCode.UNAVAILABLE, err.value
-        assert time.monotonic() - killed_at < 2.0
+        ended_in = time.monotonic() - killed_at
+        print(f"the live call ended with UNAVAILABLE {ended_in:.2f} s after its talker was killed")
+        assert ended_in < 2.0
 
         # Every request admitted after the kill succeeds, on the surviving talker.
         before = talker_count(fleet, other)
@@ -216,3 +261,4 @@ async def test_scale_out_through_names(fleet: Fleet) -> None:
         while talker_count(fleet, LATE) == late_base:
             assert time.monotonic() - added_at < 10.0, "the new talker got no request"
             await asyncio.gather(*(synthesize(stub, f"New replica {i}.") for i in range(2)))
+        print(f"the added talker served its first request {time.monotonic() - added_at:.1f} s after the name")

@@ -104,3 +104,35 @@ def test_serve_fails_loudly_naming_a_stage_that_cannot_start(cache: Path, tmp_pa
     assert "talker stage exited with code 1 during start-up" in text, text
     assert "max_model_len is 100000" in text, text
     assert "starting codec" not in text, text  # nothing after the failed stage is started
+
+
+def test_serve_sees_a_tls_gateway_become_ready(cache: Path, tmp_path: Path) -> None:
+    # With gateway.tls_cert_file the public gRPC port speaks only TLS: the launcher's plain health probe
+    # never saw it SERVING and gave up after --start-timeout. It now probes the HTTPS /health.
+    from tests.tlskit import self_signed
+    from voxstage.client import SpeechClient
+
+    cert, key = self_signed(tmp_path)
+    grpc_port, http_port = free_port(), free_port()
+    log = tmp_path / "serve-tls.log"
+    proc = serve(
+        cache,
+        log,
+        "--grpc-port", str(grpc_port), "--http-port", str(http_port), "--host", "127.0.0.1",
+        "--set", f"gateway.tls_cert_file={cert}", "--set", f"gateway.tls_key_file={key}",
+        "--set", "stages.0.default_sampling_params.max_tokens=4",
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 90
+        while "gateway stage is SERVING" not in log.read_text():
+            assert proc.poll() is None, log.read_text()[-3000:]
+            assert time.monotonic() < deadline, log.read_text()[-3000:]
+            time.sleep(0.2)
+        with SpeechClient(f"localhost:{grpc_port}", tls=True, root_certificates=cert.read_bytes()) as client:
+            assert client.synthesize("hi", voice="ryan").duration_s > 0
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == 0, log.read_text()[-3000:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

@@ -143,7 +143,7 @@ def check_edges(cfg: DeployConfig) -> list[Issue]:
     return out
 
 
-def check_devices(cfg: DeployConfig) -> list[Issue]:
+def check_devices(cfg: DeployConfig, *, platform: str | None = None) -> list[Issue]:
     out: list[Issue] = []
     # Every replica is its own process with its own budget: a GPU's sum counts each replica on it.
     users: dict[int, list[tuple[int, StageConfig]]] = defaultdict(list)
@@ -170,13 +170,14 @@ def check_devices(cfg: DeployConfig) -> list[Issue]:
             # Point at the biggest share: that is the value most likely raised by mistake.
             worst = max(sharing, key=lambda entry: entry[1].gpu_memory_utilization)
             parts = ", ".join(f"stage {s.stage_id} ({s.gpu_memory_utilization:g})" for _, s in sharing)
-            out.append(
-                _error(
-                    ("stages", worst[0], "gpu_memory_utilization"),
-                    f"GPU {device} is shared by {parts}: gpu_memory_utilization sums to {total:g}, "
-                    "more than the whole device",
-                )
-            )
+            loc = ("stages", worst[0], "gpu_memory_utilization")
+            why = f"GPU {device} is shared by {parts}: gpu_memory_utilization sums to {total:g}"
+            if platform == "cpu":
+                # A CPU process has no device budget: the fraction sizes nothing there, so replicas on CPU
+                # run whatever it says. Still say it, as the same file would not start on a GPU.
+                out.append(_warning(loc, f"{why}; not enforced on cpu, but on a GPU this deploy is refused"))
+            else:
+                out.append(_error(loc, f"{why}, more than the whole device"))
     return out
 
 
@@ -352,12 +353,13 @@ def check_stream(cfg: DeployConfig) -> list[Issue]:
     return out
 
 
-def check_deploy(cfg: DeployConfig) -> list[Issue]:
-    """Every cross-key error and warning of ``cfg`` (locations relative to the file's top level)."""
+def check_deploy(cfg: DeployConfig, *, platform: str | None = None) -> list[Issue]:
+    """Every cross-key error and warning of ``cfg`` (locations relative to the file's top level);
+    ``platform`` is the one being loaded (None when unknown: checked as for a GPU)."""
     return [
         *check_stage_ids(cfg),
         *check_edges(cfg),
-        *check_devices(cfg),
+        *check_devices(cfg, platform=platform),
         *check_stage_settings(cfg),
         *check_session(cfg),
         *check_concurrency(cfg),

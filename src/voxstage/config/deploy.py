@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, PrivateAttr, field_validator, model_validator
+from pydantic import Field, PrivateAttr, ValidationInfo, field_validator, model_validator
 
 from voxstage.config.base import StrictModel
 from voxstage.config.checks import check_deploy
@@ -201,8 +201,9 @@ class DeployConfig(StrictModel):
         return _PIPELINE_ALIASES.get(value, value) if isinstance(value, str) else value
 
     @model_validator(mode="after")
-    def _cross_checks(self) -> DeployConfig:
-        findings = check_deploy(self)
+    def _cross_checks(self, info: ValidationInfo) -> DeployConfig:
+        platform = info.context.get("platform") if isinstance(info.context, dict) else None
+        findings = check_deploy(self, platform=platform)
         errors = [f for f in findings if f.severity == "error"]
         if errors:
             # Not a ValueError on purpose: it leaves pydantic with its locations intact (see ConfigError).

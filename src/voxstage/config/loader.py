@@ -54,10 +54,11 @@ def _locate(issue: Issue, origins: Origins, doc: YamlDocument, hint: str | None)
 
 
 def _validate(
-    merged: dict[str, Any], origins: Origins, doc: YamlDocument, hint: str | None
+    merged: dict[str, Any], origins: Origins, doc: YamlDocument, hint: str | None, platform: str
 ) -> tuple[DeployConfig | None, list[Issue]]:
     try:
-        config = DeployConfig.model_validate(merged)
+        # The platform reaches the cross-key checks: some (the GPU memory budget) depend on it.
+        config = DeployConfig.model_validate(merged, context={"platform": platform})
     except ValidationError as exc:
         found = issues_from_validation_error(exc, DeployConfig)
         return None, [_locate(issue, origins, doc, hint) for issue in found]
@@ -109,7 +110,7 @@ def _build(doc: YamlDocument, platform: str | None, overrides: tuple[str, ...]) 
         problem = apply_override(merged, override, origins)
         if problem is not None:
             issues.append(Issue(loc=(), message=f"--set {text!r}: {problem}", source=source))
-    config, found = _validate(merged, origins, doc, hint=None)
+    config, found = _validate(merged, origins, doc, hint=None, platform=chosen)
     issues += found
 
     others = data.get("platforms")
@@ -118,7 +119,9 @@ def _build(doc: YamlDocument, platform: str | None, overrides: tuple[str, ...]) 
             continue
         merged_other, origins_other, overlay_other = apply_overlay(data, name)
         issues += [i.at(source=source, line=doc.line_of(i.loc)) for i in overlay_other]
-        _, found_other = _validate(merged_other, origins_other, doc, hint=f"with platforms.{name} applied")
+        _, found_other = _validate(
+            merged_other, origins_other, doc, hint=f"with platforms.{name} applied", platform=name
+        )
         # Warnings belong to the platform actually loaded; other overlays only contribute errors.
         issues += [i for i in found_other if i.severity == "error"]
 

@@ -29,10 +29,11 @@ def model() -> Qwen3TokenizerDecoder:
     return random_init(decoder_preset("qwen3-tts-tiny"), seed=0)
 
 
-def make_engine(model: Qwen3TokenizerDecoder, streams: int) -> CodecEngine:
+def make_engine(model: Qwen3TokenizerDecoder, streams: int, async_scheduling: bool = False) -> CodecEngine:
     return CodecEngine(
-        StreamingDecoder(model, 2 * streams), max_streams=streams, schedule=SEED_SCHEDULE, num_groups=GROUPS
-    )
+        StreamingDecoder(model, 2 * streams), max_streams=streams, schedule=SEED_SCHEDULE, num_groups=GROUPS,
+        async_scheduling=async_scheduling,
+    )  # fmt: skip
 
 
 def codes_for(seed: int, frames: int) -> np.ndarray:
@@ -49,11 +50,12 @@ def collect(outputs: list[CodecOutput], into: dict[str, list[CodecOutput]]) -> N
         into.setdefault(o.stream_id, []).append(o)
 
 
-def test_staggered_streams_equal_offline_decode(model: Qwen3TokenizerDecoder) -> None:
+@pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
+def test_staggered_streams_equal_offline_decode(model: Qwen3TokenizerDecoder, async_scheduling: bool) -> None:
     # (start tick, frames, frames pushed per tick): producers faster and slower than the schedule.
     plan = {"a": (0, 60, 3), "b": (2, 27, 1), "c": (5, 51, 7), "d": (9, 1, 1)}
     codes = {sid: codes_for(i, frames) for i, (sid, (_, frames, _)) in enumerate(plan.items())}
-    engine = make_engine(model, streams=4)
+    engine = make_engine(model, streams=4, async_scheduling=async_scheduling)
     out: dict[str, list[CodecOutput]] = {}
     fed = dict.fromkeys(plan, 0)
     for tick in range(200):
@@ -82,6 +84,36 @@ def test_staggered_streams_equal_offline_decode(model: Qwen3TokenizerDecoder) ->
         ref = offline(model, codes[sid])
         assert ref.std() > 0.05  # not silence: a broken decode could not match by accident
         np.testing.assert_allclose(pcm, ref, atol=TOL, rtol=0)
+
+
+def test_async_scheduling_hands_out_each_decode_one_step_later(model: Qwen3TokenizerDecoder) -> None:
+    codes = codes_for(7, 30)
+    runs = {}
+    for flag in (False, True):
+        engine = make_engine(model, streams=2, async_scheduling=flag)
+        engine.open("s")
+        engine.open("gone")
+        engine.push("gone", codes[:5])
+        ticks: list[list[CodecOutput]] = []
+        for i in range(30):
+            engine.push("s", codes[i : i + 1])
+            if i == 29:
+                engine.finish("s")
+            ticks.append(engine.step())
+            if i == 0:
+                engine.cancel("gone")  # its first decode may still be in flight: dropped, not delivered
+        while engine.has_work():
+            ticks.append(engine.step())
+        runs[flag] = ticks
+    sizes = {f: [[o.frames for o in t if o.stream_id == "s"] for t in r] for f, r in runs.items()}
+    sync, overlapped = sizes[False], sizes[True]
+    assert sync[0] == [1] and not runs[True][0]
+    # Every decode comes out of the step after the one that launched it, with the same audio.
+    assert overlapped[1:] == sync[: len(overlapped) - 1] and not any(sync[len(overlapped) - 1 :])
+    assert all(o.stream_id == "s" for t in runs[True] for o in t)  # the cancelled stream's decode is dropped
+    pcm = {f: np.concatenate([o.pcm for t in r for o in t if o.stream_id == "s"]) for f, r in runs.items()}
+    assert np.array_equal(pcm[False], pcm[True])
+    np.testing.assert_allclose(pcm[True], offline(model, codes), atol=TOL, rtol=0)
 
 
 def chunk_sizes_for_one_frame_per_tick(engine: CodecEngine, frames: int = 60) -> list[int]:

@@ -79,6 +79,20 @@ def test_override_triggers_semantic_checks() -> None:
     assert issue.hint == "from --set stages.0.gpu_memory_utilization=0.9"
 
 
+def test_gpu_memory_sum_is_enforced_on_gpus_only() -> None:
+    # Two talker and two codec replicas of the seed (0.3 each) on GPU 0: 1.2 of the device.
+    replicas = ["stages.0.replicas=2", "stages.1.replicas=2"]
+    with pytest.raises(ConfigError) as info:
+        load_deploy_config(QWEN, platform="cuda", overrides=replicas)
+    (issue,) = info.value.issues
+    assert issue.path == "stages[0].gpu_memory_utilization" and "sums to 1.2" in issue.message
+    # On CPU the fraction sizes nothing: the same replicas load, with a warning for the GPU case.
+    cfg = load_deploy_config(QWEN, platform="cpu", overrides=replicas)
+    assert (cfg.talker.replica_count, cfg.codec.replica_count) == (2, 2)
+    (warning,) = [w for w in cfg.warnings if "sums to" in w.message]
+    assert warning.severity == "warning" and "not enforced on cpu" in warning.message
+
+
 @pytest.mark.parametrize(
     ("override", "expected"),
     [

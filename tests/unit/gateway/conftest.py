@@ -88,16 +88,19 @@ async def make_duplex_stack(cache: Path) -> AsyncIterator[MakeStack]:
     """A gateway on the PersonaPlex deploy file in front of a duplex codec double (``duplex_fakes.py``)."""
     stacks: list[Stack] = []
 
-    async def make(codec: FakeDuplexCodec | None = None, overrides: Sequence[str] = ()) -> Stack:
-        codecs = [await start_codec(codec or FakeDuplexCodec())]  # type: ignore[arg-type]
-        talker = await start_talker(FakeDuplexTalker())  # type: ignore[arg-type]
+    async def make(*codecs_given: FakeDuplexCodec, overrides: Sequence[str] = (), talkers: int = 1) -> Stack:
+        """One codec double per ``codecs_given`` (one default double when none), ``talkers`` talkers."""
+        given = codecs_given or (FakeDuplexCodec(),)
+        codecs = [await start_codec(c) for c in given]  # type: ignore[arg-type]
+        talker_doubles = [await start_talker(FakeDuplexTalker()) for _ in range(talkers)]  # type: ignore[arg-type]
         config = load_deploy_config(DUPLEX_SEED, platform="cpu", overrides=list(overrides))
         gw = GatewayServer(
-            config, [codecs[0].address], [talker.address], host="127.0.0.1", grpc_port=0, http_port=0,
-            grace_s=1.0,
+            config, [c.address for c in codecs], [t.address for t in talker_doubles], host="127.0.0.1",
+            grpc_port=0, http_port=0, grace_s=1.0,
         )  # fmt: skip
         await gw.start()
-        stack = Stack(gw, codecs, [talker], grpc.aio.insecure_channel(f"127.0.0.1:{gw.grpc_port}"))
+        channel = grpc.aio.insecure_channel(f"127.0.0.1:{gw.grpc_port}")
+        stack = Stack(gw, codecs, talker_doubles, channel)
         stacks.append(stack)
         return stack
 

@@ -18,7 +18,8 @@ from voxstage.v1 import speech_pb2_grpc
 REPO = Path(__file__).resolve().parents[3]
 SEED = REPO / "deploy" / "qwen3_tts.yaml"
 DUPLEX_SEED = REPO / "deploy" / "personaplex.yaml"
-SPEAKERS = ["serena", "vivian", "ryan", "eric"]
+# The Qwen3-TTS built-in voice-alias table (gateway/voice_aliases.py) also names aiden and uncle_fu.
+SPEAKERS = ["serena", "vivian", "ryan", "eric", "aiden", "uncle_fu"]
 LANGUAGES = {"english": 2050, "chinese": 2055, "german": 2053, "sichuan_dialect": 2062}
 
 

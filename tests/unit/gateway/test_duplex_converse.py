@@ -300,3 +300,30 @@ async def test_stored_voices_are_listed_and_checked(make_duplex_stack: MakeStack
     c.send(update("v2", audio=speech_pb2.SessionAudio(output=speech_pb2.SessionAudioOutput(voice="natm1"))))
     assert (await c.next("session_updated")).session_updated.session.audio.output.voice == "NATM1"
     c.call.cancel()
+
+
+async def test_a_session_keeps_one_codec_and_one_talker(make_duplex_stack: MakeStack) -> None:
+    # Two codecs and two talkers: two overlapping sessions are spread over them, and every frame of a
+    # session goes to the codec stream it opened, naming the talker it opened with (issue 17, sticky).
+    stack = await make_duplex_stack(FakeDuplexCodec(), FakeDuplexCodec(), talkers=2)
+    codecs: list[FakeDuplexCodec] = [d.servicer for d in stack.codecs]
+    frames = 12
+    callers = [Caller(stack), Caller(stack)]
+    for c in callers:
+        await c.next("session_created")
+        c.send(append(tone(0.08)))
+        await c.next("response_output_audio_delta")  # open now: the second session sees the first's load
+    data = tone(0.08 * (frames - 1))
+    for off in range(0, len(data), FRAME_BYTES):  # the rest, interleaved between the two sessions
+        for c in callers:
+            c.send(append(data[off : off + FRAME_BYTES]))
+    for c in callers:
+        c.send(None)
+        assert (await c.rest())[-1].HasField("response_done")
+    assert [len(codec.opens) for codec in codecs] == [1, 1]
+    assert {codec.opens[0].talker_address for codec in codecs} == {t.address for t in stack.talkers}
+    # Each codec saw one session (one request id) and all of its frames.
+    for codec in codecs:
+        assert list(codec.last_user_audio) == [codec.opens[0].request_id]
+    assert [codec.user_messages for codec in codecs] == [frames, frames]
+    assert all(codec.protocol_errors == [] for codec in codecs)

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import soundfile as sf
 from gateway_fakes import SAMPLES_PER_FRAME, expected_samples
-from gateway_kit import MakeStack
+from gateway_kit import SPEAKERS, MakeStack
 
 from voxstage.v1 import speech_pb2
 
@@ -133,7 +133,7 @@ async def test_streaming_wav_header_in_first_chunk(make_stack: MakeStack) -> Non
 async def test_list_voices_from_checkpoint_config(make_stack: MakeStack) -> None:
     stack = await make_stack()
     reply = await stack.stub.ListVoices(speech_pb2.ListVoicesRequest())
-    assert [v.name for v in reply.voices] == ["serena", "vivian", "ryan", "eric"]
+    assert [v.name for v in reply.voices] == SPEAKERS
     assert all(v.model == "qwen3-tts-tiny" and v.native_sample_rate_hz == 24_000 for v in reply.voices)
     assert "english" in reply.voices[0].languages and "sichuan_dialect" not in reply.voices[0].languages
     assert "sichuan" in reply.voices[3].description

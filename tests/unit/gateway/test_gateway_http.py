@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import soundfile as sf
 from gateway_fakes import DROP_MARKER, expected_samples
-from gateway_kit import MakeStack
+from gateway_kit import SPEAKERS, MakeStack
 from openai import AsyncOpenAI
 
 
@@ -121,7 +121,7 @@ async def test_voices_health_and_metrics(make_stack: MakeStack) -> None:
     stack = await make_stack()
     async with httpx.AsyncClient(base_url=stack.http_url) as http:
         voices = (await http.get("/v1/audio/voices")).json()["voices"]
-        assert [v["name"] for v in voices] == ["serena", "vivian", "ryan", "eric"]
+        assert [v["name"] for v in voices] == SPEAKERS
         assert (await http.get("/health")).json()["status"] == "ok"
         r = await http.get("/nope")
         assert r.status_code == 404 and r.json()["error"]["type"] == "invalid_request_error"

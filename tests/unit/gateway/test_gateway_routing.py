@@ -10,8 +10,11 @@ import grpc
 import pytest
 from gateway_fakes import FakeCodec, FakeTalker, expected_samples, start_codec
 from gateway_kit import MakeStack
+from grpc.aio import Metadata
 
-from voxstage.gateway.routing import parse_addresses
+from voxstage.gateway.errors import GatewayError
+from voxstage.gateway.routing import Replica, ReplicaPool, open_on_pair, parse_addresses
+from voxstage.internal.v1 import stage_pb2
 from voxstage.v1 import speech_pb2
 
 PCM = speech_pb2.AUDIO_ENCODING_PCM_S16LE
@@ -107,3 +110,40 @@ async def test_talker_not_ready_makes_requests_unavailable(make_stack: MakeStack
     assert err.value.code() is grpc.StatusCode.UNAVAILABLE
     assert "talker" in (err.value.details() or "") and "not ready" in (err.value.details() or "")
     assert stack.codec.opens == []
+
+
+async def test_codec_unavailable_for_a_dead_talker_moves_to_another_talker() -> None:
+    # A real codec that cannot reach its talker answers UNAVAILABLE with origin "codec" ("talker X is
+    # unreachable"). In the moment after a talker dies, before any probe saw it, that used to exclude the
+    # healthy codec and then fail the request on the next codec with the same dead talker.
+    dead = "127.0.0.1:21"
+
+    async def status(replica: Replica) -> stage_pb2.StageStatus:
+        if replica.address == dead and killed:
+            raise grpc.aio.AioRpcError(grpc.StatusCode.UNAVAILABLE, Metadata(), Metadata(), "refused")
+        return stage_pb2.StageStatus(ready=True)
+
+    killed = False
+    codecs = ReplicaPool("codec", ["127.0.0.1:11", "127.0.0.1:12"], status)
+    talkers = ReplicaPool("talker", [dead, "127.0.0.1:22"], status)
+    await asyncio.gather(codecs.probe_all(force=True), talkers.probe_all(force=True))
+    killed = True  # the talker dies; nothing has probed it since
+    tried: list[tuple[str, str]] = []
+
+    async def attempt(codec: Replica, talker: Replica) -> str:
+        tried.append((codec.address, talker.address))
+        if talker.address == dead:
+            msg = f"talker {dead} is unreachable: UNAVAILABLE: connection refused (from codec)"
+            raise GatewayError(grpc.StatusCode.UNAVAILABLE, msg, reason="codec_unavailable")
+        return "opened"
+
+    try:
+        for _ in range(4):
+            codec, talker, _opened = await open_on_pair(codecs, talkers, attempt)
+            assert talker.address != dead
+            codec.in_flight -= 1
+            talker.in_flight -= 1
+        assert [t for _, t in tried].count(dead) == 1, tried  # the first pick, then never again
+        assert talkers.replicas[0].down and not any(r.down for r in codecs.replicas)
+    finally:
+        await asyncio.gather(codecs.close(), talkers.close())

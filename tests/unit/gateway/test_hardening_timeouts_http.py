@@ -158,6 +158,8 @@ async def test_lifetime_limit_ends_http_requests(make_stack: MakeStack) -> None:
                     pass
         assert time.monotonic() - start < 2.5
         await until(lambda: stack.codec.cancels == 1 and released(stack))
-        whole = await http.post("/v1/audio/speech", json={"input": text, "response_format": "pcm"})
+        whole = await http.post(
+            "/v1/audio/speech", json={"input": text, "response_format": "pcm", "stream": False}
+        )
     assert whole.status_code == 504 and "gateway.max_stream_lifetime_s" in whole.json()["error"]["message"]
     await until(lambda: stack.codec.cancels == 2 and released(stack))

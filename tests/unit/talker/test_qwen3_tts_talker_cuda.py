@@ -1,94 +1,66 @@
-"""CUDA checks: a whole talker tick (decode + code predictor + sampling) captures as one CUDA graph and
-replays to exactly the eager result; fp32 CUDA reproduces the CPU greedy codes."""
+"""CUDA checks: the serving tick (``Qwen3TTSAdapter.decode_core``: decode + code predictor + sampling)
+captured as one CUDA graph per bucket gives exactly the eager frames through the engine, for every sampler
+variant; fp32 CUDA reproduces the CPU greedy codes."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
+from tests.unit.talker.talker_kit import run_graphed
+from voxstage.talker.engine import TalkerRequest
+from voxstage.talker.models.qwen3_tts.adapter import Qwen3TTSAdapter
 from voxstage.talker.models.qwen3_tts.config import parse_config
-from voxstage.talker.models.qwen3_tts.frame import FrameState, decode_tick, frame_step
-from voxstage.talker.models.qwen3_tts.generate import TalkerRequest, generate, prefill
+from voxstage.talker.models.qwen3_tts.generate import TalkerRequest as LoopRequest
+from voxstage.talker.models.qwen3_tts.generate import generate
 from voxstage.talker.models.qwen3_tts.loader import random_init
 from voxstage.talker.models.qwen3_tts.presets import preset_config, preset_generation_config
 from voxstage.talker.models.qwen3_tts.prompt import PromptSpec, build_prompt
+from voxstage.talker.models.qwen3_tts.tokenizer import QwenTextTokenizer
 from voxstage.talker.sampling import SamplingParams
+from voxstage.talker.spec import SpeechSpec
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 ROLE = [151644, 300, 198]
 
 
-def _snapshot(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
-    return [t.clone() for t in tensors]
+SAMPLED = SamplingParams(temperature=0.9, top_k=50, top_p=0.95, repetition_penalty=1.05)
+TOPK = SamplingParams(temperature=0.9, top_k=50, repetition_penalty=1.05)
+GREEDY = SamplingParams(do_sample=False, repetition_penalty=1.05)
 
 
-def _restore(tensors: list[torch.Tensor], saved: list[torch.Tensor]) -> None:
-    for t, s in zip(tensors, saved, strict=True):
-        t.copy_(s)
+def _requests(sampling: list[SamplingParams]) -> list[TalkerRequest]:
+    texts = ["hello there", "the quick brown fox jumps", "a", "we will see the world at noon", "more"]
+    return [
+        TalkerRequest(f"r{i}", SpeechSpec(text=f"{texts[i % 5]} {i}", voice="ryan", language="english"),
+                      100 + i, s, s, max_frames=10 + i)
+        for i, s in enumerate(sampling)
+    ]  # fmt: skip
 
 
-@torch.no_grad()
-@pytest.mark.parametrize("preset", ["qwen3-tts-tiny", "qwen3-tts-0.6b"])
-def test_tick_captures_as_one_graph_and_replays_exactly(preset: str) -> None:
+# Each batch mix reaches a different sampler variant of the captured step; the released size runs one mix.
+@pytest.mark.parametrize(
+    "preset,mix",
+    [("qwen3-tts-tiny", m) for m in ("sampled", "topk", "greedy", "mixed")] + [("qwen3-tts-0.6b", "mixed")],
+)
+@pytest.mark.parametrize("async_scheduling,capture_all", [(False, False), (True, False), (True, True)])
+def test_graphed_engine_equals_eager(
+    tiny_tokenizer: QwenTextTokenizer, preset: str, mix: str, async_scheduling: bool, capture_all: bool
+) -> None:
+    """The serving path (``Qwen3TTSAdapter.decode_core`` through the engine) graphed equals it eager."""
     cfg = parse_config(preset_config(preset, "custom_voice"), preset_generation_config())
     model = random_init(cfg, seed=0, device="cuda", dtype=torch.bfloat16)
-    slots, max_len, ticks = 4, 256, 6
-    cache = model.allocate_kv_cache(slots, max_len)
-    pcache = model.allocate_predictor_cache(slots)
-    state = FrameState.allocate(model, slots, 64)
-    sampled = SamplingParams(temperature=0.9, top_k=50, top_p=0.95, repetition_penalty=1.05)
-    gen = torch.Generator().manual_seed(0)
-    embeds = torch.zeros(slots, model.hidden_size, device="cuda", dtype=torch.bfloat16)
-    positions = torch.zeros(slots, dtype=torch.int64, device="cuda")
-    for s in range(slots):
-        text = torch.randint(1000, 150000, (5 + 3 * s,), generator=gen).tolist()
-        prompt = build_prompt(model, PromptSpec(ROLE, text, language="english", speaker="ryan"))
-        state.reset_slot(
-            s,
-            seed=100 + s,
-            talker=sampled,
-            subtalker=sampled,
-            trailing_ids=prompt.trailing_ids,
-            text_complete=True,
-        )
-        h = prefill(model, prompt.prefill_embeds, cache, s)
-        out = frame_step(model, h[None], torch.tensor([s], device="cuda"), state, pcache)
-        embeds[s] = out.next_embed[0]
-        positions[s] = prompt.prefill_embeds.shape[0]
-    rows = torch.arange(slots, device="cuda")
-    mutable = [cache.k, cache.v, pcache.k, pcache.v, state.seen_c0, state.frames, embeds, positions]
-    start = _snapshot(mutable)
-
-    def run_eager() -> list[torch.Tensor]:
-        codes = []
-        for _ in range(ticks):
-            _, out = decode_tick(model, embeds, positions, rows, cache, state, pcache, attn_len=max_len)
-            embeds.copy_(out.next_embed)
-            positions.add_(1)
-            codes.append(out.codes.clone())
-        return codes
-
-    eager = run_eager()
-    _restore(mutable, start)
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):  # warm-up outside the capture (allocator, cached noise tables)
-        decode_tick(model, embeds, positions, rows, cache, state, pcache, attn_len=max_len)
-    torch.cuda.current_stream().wait_stream(stream)
-    _restore(mutable, start)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        _, static_out = decode_tick(model, embeds, positions, rows, cache, state, pcache, attn_len=max_len)
-    _restore(mutable, start)
-    replayed = []
-    for _ in range(ticks):
-        graph.replay()
-        embeds.copy_(static_out.next_embed)
-        positions.add_(1)
-        replayed.append(static_out.codes.clone())
-    for a, b in zip(eager, replayed, strict=True):
-        assert torch.equal(a, b)
-    assert len({tuple(c[0].tolist()) for c in eager}) > 1  # frames actually change tick to tick
+    sampling = {"sampled": [SAMPLED] * 6, "topk": [TOPK] * 6, "greedy": [GREEDY] * 6}.get(
+        mix, [SAMPLED, GREEDY, TOPK, GREEDY, TOPK, SAMPLED]
+    )
+    reqs = _requests(sampling)
+    eager = run_graphed(Qwen3TTSAdapter(model, tiny_tokenizer), reqs, False)
+    graph = run_graphed(Qwen3TTSAdapter(model, tiny_tokenizer), reqs, True, async_scheduling, capture_all)
+    assert eager.keys() == graph.keys() == {r.request_id for r in reqs}
+    for k in eager:
+        assert np.array_equal(eager[k], graph[k]), k
+    assert len({tuple(f) for f in eager["r0"].tolist()}) > 1  # frames actually change tick to tick
 
 
 @torch.no_grad()
@@ -99,7 +71,27 @@ def test_fp32_cuda_greedy_matches_cpu() -> None:
     spec = PromptSpec(ROLE, list(range(2000, 2012)), instruct_ids=[151644, 400, 198, 7, 8, 151645, 198])
     greedy = SamplingParams(do_sample=False, repetition_penalty=1.05)
     results = [
-        generate(m, [TalkerRequest(build_prompt(m, spec), talker=greedy, max_new_frames=12)])[0]
+        generate(m, [LoopRequest(build_prompt(m, spec), talker=greedy, max_new_frames=12)])[0]
         for m in (cpu, cuda)
     ]
     assert torch.equal(results[0].codes, results[1].codes.cpu())
+
+
+def test_prefill_and_text_uploads_do_not_wait_for_the_device(tiny_tokenizer: QwenTextTokenizer) -> None:
+    """A prefill and a text delta must not make the host wait for the frame step in flight (async
+    scheduling): any synchronizing copy raises under the sync debug mode."""
+    cfg = parse_config(preset_config("qwen3-tts-tiny", "custom_voice"), preset_generation_config())
+    adapter = Qwen3TTSAdapter(random_init(cfg, seed=0, device="cuda", dtype=torch.bfloat16), tiny_tokenizer)
+    adapter.allocate(4, 256)
+    prepared = adapter.prepare(SpeechSpec(text="hello there", voice="ryan", language="english"))
+    adapter.admit(0, prepared, seed=0, sampling=GREEDY, subtalker=GREEDY, min_frames=2)
+    adapter.decode([False], 64)  # lazy initialisation outside the checked region
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        adapter.prefill_many([(0, prepared, 0, prepared.length - 1)])
+        adapter.append_text(0, 0, [1000, 1001, 1002], False)
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    torch.cuda.synchronize()
+    assert adapter.state.text_ids[0, :3].tolist() == [1000, 1001, 1002]

@@ -2,7 +2,9 @@
 
 Each variant's tiny checkpoint is materialized in the released on-disk layout and loaded through the real
 loader; prompts are rebuilt from the recorded token ids; prefill embeddings and logits must match within
-the recorded tolerances and greedy generation must give identical 16-code frames.
+the recorded tolerances and greedy generation must give identical 16-code frames, both from the plain
+``generate`` loop and from the serving path (``TalkerEngine`` over ``Qwen3TTSAdapter.decode_core``, the unit
+the stage captures as a CUDA graph).
 """
 
 from __future__ import annotations
@@ -16,6 +18,10 @@ import pytest
 import torch
 
 from tests import golden
+from tests.unit.talker.talker_kit import drive, frames_of
+from voxstage.talker.engine import EngineConfig, Finish, TalkerEngine
+from voxstage.talker.engine import TalkerRequest as EngineRequest
+from voxstage.talker.models.qwen3_tts.adapter import Qwen3TTSAdapter, QwenPrepared
 from voxstage.talker.models.qwen3_tts.generate import TalkerRequest, TalkerResult, generate, prefill
 from voxstage.talker.models.qwen3_tts.loader import load_qwen3_tts_talker
 from voxstage.talker.models.qwen3_tts.model import Qwen3TTSTalker
@@ -203,3 +209,49 @@ def test_streamed_text_deltas_reproduce_reference(
 
         for name, result in zip(names, generate(model, requests, text_source=source), strict=True):
             check_generation(name, cases[name], result, meta["tolerances"]["talker_logits"])
+
+
+class _Recorded(QwenPrepared):
+    """A prepared prompt from the fixture's token ids: the fixtures were tokenized by the reference's
+    tokenizer, so the adapter's own text path cannot rebuild them. Everything after ``prepare`` serves."""
+
+    def __init__(self, adapter: Qwen3TTSAdapter, prompt: TalkerPrompt) -> None:
+        self._adapter = adapter
+        self._encoder = None
+        self._complete = prompt.text_complete
+        self.prompt = prompt
+        self._trailing = list(prompt.trailing_ids)
+        self._prefix_len = prompt.prefix_len
+        self._prefix_key = None
+
+
+class _RecordedAdapter(Qwen3TTSAdapter):
+    def prepare(self, spec: object) -> QwenPrepared:
+        assert isinstance(spec, TalkerPrompt)
+        return _Recorded(self, spec)
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
+def test_greedy_frames_through_the_engine_are_identical(
+    cases: dict[str, dict[str, Any]], models: Callable[[str], Qwen3TTSTalker], async_scheduling: bool
+) -> None:
+    # Each variant's cases share one engine (batched, staggered), through the decode_core the stage graphs.
+    for variant, names in by_variant(generate_cases(cases), cases).items():
+        model = models(variant)
+        adapter = _RecordedAdapter(model, tokenizer=None)  # type: ignore[arg-type]  (prepare is replaced)
+        reqs = []
+        for name in names:
+            g = greedy_request(cases[name], build_prompt(model, spec_for(cases[name])))
+            frames = (g.max_new_frames, g.min_new_frames)
+            reqs.append(EngineRequest(name, g.prompt, 0, g.talker, g.subtalker, *frames))
+        longest = max(r.spec.prefill_embeds.shape[0] + r.max_frames for r in reqs)
+        cfg = EngineConfig(
+            max_num_seqs=len(reqs), max_model_len=longest, max_num_batched_tokens=64,
+            async_scheduling=async_scheduling,
+        )  # fmt: skip
+        out = drive(TalkerEngine(adapter, cfg), reqs, stagger=2)  # type: ignore[arg-type]
+        for name in names:
+            case = cases[name]
+            assert np.array_equal(frames_of(out[name]), case["codes"]), name
+            want = Finish.EOS if case["stopped_on_eos"] else Finish.MAX_FRAMES
+            assert out[name][-1].finish is want, name

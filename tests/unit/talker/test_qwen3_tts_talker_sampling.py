@@ -8,9 +8,12 @@ import pytest
 import torch
 
 from voxstage.talker.sampling import (
+    TOP_K_CAP,
+    Sampler,
     SamplingParams,
     SamplingTensors,
     apply_repetition_penalty,
+    filter_top_k,
     filter_top_k_top_p,
     gumbel_from_keys,
     gumbel_noise,
@@ -215,3 +218,58 @@ def test_noise_is_finite_at_the_extreme_hashes() -> None:
         logits, rows(1, temperature=0.9, top_k=50), torch.tensor([19]), torch.tensor([60]), banned=banned
     )
     assert int(token) < 2048
+
+
+def _random_logits(rows: int, vocab: int, seed: int) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(seed)
+    logits = torch.randn(rows, vocab, generator=gen) * 3
+    # Ties (a coarse grid makes many equal values, also at the k-th place) and banned tokens.
+    logits[: rows // 2] = (logits[: rows // 2] * 2).round() / 2
+    logits[::3, ::7] = float("-inf")
+    return logits
+
+
+@pytest.mark.parametrize("vocab", [40, 2048, 3072])
+def test_selection_top_k_equals_the_sorted_path(vocab: int) -> None:
+    logits = _random_logits(96, vocab, seed=vocab)
+    gen = torch.Generator().manual_seed(1)
+    top_k = torch.randint(-1, TOP_K_CAP + 1, (96,), generator=gen)
+    top_k[:4] = torch.tensor([0, 1, TOP_K_CAP, min(TOP_K_CAP, vocab)])
+    want = filter_top_k_top_p(logits, top_k, torch.ones(96))
+    assert torch.equal(filter_top_k(logits, top_k), want)
+    assert bool(torch.isinf(want[5:]).any())  # the filter really removed tokens
+
+
+@pytest.mark.parametrize("vocab", [2048, 3072])
+def test_sampler_variants_draw_what_the_full_path_draws(vocab: int) -> None:
+    n = 64
+    logits = _random_logits(n, vocab, seed=7)
+    gen = torch.Generator().manual_seed(2)
+    params = SamplingTensors(
+        temperature=torch.rand(n, generator=gen) + 0.2,
+        top_k=torch.randint(0, TOP_K_CAP + 1, (n,), generator=gen),
+        top_p=torch.ones(n),
+        repetition_penalty=torch.full((n,), 1.05),
+    )
+    params.temperature[::5] = 0.0  # greedy rows mixed in
+    seen = torch.rand(n, vocab, generator=gen) < 0.05
+    seeds, steps = torch.arange(n) * 31 + 5, torch.arange(n) % 9
+
+    def draw(sampler: Sampler, p: SamplingTensors = params) -> torch.Tensor:
+        return sample(logits, p, seeds, steps, stream=3, seen=seen, sampler=sampler)
+
+    full = draw(Sampler.FULL)
+    assert torch.equal(draw(Sampler.TOP_K), full)
+    greedy = SamplingTensors(torch.zeros(n), params.top_k, params.top_p, params.repetition_penalty)
+    assert torch.equal(draw(Sampler.GREEDY, greedy), draw(Sampler.FULL, greedy))
+    assert not torch.equal(full, draw(Sampler.FULL, greedy))  # the sampled rows really sample
+
+
+def test_sampler_variant_is_the_least_specialised_of_a_batch() -> None:
+    greedy = SamplingParams(do_sample=False, top_p=0.5)
+    top_k = SamplingParams(temperature=0.9, top_k=50)
+    assert Sampler.for_params([greedy, greedy]) is Sampler.GREEDY
+    assert Sampler.for_params([greedy, top_k]) is Sampler.TOP_K
+    assert Sampler.for_params([SamplingParams(temperature=0.9)]) is Sampler.TOP_K  # top-k off
+    assert Sampler.for_params([top_k, SamplingParams(top_k=TOP_K_CAP + 1)]) is Sampler.FULL
+    assert Sampler.for_params([top_k, SamplingParams(top_p=0.95)]) is Sampler.FULL

@@ -19,7 +19,7 @@ from voxstage.talker.engine import (
 from voxstage.talker.models.qwen3_tts.adapter import Qwen3TTSAdapter
 from voxstage.talker.models.qwen3_tts.model import Qwen3TTSTalker
 from voxstage.talker.models.qwen3_tts.tokenizer import QwenTextTokenizer
-from voxstage.talker.sampling import SamplingParams
+from voxstage.talker.sampling import Sampler, SamplingParams
 from voxstage.talker.spec import SpeechSpec
 
 SAMPLED = SamplingParams(do_sample=True, temperature=0.9, top_k=50, repetition_penalty=1.05)
@@ -227,8 +227,9 @@ def test_startup_capture_covers_every_key_the_engine_can_use(
     decode, prefill = map(set, adapter.graph_keys())
     for n in range(1, 7):
         for attn in range(1, 301):
-            assert (bucket(n, 6), bucket(attn, 300, adapter.min_attn_bucket)) in decode
-    assert len(decode) == 4 * 4  # (1, 2, 4, 6) x (64, 128, 256, 300)
+            for sampler in Sampler:
+                assert (bucket(n, 6), bucket(attn, 300, adapter.min_attn_bucket), sampler) in decode
+    assert len(decode) == 4 * 4 * 3  # (1, 2, 4, 6) x (64, 128, 256, 300) x the sampler variants
     # Every padded forward the prefill runs (random ticks of up to 6 chunks) uses a key in the list.
     runner = adapter.prefill_runner
     used: list[tuple[int, int, int]] = []
@@ -246,6 +247,29 @@ def test_startup_capture_covers_every_key_the_engine_can_use(
     assert used and set(used) <= prefill
     assert any(rows > 1 for rows, _, _ in used)
     assert adapter.capture_all_graphs() == 0  # CPU: nothing is captured
+
+
+def test_each_step_takes_the_sampler_variant_of_its_active_rows(
+    tiny_custom_voice: Qwen3TTSTalker, tiny_tokenizer: QwenTextTokenizer
+) -> None:
+    engine = make_engine(tiny_custom_voice, tiny_tokenizer, 3)
+    adapter = engine.adapter
+    assert isinstance(adapter, Qwen3TTSAdapter)
+    used: list[tuple[int, int, int]] = []
+    core = adapter.decode_core
+
+    def record(b: int, attn_len: int, sampler: int = Sampler.FULL) -> None:
+        used.append((b, attn_len, sampler))
+        core(b, attn_len, sampler)
+
+    adapter.decode_core = record  # type: ignore[method-assign]
+    nucleus = SamplingParams(temperature=0.9, top_k=50, top_p=0.9)
+    # A greedy request alone, then a top-k one joins, then a top-p one: each step's variant is the least
+    # specialised of the rows it runs.
+    drive(engine, [request(0, GREEDY, 12), request(1, SAMPLED, 6), request(2, nucleus, 3)], stagger=4)
+    variants = [v for _, _, v in used]
+    assert variants[0] == Sampler.GREEDY and {Sampler.TOP_K, Sampler.FULL} <= set(variants)
+    assert set(used) <= set(adapter.graph_keys()[0])
 
 
 def test_one_tick_of_arrivals_prefills_in_one_forward_with_the_same_codes(

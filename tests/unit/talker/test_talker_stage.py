@@ -10,7 +10,7 @@ from voxstage.config import load_deploy_config
 from voxstage.stage_errors import StageFailure
 from voxstage.talker.models import TalkerInfo
 from voxstage.talker.sampling import SamplingParams
-from voxstage.talker.stream import sendable
+from voxstage.talker.takes import sendable
 from voxstage.talker.worker import TalkerDefaults, apply_overrides
 
 SEED = Path(__file__).resolve().parents[3] / "deploy" / "qwen3_tts.yaml"

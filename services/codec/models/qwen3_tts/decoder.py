@@ -102,6 +102,15 @@ class DecoderTransformer(nn.Module):
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.input_proj = nn.Linear(cfg.latent_dim, cfg.hidden_size)
         self.output_proj = nn.Linear(cfg.hidden_size, cfg.latent_dim)
+        self._inv_freq: dict[torch.device, torch.Tensor] = {}
+
+    def inv_freq(self, device: torch.device) -> torch.Tensor:
+        # A plain attribute, not a buffer: .to(bf16) would round it and move every angle away from the
+        # reference's fp32 table. Kept per device so a decode does not rebuild it (3 kernels a call).
+        table = self._inv_freq.get(device)
+        if table is None:
+            table = self._inv_freq[device] = rope_inv_freq(self.head_dim, self.rope_theta, device=device)
+        return table
 
     def forward(
         self,
@@ -112,10 +121,7 @@ class DecoderTransformer(nn.Module):
     ) -> torch.Tensor:
         """``x`` [B, T, latent]; ``positions`` [B|1, T] absolute frame indices; ``mask`` [B|1, 1, T, Tk]."""
         h = self.input_proj(x)
-        # inv_freq is rebuilt in fp32 on each call rather than kept as a buffer, which .to(bf16) would
-        # round and so move every angle away from the reference's fp32 table.
-        inv_freq = rope_inv_freq(self.head_dim, self.rope_theta, device=h.device)
-        cos, sin = rope_cos_sin(positions, inv_freq, h.dtype)
+        cos, sin = rope_cos_sin(positions, self.inv_freq(h.device), h.dtype)
         cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
         for layer in self.layers:
             h = layer(h, cos, sin, mask, ctx)

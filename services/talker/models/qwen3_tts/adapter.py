@@ -19,7 +19,7 @@ import torch
 
 from voxstage.cudagraphs import GraphCache
 from voxstage.talker.packed import PackedDecodeAdapter
-from voxstage.talker.sampling import SamplingParams
+from voxstage.talker.sampling import Sampler, SamplingParams
 from voxstage.talker.spec import SpeechSpec
 
 from .backbone import KVCache
@@ -184,6 +184,8 @@ class Qwen3TTSAdapter(PackedDecodeAdapter):
         self.rows = torch.arange(num_slots, device=dev)
         self.codes_out = torch.zeros(num_slots, self.num_groups, device=dev, dtype=torch.int64)
         self.eos_out = torch.zeros(num_slots, device=dev, dtype=torch.bool)
+        # Host copy of each slot's sampler variant (talker and code predictor alike): picks a step's graph.
+        self.samplers = [Sampler.GREEDY] * num_slots
         self.allocate_launch(m, self.kv, num_slots, max_len)
 
     def prepare(self, spec: SpeechSpec) -> QwenPrepared:
@@ -203,6 +205,7 @@ class Qwen3TTSAdapter(PackedDecodeAdapter):
             slot, seed=seed, talker=sampling, subtalker=subtalker, trailing_ids=[], text_complete=False,
             min_new_tokens=min_frames,
         )  # fmt: skip
+        self.samplers[slot] = Sampler.for_params((sampling, subtalker))
         self.positions[slot] = 0
 
     def append_text(self, slot: int, queued: int, ids: Sequence[int], complete: bool) -> None:
@@ -230,8 +233,19 @@ class Qwen3TTSAdapter(PackedDecodeAdapter):
     def step_io(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         return self.active, self.codes_out, self.eos_out
 
-    def decode_core(self, b: int, attn_len: int) -> None:
-        """The captured unit: static shapes for a given (b, attn_len), no host syncs."""
+    def variant(self, active: Sequence[bool]) -> tuple[int, ...]:
+        # Only active rows count: an inactive row's codes are dropped and its slot state restored below.
+        return (int(min((self.samplers[i] for i, a in enumerate(active) if a), default=Sampler.GREEDY)),)
+
+    def variants(self) -> list[tuple[int, ...]]:
+        return [(int(v),) for v in Sampler]
+
+    def variants_of(self, sampling: SamplingParams, subtalker: SamplingParams) -> list[tuple[int, ...]]:
+        """The variant requests with these settings decode with (the deploy default's, captured first)."""
+        return [(int(Sampler.for_params((sampling, subtalker))),)]
+
+    def decode_core(self, b: int, attn_len: int, sampler: int = Sampler.FULL) -> None:
+        """The captured unit: static shapes for a given (b, attn_len, sampler variant), no host syncs."""
         st = self.state
         active = self.active[:b]
         x = self.next_input[:b].unsqueeze(1)
@@ -239,7 +253,8 @@ class Qwen3TTSAdapter(PackedDecodeAdapter):
         h = self.model(x, pos.unsqueeze(1), self.kv, None, attn_len)[:, 0]
         frames_before = st.frames[:b].clone()
         seen_before = st.seen_c0[:b].clone()
-        out = frame_step(self.model, h, self.rows[:b], st, self.cp_cache)
+        variant = Sampler(sampler)
+        out = frame_step(self.model, h, self.rows[:b], st, self.cp_cache, samplers=(variant, variant))
         st.frames[:b] = torch.where(active, st.frames[:b], frames_before)
         st.seen_c0[:b] = torch.where(active.unsqueeze(1), st.seen_c0[:b], seen_before)
         self.next_input[:b] = torch.where(active.unsqueeze(1), out.next_embed.to(self.dtype), x[:, 0])
@@ -252,6 +267,7 @@ class Qwen3TTSAdapter(PackedDecodeAdapter):
         self.kv.copy_slot(src, dst, kv_len)
         for t in (self.next_input, self.positions):
             t[dst] = t[src]
+        self.samplers[dst] = self.samplers[src]
         st = self.state
         for t in (st.seen_c0, st.frames, st.seed, st.min_new_tokens, st.text_ids, st.text_len, st.text_done):
             t[dst] = t[src]

@@ -27,7 +27,16 @@ from dataclasses import dataclass
 
 import torch
 
-from ...sampling import SamplingParams, SamplingTable, gumbel_from_keys, sample, step_keys, stream_keys
+from ...prefill import upload
+from ...sampling import (
+    Sampler,
+    SamplingParams,
+    SamplingTable,
+    gumbel_from_keys,
+    sample,
+    step_keys,
+    stream_keys,
+)
 from .backbone import KVCache
 from .model import Qwen3TTSTalker
 
@@ -110,8 +119,7 @@ class FrameState:
         if end > self.max_text:
             raise ValueError(f"slot {slot}: text queue overflow ({end} > max_text {self.max_text})")
         if ids:
-            src = torch.tensor(list(ids), dtype=torch.int64)
-            self.text_ids[slot, queued:end].copy_(src, non_blocking=True)
+            self.text_ids[slot, queued:end].copy_(upload(ids, self.text_ids.device), non_blocking=True)
         self.text_len[slot] = end
         self.text_done[slot] = complete
 
@@ -131,14 +139,14 @@ def frame_step(
     state: FrameState,
     predictor_cache: KVCache,
     tts_pad_id: int | None = None,
-    greedy: tuple[bool, bool] = (False, False),
+    samplers: tuple[Sampler, Sampler] = (Sampler.FULL, Sampler.FULL),
 ) -> FrameOutput:
     """One frame for rows ``slot_ids [B]`` from their talker hidden states ``hidden [B, H]``.
 
     Updates ``state`` in place for those slots (seen c0 codes, frame counters). ``predictor_cache`` needs
     at least B rows and G positions (``model.allocate_predictor_cache``); its contents are scratch.
-    ``greedy = (talker, code predictor)``: host-side promises that every row samples greedily there
-    (a static property of the batch, e.g. one graph variant), which skips the sampler's sort and noise.
+    ``samplers = (talker, code predictor)``: the ``Sampler`` variant every row of the batch allows there
+    (a host-side promise, e.g. one graph variant): greedy skips the sort and the noise, top-k the sort.
     """
     cfg = model.config.talker
     groups = cfg.num_code_groups
@@ -165,8 +173,10 @@ def frame_step(
         stream=0,
         seen=state.seen_c0[slot_ids],
         banned=model.c0_banned.unsqueeze(0) | eos_too_early,
-        all_greedy=greedy[0],
-        noise=None if greedy[0] else gumbel_from_keys(stream_keys(base, 0), cfg.vocab_size),
+        sampler=samplers[0],
+        noise=None
+        if samplers[0] is Sampler.GREEDY
+        else gumbel_from_keys(stream_keys(base, 0), cfg.vocab_size),
     )
     state.seen_c0.index_put_((slot_ids, c0), torch.ones_like(c0, dtype=torch.bool))
 
@@ -176,13 +186,13 @@ def frame_step(
     positions = torch.arange(2, device=device).expand(b, 2)
     h = cp.model(x, positions, predictor_cache, None, groups)
     noise = None
-    if not greedy[1]:
+    if samplers[1] is not Sampler.GREEDY:
         streams = torch.arange(1, groups, device=device)
         noise = gumbel_from_keys(stream_keys(base, streams), cp.lm_head[0].out_features)  # [B, G-1, V]
 
     def draw(logits: torch.Tensor, g: int) -> torch.Tensor:
         n = None if noise is None else noise[:, g - 1]
-        return sample(logits, sub, seed, t, stream=g, all_greedy=greedy[1], noise=n)
+        return sample(logits, sub, seed, t, stream=g, noise=n, sampler=samplers[1])
 
     codes = [c0, draw(cp.lm_head[0](h[:, -1]), 1)]
     for g in range(2, groups):
@@ -206,23 +216,3 @@ def frame_step(
         eos=c0 == cfg.codec_eos_id,
         starved=~has_text & ~state.text_done[slot_ids],
     )
-
-
-def decode_tick(
-    model: Qwen3TTSTalker,
-    embeds: torch.Tensor,
-    positions: torch.Tensor,
-    slot_ids: torch.Tensor,
-    cache: KVCache,
-    state: FrameState,
-    predictor_cache: KVCache,
-    attn_len: int | None = None,
-) -> tuple[torch.Tensor, FrameOutput]:
-    """One steady-state tick for rows ``slot_ids``: the talker consumes each row's pending input
-    ``embeds [B, H]`` at ``positions [B]`` (prompt length + frames so far - 1), then ``frame_step``.
-
-    This is the unit an engine captures as one CUDA graph per batch bucket (static ``B`` and
-    ``attn_len``). Returns ``(hidden [B, H], FrameOutput)``.
-    """
-    hidden = model(embeds.unsqueeze(1), positions.unsqueeze(1), cache, slot_ids, attn_len)[:, 0]
-    return hidden, frame_step(model, hidden, slot_ids, state, predictor_cache)

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ...sampling import SamplingParams
+from ...sampling import Sampler, SamplingParams
 from .backbone import KVCache
 from .frame import FrameState, frame_step
 from .model import Qwen3TTSTalker
@@ -100,9 +100,10 @@ def generate(
     max_text = max(len(r.prompt.trailing_ids) for r in requests) + (max_len if text_source else 0) + 1
     state = FrameState.allocate(model, n, max_text)
     feeds = [r.prompt.text_feed() for r in requests]
-    greedy = (
-        all(r.talker.effective_temperature <= 0 for r in requests),
-        all(r.subtalker.effective_temperature <= 0 for r in requests),
+    # Per batch, not per tick: every variant draws what FULL would, so this choice cannot change a token.
+    samplers = (
+        Sampler.for_params(r.talker for r in requests),
+        Sampler.for_params(r.subtalker for r in requests),
     )
     hidden = torch.zeros(n, model.hidden_size, device=device, dtype=model.codec_head.weight.dtype)
     for i, r in enumerate(requests):
@@ -144,7 +145,7 @@ def generate(
             continue
         idle = 0
         rows = torch.tensor(runnable, device=device)
-        out = frame_step(model, hidden[rows], rows, state, predictor_cache, greedy=greedy)
+        out = frame_step(model, hidden[rows], rows, state, predictor_cache, samplers=samplers)
         eos_flags = out.eos.tolist()
         c0_list = out.codes[:, 0].tolist()
         cont_rows: list[int] = []

@@ -1,0 +1,57 @@
+"""Per-stream bookkeeping of ``CodecEngine`` and its launched decodes (split out to keep the engine short)."""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+
+@dataclass
+class StreamState:
+    stream_id: str
+    slot: int
+    initial_frames: int
+    pending: list[np.ndarray] = field(default_factory=list)
+    pending_frames: int = 0
+    emitted_frames: int = 0
+    received: int = 0  # frames pushed (reference prefix excluded)
+    segment_emitted: int = 0  # frames decoded since the last segment mark: where the chunk schedule stands
+    marks: deque[int] = field(default_factory=deque)  # `received` counts at which segments end
+    prefix_frames: int = 0  # decoded for state only (voice-clone reference codes); their audio is dropped
+    history: np.ndarray | None = None  # overlap+crop: the last left_context frames, decoded again each chunk
+    sample_offset: int = 0
+    ended: bool = False
+    opened_at: float = field(default_factory=time.perf_counter)
+
+    def take(self, n: int) -> np.ndarray:
+        buf = np.concatenate(self.pending, axis=0) if len(self.pending) > 1 else self.pending[0]
+        out, rest = buf[:n], buf[n:]
+        self.pending = [rest] if rest.shape[0] else []
+        self.pending_frames -= n
+        return out
+
+
+@dataclass
+class Launched:
+    """One bucket's decode, launched: ``pcm`` (host) holds its audio once ``event`` has completed."""
+
+    work: list[tuple[StreamState, int]]
+    contexts: list[int]
+    pcm: torch.Tensor  # [b_real, samples] float32
+    event: torch.cuda.Event | None
+
+
+def read_back(wav: torch.Tensor) -> tuple[torch.Tensor, torch.cuda.Event | None]:
+    """Start copying ``wav`` to the host without blocking: the returned event completes when it is there."""
+    if wav.device.type != "cuda":
+        return wav.float().clone(), None  # a copy: graph and decoder outputs are reused buffers
+    # Pinned memory: a copy from device to pageable memory blocks the host until the decode is done.
+    host = torch.empty(wav.shape, dtype=torch.float32, pin_memory=True)
+    host.copy_(wav.float(), non_blocking=True)
+    event = torch.cuda.Event()
+    event.record()
+    return host, event

@@ -1,0 +1,91 @@
+"""CPU smoke tests of ``bench/run_gpu.py``'s new serving runs on the tiny preset: the LLM-rate phase (text as
+deltas, a flush per sentence) and the closed search against two talker + codec pairs. CPU timing is not a
+benchmark: only the files, their shapes and the counts are checked."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from bench import run_gpu
+from bench.llm_stream import load_answers, segment_budget
+
+pytestmark = pytest.mark.timeout(150)
+
+FRAMES = 20
+SPF = 1920  # samples per 80 ms frame at 24 kHz
+BASE = ["--models", "qwen3-tts-tiny", "--profile", "smoke", "--device", "cpu", "--threads", "1"]
+BASE += ["--slots", "2", "--frames", str(FRAMES)]
+
+
+@pytest.fixture
+def cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("VOXSTAGE_CACHE", str(tmp_path_factory.getbasetemp() / "vxcache"))
+
+
+def load(path: Path) -> dict:
+    return json.loads(path.read_text())
+
+
+def test_llm_phase_streams_deltas_and_reports_them(tmp_path: Path, cache: None) -> None:
+    # 300 tokens/s keeps a CPU request near a second; the schedule logic is the same as at 30.
+    assert (
+        run_gpu.main(["--out", str(tmp_path), *BASE, "--phases", "llm,report", "--llm-tokens-per-s", "300"])
+        == 0
+    )
+    sentences = 10  # every answer in prompts/llm_answers.txt
+    budget = segment_budget(FRAMES, sentences)
+    assert budget == 2
+    names = ("ttfa_1rps_llm_tiny", "c1_llm_tiny", "closed_search_llm_tiny")
+    docs = {name: load(tmp_path / f"{name}.json") for name in names}
+    assert docs["closed_search_llm_tiny"]["search"]["kind"] == "closed"
+    assert [lv["level"] for lv in docs["c1_llm_tiny"]["levels"]] == [1]
+    answers = load_answers()
+    for name, doc in docs.items():
+        assert doc["config"]["text_mode"] == "llm" and doc["config"]["segment_frames"] == 0, name
+        for level in doc["levels"]:
+            agg = level["aggregate"]
+            assert agg["errors"] == 0 and agg["ok"] >= 1, (name, agg["errors_by_code"])
+            assert agg["length_mismatches"] == 0 and agg["audio_before_text_done"] is not None
+            for r in level["records"]:
+                assert r["api"] == "grpc-llm" and r["ok"] and r["sentences"] == sentences, r
+                assert r["text_chars"] == len(answers[r["prompt_id"]])
+                # Each segment runs to its per-segment budget; the server may cut a sentence in more.
+                assert r["segments"] >= sentences and r["frames"] == budget * r["segments"], r
+                assert r["samples"] == r["frames"] * SPF and r["length_ok"] is True
+                assert 0 < r["ttfa_s"] <= r["e2e_s"] < 60 and 0 < r["text_done_s"] < r["e2e_s"]
+                # 200-odd deltas at 300/s: the last one leaves about 0.65 s after the first.
+                assert 0.5 < r["text_done_s"] < 5 and r["send_lag_max_s"] >= 0
+                assert r["audio_before_text_done"] == (r["ttfa_s"] < r["text_done_s"])
+    meta = load(tmp_path / "serve_tiny.json")
+    assert meta["exit_code"] == 0 and meta["llm"]["tokens_per_s"] == 300.0
+    assert [run["phase"] for run in meta["runs"]][-3:] == list(names)
+    summary = load(tmp_path / "summary.json")["models"]["qwen3-tts-tiny"]
+    assert summary["c1_llm"]["n"] == 1 and summary["ttfa_1rps_llm"]["p50_ms"] > 0
+    assert summary["closed_search_llm"]["levels"]
+    assert "LLM deltas" in (tmp_path / "summary.md").read_text()
+
+
+def test_closed_search_against_two_pairs_sharing_the_device(tmp_path: Path, cache: None) -> None:
+    argv = ["--out", str(tmp_path), *BASE, "--phases", "closed,report", "--pairs", "2"]
+    assert run_gpu.main([*argv, "--slots", "4"]) == 0
+    meta = load(tmp_path / "serve_tiny_2pairs.json")
+    assert meta["exit_code"] == 0 and meta["pairs"] == 2
+    assert meta["slots"] == 4 and meta["slots_per_replica"] == 2
+    for item in ("stages.0.replicas=2", "stages.1.replicas=2", "stages.0.max_num_seqs=2"):
+        assert item in meta["command"]
+    doc = load(tmp_path / "closed_search_tiny_2pairs.json")
+    assert doc["search"]["kind"] == "closed" and doc["levels"]
+    for level in doc["levels"]:
+        assert level["aggregate"]["errors"] == 0
+        for r in level["records"]:
+            assert r["ok"] and r["frames"] == FRAMES and r["length_ok"] is True
+    # Both talker replicas served requests: the gateway spread the load over the two pairs.
+    for k in (0, 1):
+        prom = (tmp_path / f"metrics_tiny_2pairs_3closed_talker-{k}.prom").read_text()
+        served = [ln for ln in prom.splitlines() if ln.startswith("voxstage_stage_requests_total")]
+        assert served and sum(float(ln.rsplit(" ", 1)[1]) for ln in served) > 0, prom[:300]
+    summary = load(tmp_path / "summary.json")["models"]
+    assert summary["qwen3-tts-tiny_2pairs"]["closed_search"]["levels"]
