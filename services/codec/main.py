@@ -93,14 +93,10 @@ def build(args: argparse.Namespace) -> StageParts:
     decode_fn = None
     buckets: tuple[int, ...] = ()
     if device == "cuda" and not stage.enforce_eager:
-        import torch
-
         from voxstage.codec.graphs import GraphedDecode
 
-        # Before any capture: the warm-up runs then time cuDNN's algorithms per bucket shape (the default
-        # heuristic put one 64x25 conv on implicit_convolve_sgemm, 17.8 ms of a 152 ms decode).
-        torch.backends.cudnn.benchmark = True
-
+        # cudnn.benchmark is left off: on the H200 (2026-12-01) it made the codec's capture of 81 graphs take
+        # 233 s instead of 24 s (every bucket shape timed), for a gain nobody has measured yet (issue 14).
         # Chunks are padded up to the next bucket; the chunk sizes in force always get one of their own.
         sizes = config.stream.decode_cudagraph_capture_sizes or []
         chunks = chunk_sizes(plan.initial_frames, plan.steady_frames, plan.ramp)

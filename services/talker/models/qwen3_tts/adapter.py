@@ -222,12 +222,13 @@ class Qwen3TTSAdapter(PackedDecodeAdapter):
         self.prefill_runner.run(work)
         for slot, _, start, n in chunks:
             # Parking position: a masked decode row writes its junk K/V here, which the next chunk overwrites.
-            self.positions[slot] = start + n
+            # fill_ passes the value as a kernel argument; item assignment copies a host scalar and syncs.
+            self.positions[slot].fill_(start + n)
 
     def start_decode(self, slot: int, prepared: QwenPrepared) -> None:
         assert prepared.prompt is not None
         self.next_input[slot] = prepared.prompt.prefill_embeds[-1].to(self.dtype)
-        self.positions[slot] = prepared.length - 1
+        self.positions[slot].fill_(prepared.length - 1)
 
     # -- the tick (launch, collect and CUDA graphs: ``PackedDecodeAdapter``) ---------------------------------
     def step_io(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
