@@ -18,7 +18,7 @@ import itertools
 import json
 import time
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import grpc
 import h11
@@ -97,20 +97,10 @@ class _GrpcBase:
     async def aclose(self) -> None:
         await asyncio.gather(*(c.close() for c in self._channels))
 
-
-class GrpcStreamClient(_GrpcBase):
-    """``StreamingSynthesize``: config and text are written at once, then the stream is half-closed."""
-
-    api = "grpc"
-
-    async def run(self, s: Synthesis, timeout_s: float) -> Outcome:
-        requests = [
-            speech_pb2.StreamingSynthesizeRequest(config=synthesis_config(s)),
-            speech_pb2.StreamingSynthesizeRequest(text=s.text),
-        ]
-        stub = self.stub()
-        out = Outcome(start=time.perf_counter())
-        call = stub.StreamingSynthesize(iter(requests), timeout=timeout_s)
+    @staticmethod
+    async def read_stream(call: Any, out: Outcome, timeout_s: float) -> Outcome:
+        """Read a ``StreamingSynthesize`` call to its end into ``out`` (audio arrival times, segments, the
+        summary); a failure or a local timeout is recorded, not raised."""
         try:
             async with asyncio.timeout(timeout_s + LOCAL_SLACK_S):
                 async for reply in call:
@@ -118,6 +108,8 @@ class GrpcStreamClient(_GrpcBase):
                     kind = reply.WhichOneof("response")
                     if kind == "audio":
                         out.reads.append((now, len(reply.audio.data)))
+                    elif kind == "segment_done" and out.segments is not None:
+                        out.segments += 1
                     elif kind == "started":
                         out.sample_rate = reply.started.sample_rate_hz
                         out.request_id = reply.started.request_id
@@ -135,6 +127,22 @@ class GrpcStreamClient(_GrpcBase):
             call.cancel()
             raise
         return out
+
+
+class GrpcStreamClient(_GrpcBase):
+    """``StreamingSynthesize``: config and text are written at once, then the stream is half-closed."""
+
+    api = "grpc"
+
+    async def run(self, s: Synthesis, timeout_s: float) -> Outcome:
+        requests = [
+            speech_pb2.StreamingSynthesizeRequest(config=synthesis_config(s)),
+            speech_pb2.StreamingSynthesizeRequest(text=s.text),
+        ]
+        out = Outcome(start=time.perf_counter())
+        return await self.read_stream(
+            self.stub().StreamingSynthesize(iter(requests), timeout=timeout_s), out, timeout_s
+        )
 
 
 class GrpcUnaryClient(_GrpcBase):

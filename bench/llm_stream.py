@@ -31,9 +31,7 @@ import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
-import grpc
-
-from bench.clients import LOCAL_SLACK_S, Synthesis, _GrpcBase, _seconds, synthesis_config
+from bench.clients import Synthesis, _GrpcBase, synthesis_config
 from bench.records import Outcome
 from voxstage.v1 import speech_pb2
 
@@ -108,29 +106,4 @@ class GrpcLlmClient(_GrpcBase):
     async def run(self, s: Synthesis, timeout_s: float) -> Outcome:
         out = Outcome(start=time.perf_counter(), send_lag_max_s=0.0, segments=0)
         call = self.stub().StreamingSynthesize(self._inputs(s, out), timeout=timeout_s)
-        try:
-            async with asyncio.timeout(timeout_s + LOCAL_SLACK_S):
-                async for reply in call:
-                    now = time.perf_counter()
-                    kind = reply.WhichOneof("response")
-                    if kind == "audio":
-                        out.reads.append((now, len(reply.audio.data)))
-                    elif kind == "segment_done":
-                        out.segments = (out.segments or 0) + 1
-                    elif kind == "started":
-                        out.sample_rate = reply.started.sample_rate_hz
-                        out.request_id = reply.started.request_id
-                    elif kind == "summary":
-                        out.frames = int(reply.summary.frame_count)
-                        out.server_ttfa_s = _seconds(reply.summary.time_to_first_audio)
-            out.end = time.perf_counter()
-            out.ok, out.code = True, "OK"
-        except grpc.aio.AioRpcError as exc:
-            out.code, out.detail = exc.code().name, exc.details() or ""
-        except TimeoutError:
-            call.cancel()
-            out.code, out.detail = "TIMEOUT", f"no end of stream within {timeout_s + LOCAL_SLACK_S:.0f} s"
-        except asyncio.CancelledError:
-            call.cancel()
-            raise
-        return out
+        return await self.read_stream(call, out, timeout_s)

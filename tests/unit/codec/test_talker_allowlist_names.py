@@ -6,23 +6,11 @@ from __future__ import annotations
 
 import pytest
 
+from tests.fake_resolver import FakeResolver
 from voxstage.codec import allowlist
 from voxstage.codec.allowlist import TalkerAllowlist
 from voxstage.codec.upstream import TalkerPool
-from voxstage.resolver import ResolveError
 from voxstage.stage_errors import StageFailure
-
-
-class FakeResolver:
-    def __init__(self, table: dict[str, list[str]]) -> None:
-        self.table = table
-        self.asked: list[str] = []
-
-    async def resolve(self, host: str) -> list[str]:
-        self.asked.append(host)
-        if host not in self.table:
-            raise ResolveError(f"{host}: NXDOMAIN")
-        return list(self.table[host])
 
 
 async def test_an_ip_behind_an_allowed_name_is_allowed_and_others_are_not() -> None:

@@ -16,23 +16,12 @@ from pathlib import Path
 import grpc
 import pytest
 
+from tests.fake_resolver import FakeResolver
 from voxstage.gateway.discovery import Discovery, Target
 from voxstage.gateway.errors import GatewayError
 from voxstage.gateway.routing import Replica, ReplicaPool
 from voxstage.internal.v1 import stage_pb2
 from voxstage.resolver import ResolveError, SystemResolver
-
-
-class FakeResolver:
-    def __init__(self, table: dict[str, list[str]]) -> None:
-        self.table = table
-        self.asked: list[str] = []
-
-    async def resolve(self, host: str) -> list[str]:
-        self.asked.append(host)
-        if host not in self.table:
-            raise ResolveError(f"{host}: NXDOMAIN")
-        return list(self.table[host])
 
 
 async def ready(replica: Replica) -> stage_pb2.StageStatus:

@@ -38,20 +38,25 @@ def test_the_default_table_covers_openais_names_and_the_doc_lists_it() -> None:
 
 
 async def test_an_alias_works_on_http_and_grpc(make_stack: MakeStack) -> None:
-    stack = await make_stack()
+    stack = await make_stack()  # the built-in table: every target is a voice of the kit's checkpoint
     async with httpx.AsyncClient(base_url=stack.http_url) as http:
         r = await http.post("/v1/audio/speech", json={"input": "hi", "voice": "alloy", "stream": False})
         assert r.status_code == 200, r.text
         assert stack.codec.opens[-1].voice == "serena"
-        r = await http.post("/v1/audio/speech", json={"input": "hi", "voice": "onyx"})  # uncle_fu: not here
-        error = r.json()["error"]
-        assert r.status_code == 404 and error["param"] == "voice" and error["code"] == "voice_not_found"
-        assert "'onyx' is an alias (the built-in table) of 'uncle_fu'" in error["message"]
         r = await http.post("/v1/audio/speech", json={"input": "hi", "voice": "nobody"})
         assert r.status_code == 404 and "voice 'nobody' does not exist" in r.json()["error"]["message"]
     config = speech_pb2.SynthesisConfig(encoding=PCM, voice="Nova")
     await stack.stub.Synthesize(speech_pb2.SynthesizeRequest(config=config, text="hi"))
     assert stack.codec.opens[-1].voice == "vivian"
+
+
+async def test_an_alias_of_a_missing_voice_is_refused_naming_it(make_stack: MakeStack) -> None:
+    stack = await make_stack(overrides=["gateway.voice_aliases={onyx: ghost, verse: ghost}"])
+    async with httpx.AsyncClient(base_url=stack.http_url) as http:
+        r = await http.post("/v1/audio/speech", json={"input": "hi", "voice": "onyx"})
+        error = r.json()["error"]
+        assert r.status_code == 404 and error["param"] == "voice" and error["code"] == "voice_not_found"
+        assert "'onyx' is an alias (gateway.voice_aliases) of 'ghost'" in error["message"]
     with pytest.raises(grpc.aio.AioRpcError) as err:
         config = speech_pb2.SynthesisConfig(encoding=PCM, voice="verse")
         await stack.stub.Synthesize(speech_pb2.SynthesizeRequest(config=config, text="hi"))
