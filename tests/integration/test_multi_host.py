@@ -85,8 +85,8 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Site]:
     names = {"talkers.test": TALKERS, "codecs.test": CODECS}
     hosts_file.write_text("".join(f"{n} {' '.join(lan.ip(h) for h in hs)}\n" for n, hs in names.items()))
     tp, cp, tm, cm, gp, hp = reserve_ports(6)
-    env_before = os.environ.get(TEST_RESOLVER_ENV)
-    os.environ[TEST_RESOLVER_ENV] = str(hosts_file)  # stage_env() copies it into every process
+    env = pytest.MonkeyPatch()
+    env.setenv(TEST_RESOLVER_ENV, str(hosts_file))  # stage_env() copies it into every process
     stages: dict[str, StageProc] = {}
     gateway: subprocess.Popen[bytes] | None = None
     try:
@@ -114,10 +114,7 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Site]:
             time.sleep(0.2)
         yield Site(lan, stages, {"talker": tm, "codec": cm}, f"127.0.0.1:{gp}", tmp)
     finally:
-        if env_before is None:
-            os.environ.pop(TEST_RESOLVER_ENV, None)
-        else:
-            os.environ[TEST_RESOLVER_ENV] = env_before
+        env.undo()
         if gateway is not None and gateway.poll() is None:
             gateway.send_signal(signal.SIGTERM)
             try:

@@ -13,7 +13,6 @@ seconds.
 from __future__ import annotations
 
 import asyncio
-import os
 import signal
 import subprocess
 import sys
@@ -93,8 +92,8 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
     resolve_model(MODEL, cache=cache)
     hosts_file = tmp / "hosts"
     tp, cp, gp, hp, *metrics_ports = reserve_ports(9)
-    env_before = os.environ.get(TEST_RESOLVER_ENV)
-    os.environ[TEST_RESOLVER_ENV] = str(hosts_file)  # stage_env() copies it into every process
+    env = pytest.MonkeyPatch()
+    env.setenv(TEST_RESOLVER_ENV, str(hosts_file))  # stage_env() copies it into every process
     procs: list[StageProc] = []
     gateway: subprocess.Popen[bytes] | None = None
     try:
@@ -131,10 +130,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
             time.sleep(0.2)
         yield fleet
     finally:
-        if env_before is None:
-            os.environ.pop(TEST_RESOLVER_ENV, None)
-        else:
-            os.environ[TEST_RESOLVER_ENV] = env_before
+        env.undo()
         if gateway is not None and gateway.poll() is None:
             gateway.send_signal(signal.SIGTERM)
         for p in procs:

@@ -15,6 +15,7 @@ import os
 import socket
 import time
 from collections.abc import AsyncIterator
+from typing import Any
 
 import grpc
 import pytest
@@ -92,13 +93,22 @@ async def _slot_freed(stack: Stack, codec: FakeDuplexCodec, session_id: str) -> 
     return took
 
 
-async def test_converse_client_that_stops_reading(make_duplex_stack: MakeStack) -> None:
+async def _with_a_healthy_session(
+    make_duplex_stack: MakeStack,
+) -> tuple[Stack, FakeDuplexCodec, float, asyncio.Event, list[str], asyncio.Task[Any]]:
+    """A stack with the send bound on and one well-behaved session flowing beside the test's."""
     stack = await make_duplex_stack(overrides=KEY)
     codec: FakeDuplexCodec = stack.codec  # type: ignore[assignment]
     before = _ended()
-    stop, ids = asyncio.Event(), []
+    stop: asyncio.Event = asyncio.Event()
+    ids: list[str] = []
     healthy = asyncio.create_task(_healthy(stack, stop, ids))
     await asyncio.sleep(0.5)
+    return stack, codec, before, stop, ids, healthy
+
+
+async def test_converse_client_that_stops_reading(make_duplex_stack: MakeStack) -> None:
+    stack, codec, before, stop, ids, healthy = await _with_a_healthy_session(make_duplex_stack)
     # Without BDP probing the client's receive window stays at its initial size while nothing is read.
     async with grpc.aio.insecure_channel(stack.grpc_addr, options=[("grpc.http2.bdp_probe", 0)]) as channel:
 
@@ -143,12 +153,7 @@ def _ws_frame(text: str) -> bytes:
 
 
 async def test_realtime_client_that_stops_reading(make_duplex_stack: MakeStack) -> None:
-    stack = await make_duplex_stack(overrides=KEY)
-    codec: FakeDuplexCodec = stack.codec  # type: ignore[assignment]
-    before = _ended()
-    stop, ids = asyncio.Event(), []
-    healthy = asyncio.create_task(_healthy(stack, stop, ids))
-    await asyncio.sleep(0.5)
+    stack, codec, before, stop, ids, healthy = await _with_a_healthy_session(make_duplex_stack)
     sock = socket.socket()
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # before connect: the window stays small
     sock.setblocking(False)
