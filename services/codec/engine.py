@@ -23,6 +23,10 @@ step launched, then launches this tick's and returns without waiting for them, s
 the engine thread hands out audio and takes in frames. Audio reaches its consumer one ``step`` later than in
 the synchronous form (which collects its own launch before returning); the PCM is the same. Either way every
 bucket of a tick is launched before any is read back, its audio copied out through pinned host memory.
+Buckets launch smallest first, and an async ``step`` that has audio in hand does not wait for a bucket still
+decoding: it returns, and collects that one next time. So a young stream's first chunk leaves as soon as its
+own small decode is done, not after a bulk decode of other streams' steady chunks; a stream is not scheduled
+again while a decode of it is in flight.
 
 Overlap+crop (``left_context > 0``, the deploy file's ``codec_decode: overlap_crop``): instead of carrying
 state, each chunk is decoded from a reset slot behind up to ``left_context`` of the stream's earlier frames,
@@ -229,10 +233,17 @@ class CodecEngine:
         t0 = time.perf_counter()
         # The previous step's decodes first: stream state is then exactly as the synchronous form sees it.
         launched, self._inflight = self._inflight, []
-        for group in launched:
+        for i, group in enumerate(launched):
+            if outputs and not group.done():
+                # Hand out what is decoded now: a young stream's first chunk (small buckets launch first)
+                # must not wait for the read-back of a bulk decode behind it; that one is collected next step.
+                self._inflight = launched[i:]
+                break
             self._collect(group, outputs)
+        # Streams with a decode still in flight wait for it: their counts are not final yet.
+        idle = [s for s in self._streams.values() if not s.in_flight]
         # A segment whose frames all went out already (or that had none) still owes its end marker.
-        for stream in [s for s in self._streams.values() if self._mark_due(s)]:
+        for stream in [s for s in idle if self._mark_due(s)]:
             self._pass_mark(stream)
             final = self._drained(stream)
             outputs.append(
@@ -241,12 +252,12 @@ class CodecEngine:
             if final:
                 self._release(self._streams.pop(stream.stream_id))
         # An input that ended exactly on a chunk boundary still owes its consumer a terminal message.
-        for stream in [s for s in self._streams.values() if self._drained(s)]:
+        for stream in [s for s in idle if self._drained(s) and s.stream_id in self._streams]:
             outputs.append(
                 CodecOutput(stream.stream_id, np.zeros(0, np.float32), stream.sample_offset, True, 0)
             )
             self._release(self._streams.pop(stream.stream_id))
-        work = [(s, n) for s in self._streams.values() if (n := self._ready_frames(s))]
+        work = [(s, n) for s in idle if s.stream_id in self._streams and (n := self._ready_frames(s))]
         if not work and not launched:
             return outputs
         # One decode per frame bucket: a single batch padded to its longest chunk would make hundreds of
@@ -257,11 +268,12 @@ class CodecEngine:
             bucket = next((b for b in self.frame_buckets if b >= total), total)
             groups.setdefault(bucket, []).append((stream, n))
         # Every bucket launches before any is read back: bucket k+1's host staging overlaps bucket k's decode.
-        self._inflight = [self._launch(group, t_bucket) for t_bucket, group in sorted(groups.items())]
-        if not self.async_scheduling:
-            for group in self._inflight:
+        fresh = [self._launch(group, t_bucket) for t_bucket, group in sorted(groups.items())]
+        if self.async_scheduling:
+            self._inflight += fresh
+        else:
+            for group in fresh:
                 self._collect(group, outputs)
-            self._inflight = []
         if work:
             self.ticks += 1
         metrics.STAGE_TICK.labels(stage="codec").observe(time.perf_counter() - t0)
@@ -300,6 +312,8 @@ class CodecEngine:
             slots_t,
             torch.from_numpy(lengths).to(self.device, non_blocking=True),
         )
+        for stream, _ in work:
+            stream.in_flight = True
         return Launched(work, contexts, *read_back(wav[:b_real]))
 
     def _collect(self, launched: Launched, outputs: list[CodecOutput]) -> None:
@@ -307,6 +321,7 @@ class CodecEngine:
             launched.event.synchronize()
         wav_np = launched.pcm.numpy()
         for i, ((stream, n), ctx) in enumerate(zip(launched.work, launched.contexts, strict=True)):
+            stream.in_flight = False
             if self._streams.get(stream.stream_id) is not stream:
                 continue  # cancelled while its decode was in flight
             pcm = wav_np[i, ctx * self.spf : (ctx + n) * self.spf]

@@ -25,6 +25,7 @@ class StreamState:
     history: np.ndarray | None = None  # overlap+crop: the last left_context frames, decoded again each chunk
     sample_offset: int = 0
     ended: bool = False
+    in_flight: bool = False  # a launched decode of this stream is not collected yet
     opened_at: float = field(default_factory=time.perf_counter)
 
     def take(self, n: int) -> np.ndarray:
@@ -43,6 +44,10 @@ class Launched:
     contexts: list[int]
     pcm: torch.Tensor  # [b_real, samples] float32
     event: torch.cuda.Event | None
+
+    def done(self) -> bool:
+        """Whether the audio is on the host (never blocks)."""
+        return self.event is None or self.event.query()
 
 
 def read_back(wav: torch.Tensor) -> tuple[torch.Tensor, torch.cuda.Event | None]:

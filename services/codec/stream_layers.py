@@ -19,6 +19,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+# ``scaled_dot_product_attention(enable_gqa=True)`` (grouped K/V heads without copies) arrived in torch 2.5.
+_SDPA_GQA = tuple(int(p) for p in torch.__version__.split(".")[:2]) >= (2, 5)
+
 
 class StreamContext:
     """Histories in and out of one streaming step of B rows.
@@ -169,9 +172,10 @@ class WindowKVAttention(nn.Module):
 
     A query at p sees keys in ``(p - window, p]``, so a stream keeps the last ``window - 1`` keys and values
     of each layer, stored after RoPE at their absolute positions (``<state_key>.k`` / ``.v``). Scores are at
-    most T x (window - 1 + T) per head, so the explicit scores -> fp32 softmax -> weighted sum form costs
-    nothing next to the convs, and it keeps fp32 results bit-identical to the references' eager attention
-    instead of differing by a fused kernel's rounding.
+    most T x (window - 1 + T) per head, so on the CPU the explicit scores -> fp32 softmax -> weighted sum form
+    costs nothing next to the convs, and it keeps fp32 results bit-identical to the references' eager
+    attention instead of differing by a fused kernel's rounding. On CUDA, where a small decode is
+    launch-bound, :meth:`attend_heads` takes SDPA instead.
     """
 
     def __init__(self, heads: int, kv_heads: int, head_dim: int, window: int) -> None:
@@ -196,6 +200,29 @@ class WindowKVAttention(nn.Module):
         ctx.keep_tail(f"{self.state_key}.k", k, self.kv_history, dim=2)
         ctx.keep_tail(f"{self.state_key}.v", v, self.kv_history, dim=2)
         return k, v
+
+    def attend_heads(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor
+    ) -> torch.Tensor:
+        """Attention of ``q [B, H, T, D]`` over ``k``/``v [B, KV, Tk, D]``, query head h reading kv head
+        ``h // (H / KV)``, under a boolean ``mask`` broadcastable to ``[B, H, T, Tk]`` (True: visible).
+
+        On the CPU this is :meth:`attend` on repeated K/V heads, bit for bit the references' eager attention
+        (golden parity). On CUDA it is one ``scaled_dot_product_attention`` call instead of ~8 launches
+        (two matmuls, scale, mask fill, softmax, cast, and the K/V repeats): its fused kernels also softmax in
+        fp32, so results differ from eager only by summation order. Every query sees at least itself, so no
+        row is fully masked (which SDPA would turn into NaN).
+        """
+        group = self.heads // self.kv_heads
+        if q.is_cuda:
+            if group > 1 and _SDPA_GQA:
+                return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+            if group > 1:  # torch < 2.5 has no enable_gqa
+                k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        if group > 1:
+            k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+        return self.attend(q, k, v, mask)
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """``softmax(q k^T / sqrt(d), masked) v`` over the last two dims, the softmax in fp32."""

@@ -8,6 +8,10 @@ scattered into the pool first; attention then reads the rows' slots under an exp
 mask, so every shape is static and nothing syncs with the host (CUDA-graph capturable). Stale entries beyond
 a slot's length are masked, which is why a slot is "reset" just by restarting its positions at 0.
 
+``attend`` is ``write_kv`` (the scatter) then ``attend_pool`` (read only). On CUDA with Triton, decode-sized
+calls run ``voxstage.nn.triton_attention``, which reads K/V from the pool by slot and masks by position
+in-kernel; elsewhere (CPU, prefill, kernels switched off) the gather + mask + SDPA chain runs unchanged.
+
 Only the family-independent part lives here: projections, q/k norms and the rotary flavour (rotate-half
 in fp32 for Qwen3, interleaved on a bf16 table for Audio8) stay with each family, so sharing this changes
 no numbers.
@@ -15,11 +19,15 @@ no numbers.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
+from types import ModuleType
 from typing import Self
 
 import torch
 import torch.nn.functional as F
+
+from voxstage.nn import fused
 
 
 @dataclass
@@ -94,6 +102,53 @@ def grouped_causal_mask(positions: torch.Tensor, attn_len: int, group: int) -> t
     return mask.unsqueeze(1).expand(b, group, t, attn_len).reshape(b, 1, group * t, attn_len)
 
 
+def write_kv(
+    k: torch.Tensor,
+    v: torch.Tensor,
+    k_pool: torch.Tensor,
+    v_pool: torch.Tensor,
+    write: tuple[torch.Tensor, torch.Tensor],
+) -> None:
+    """Scatter the rows' ``k``/``v [B, T, kv_heads, hd]`` into one layer's pools ``[slots, kv_heads,
+    positions, hd]`` at ``write`` (from ``write_index``)."""
+    rows, cols = write  # (slot [B, 1], :, position [B, T]) addresses a [B, T, kv_heads, hd] block
+    k_pool[rows, :, cols] = k.to(k_pool.dtype)
+    v_pool[rows, :, cols] = v.to(v_pool.dtype)
+
+
+def attend_pool(
+    q: torch.Tensor,
+    k_pool: torch.Tensor,
+    v_pool: torch.Tensor,
+    slot_ids: torch.Tensor | None,
+    attn_len: int,
+    mask: torch.Tensor,
+    positions: torch.Tensor,
+) -> torch.Tensor:
+    """Attend ``q [B, T, heads, hd]`` (rotated) over positions ``[0, attn_len)`` of the rows' slots in one
+    layer's pools (read only); returns ``[B, T, heads * hd]`` (before the output projection).
+
+    ``mask`` (``grouped_causal_mask``) and ``positions [B, T]`` state the same ``key <= query`` rule: the
+    PyTorch path reads the mask, the Triton decode kernel (CUDA, ``T <= MAX_KERNEL_TOKENS``) the positions,
+    reading K/V from the pool by slot instead of gathering them first."""
+    b, t, nh, hd = q.shape
+    kernel = _pool_kernel(q)
+    if kernel is not None:
+        return kernel.pool_attention(q, k_pool, v_pool, slot_ids, positions, attn_len)
+    nkv = k_pool.shape[1]
+    group = nh // nkv
+    if slot_ids is None:  # a view, not a gather
+        keys, values = k_pool[:b, :, :attn_len], v_pool[:b, :, :attn_len]
+    else:
+        keys, values = k_pool[slot_ids, :, :attn_len], v_pool[slot_ids, :, :attn_len]
+    # GQA without repeating K/V: each KV head's query group is folded into the query-length axis, so the
+    # call is plain multi-head SDPA over kv_heads (query head j uses KV head j // group, as the references;
+    # any backend that takes a mask can run it).
+    qg = q.reshape(b, t, nkv, group, hd).permute(0, 2, 3, 1, 4).reshape(b, nkv, group * t, hd)
+    out = F.scaled_dot_product_attention(qg, keys.to(q.dtype), values.to(q.dtype), attn_mask=mask)
+    return out.view(b, nkv, group, t, hd).permute(0, 3, 1, 2, 4).reshape(b, t, nh * hd)
+
+
 def attend(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -105,22 +160,31 @@ def attend(
     attn_len: int,
     mask: torch.Tensor,
 ) -> torch.Tensor:
-    """Write the rows' ``k``/``v [B, T, kv_heads, hd]`` into one layer's pools ``[slots, kv_heads, positions,
-    hd]`` at ``write``, then attend ``q [B, T, heads, hd]`` (rotated) over positions ``[0, attn_len)`` of the
-    rows' slots; returns ``[B, T, heads * hd]`` (before the output projection)."""
-    b, t, nh, hd = q.shape
-    nkv = k.shape[2]
-    group = nh // nkv
-    rows, cols = write  # (slot [B, 1], :, position [B, T]) addresses a [B, T, kv_heads, hd] block
-    k_pool[rows, :, cols] = k.to(k_pool.dtype)
-    v_pool[rows, :, cols] = v.to(v_pool.dtype)
-    if slot_ids is None:  # a view, not a gather
-        keys, values = k_pool[:b, :, :attn_len], v_pool[:b, :, :attn_len]
-    else:
-        keys, values = k_pool[slot_ids, :, :attn_len], v_pool[slot_ids, :, :attn_len]
-    # GQA without repeating K/V: each KV head's query group is folded into the query-length axis, so the
-    # call is plain multi-head SDPA over kv_heads (query head j uses KV head j // group, as the references;
-    # any backend that takes a mask can run it).
-    qg = q.reshape(b, t, nkv, group, hd).permute(0, 2, 3, 1, 4).reshape(b, nkv, group * t, hd)
-    out = F.scaled_dot_product_attention(qg, keys.to(q.dtype), values.to(q.dtype), attn_mask=mask)
-    return out.view(b, nkv, group, t, hd).permute(0, 3, 1, 2, 4).reshape(b, t, nh * hd)
+    """``write_kv`` then ``attend_pool``: write the rows' ``k``/``v [B, T, kv_heads, hd]`` at ``write``, then
+    attend ``q [B, T, heads, hd]`` over the rows' slots; returns ``[B, T, heads * hd]``. ``write``'s second
+    element is the call's ``positions [B, T]`` (``write_index``), which the decode kernel masks by."""
+    write_kv(k, v, k_pool, v_pool, write)
+    return attend_pool(q, k_pool, v_pool, slot_ids, attn_len, mask, write[1])
+
+
+# Above this many tokens per row (chunked prefill) the call stays on SDPA: the kernel holds all of a KV
+# head's group * T query rows in one tile, which only pays for decode (T = 1, or 2 on the code predictor's
+# first step).
+MAX_KERNEL_TOKENS = 4
+
+
+@functools.cache
+def _load_kernel() -> ModuleType | None:
+    try:
+        from voxstage.nn import triton_attention
+    except ImportError:  # no Triton (CPU-only torch): SDPA runs
+        return None
+    return triton_attention
+
+
+def _pool_kernel(q: torch.Tensor) -> ModuleType | None:
+    """The Triton module when it applies: CUDA, decode-sized ``T``, and the ``voxstage.nn.fused`` switch on
+    (one switch for every Triton kernel, so benchmarks and A/B tests flip them together)."""
+    if not q.is_cuda or q.shape[1] > MAX_KERNEL_TOKENS or not fused.enabled():
+        return None
+    return _load_kernel()

@@ -69,8 +69,12 @@ class SwiGLU(nn.Module):
         self.down_proj = nn.Linear(hidden, dim, bias=bias)
         self._gate_up = None if bias else FusedLinears(self.gate_proj, self.up_proj)
 
+    def gate_up_weight(self) -> torch.Tensor | None:
+        """``[gate; up]`` as one weight (one GEMM gives ``[gate | up]``), or None if it is not intact."""
+        return self._gate_up.weight() if self._gate_up is not None else None
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        fused = self._gate_up.weight() if self._gate_up is not None else None
+        fused = self.gate_up_weight()
         if fused is None:
             return self.down_proj(nn.functional.silu(self.gate_proj(x)) * self.up_proj(x))
         gate, up = nn.functional.linear(x, fused).chunk(2, dim=-1)

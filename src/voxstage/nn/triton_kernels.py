@@ -2,8 +2,9 @@
 
 Each replaces a chain of small PyTorch kernels in a per-token step, where launch count, not bandwidth,
 sets the time: the residual add and RMSNorm that follow every block, the gated unit's SiLU and product, and
-RoPE on q/k with the K/V write into a cache slot. They compute in fp32 and round where the unfused PyTorch
-code rounds, so they agree with it to the last bf16 bit in most elements (tested on the GPU).
+RoPE on q/k (after Qwen3's per-head q/k norm) with the K/V write into a cache slot. They compute in fp32 and
+round where the unfused PyTorch code rounds, so they agree with it to the last bf16 bit in most elements
+(tested on the GPU).
 """
 
 from __future__ import annotations
@@ -106,3 +107,75 @@ def rope_kv_kernel(
     tl.store(k_cache_ptr + offset + 2 * i + 1, k_im.to(cache_ty))
     tl.store(v_cache_ptr + offset + 2 * i, v_re.to(cache_ty))
     tl.store(v_cache_ptr + offset + 2 * i + 1, v_im.to(cache_ty))
+
+
+@triton.jit
+def qk_norm_rope_kv_kernel(
+    qkv_ptr,
+    q_w_ptr,
+    k_w_ptr,
+    cos_ptr,
+    sin_ptr,
+    slot_ptr,
+    pos_ptr,
+    q_ptr,
+    k_pool_ptr,
+    v_pool_ptr,
+    stride_qkv,
+    stride_cs,
+    stride_q_row,
+    stride_q_head,
+    stride_p_slot,
+    stride_p_head,
+    stride_p_pos,
+    eps,
+    NH: tl.constexpr,
+    NKV: tl.constexpr,
+    HALF: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    """One (row, head) of Qwen3 attention's input: heads ``[0, NH)`` are q heads, ``[NH, NH + NKV)`` k heads
+    (which also carry their v head). Per-head RMSNorm (fp32, rounded to the activation dtype as the norm's
+    output is), rotate-half RoPE in fp32 rounded once; q is stored, k and v go to the pools at the row's
+    (slot, position)."""
+    row = tl.program_id(0)
+    head = tl.program_id(1)
+    i = tl.arange(0, BLOCK)
+    m = i < HALF
+    act_ty = q_ptr.dtype.element_ty
+    src = qkv_ptr + row * stride_qkv + head * (2 * HALF)
+    x1 = tl.load(src + i, mask=m, other=0.0).to(tl.float32)
+    x2 = tl.load(src + HALF + i, mask=m, other=0.0).to(tl.float32)
+    if head < NH:
+        w1 = tl.load(q_w_ptr + i, mask=m, other=0.0).to(tl.float32)
+        w2 = tl.load(q_w_ptr + HALF + i, mask=m, other=0.0).to(tl.float32)
+    else:
+        w1 = tl.load(k_w_ptr + i, mask=m, other=0.0).to(tl.float32)
+        w2 = tl.load(k_w_ptr + HALF + i, mask=m, other=0.0).to(tl.float32)
+    r = tl.rsqrt((tl.sum(x1 * x1, axis=0) + tl.sum(x2 * x2, axis=0)) / (2 * HALF) + eps)
+    n1 = (x1 * r * w1).to(act_ty).to(tl.float32)
+    n2 = (x2 * r * w2).to(act_ty).to(tl.float32)
+    cs = row * stride_cs
+    c1 = tl.load(cos_ptr + cs + i, mask=m, other=0.0).to(tl.float32)
+    c2 = tl.load(cos_ptr + cs + HALF + i, mask=m, other=0.0).to(tl.float32)
+    s1 = tl.load(sin_ptr + cs + i, mask=m, other=0.0).to(tl.float32)
+    s2 = tl.load(sin_ptr + cs + HALF + i, mask=m, other=0.0).to(tl.float32)
+    # x * cos + rotate_half(x) * sin with rotate_half(x) = [-x2, x1].
+    o1 = (n1 * c1 - n2 * s1).to(act_ty)
+    o2 = (n2 * c2 + n1 * s2).to(act_ty)
+    if head < NH:
+        dst = q_ptr + row * stride_q_row + head * stride_q_head
+        tl.store(dst + i, o1, mask=m)
+        tl.store(dst + HALF + i, o2, mask=m)
+    else:
+        slot = tl.load(slot_ptr + row)
+        pos = tl.load(pos_ptr + row)
+        offset = slot * stride_p_slot + (head - NH) * stride_p_head + pos * stride_p_pos
+        pool_ty = k_pool_ptr.dtype.element_ty
+        tl.store(k_pool_ptr + offset + i, o1.to(pool_ty), mask=m)
+        tl.store(k_pool_ptr + offset + HALF + i, o2.to(pool_ty), mask=m)
+        v_src = src + NKV * (2 * HALF)  # the v head sits NKV heads after its k head
+        v1 = tl.load(v_src + i, mask=m, other=0.0)
+        v2 = tl.load(v_src + HALF + i, mask=m, other=0.0)
+        tl.store(v_pool_ptr + offset + i, v1.to(pool_ty), mask=m)
+        tl.store(v_pool_ptr + offset + HALF + i, v2.to(pool_ty), mask=m)

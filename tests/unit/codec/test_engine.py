@@ -289,3 +289,60 @@ def test_start_up_capture_covers_every_batch_the_engine_pads_to() -> None:
     assert graphed.batch_buckets() == [1, 2, 4, 8, 16, 32, 64, 128, 256, 320]
     assert {batch_bucket(n, 320) for n in range(1, 321)} == set(graphed.batch_buckets())
     assert graphed.capture_all() == 0  # CPU: nothing to capture, every call runs eagerly
+
+
+class HeldEvent:
+    """Stands in for a CUDA event of a decode still running (CPU decodes finish before they return)."""
+
+    def __init__(self) -> None:
+        self.released = False
+
+    def query(self) -> bool:
+        return self.released
+
+    def synchronize(self) -> None:
+        self.released = True
+
+
+def test_async_step_hands_out_a_young_chunk_without_waiting_for_a_bulk_decode(
+    model: Qwen3TokenizerDecoder, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from voxstage.codec import engine as engine_mod
+
+    held: list[HeldEvent] = []
+    real_read_back = engine_mod.read_back
+
+    def read_back(wav: torch.Tensor) -> tuple[torch.Tensor, HeldEvent | None]:
+        pcm, _ = real_read_back(wav)
+        if wav.shape[-1] >= 25 * SPF:  # the bulk bucket: "still decoding" until someone waits on it
+            held.append(HeldEvent())
+            return pcm, held[-1]  # type: ignore[return-value]
+        return pcm, None
+
+    monkeypatch.setattr(engine_mod, "read_back", read_back)
+    engine = make_engine(model, streams=2, async_scheduling=True)
+    old, young = codes_for(1, 60), codes_for(2, 1)
+    engine.open("old", initial_frames=25)
+    engine.push("old", old[:25])
+    engine.open("young")
+    engine.push("young", young)
+    got: dict[str, list[CodecOutput]] = {}
+    assert engine.step() == []  # both launched: young's 1-frame bucket first, then old's 25-frame one
+    engine.push("old", old[25:50])
+    out = engine.step()
+    collect(out, got)
+    # young's audio leaves now, while old's decode is still "running"; old, with a whole chunk buffered, is
+    # not launched again until that decode is collected (one held event, not two).
+    assert [(o.stream_id, o.frames) for o in out] == [("young", 1)]
+    assert len(held) == 1 and not held[0].released and engine.has_work()
+    out = engine.step()  # nothing else in hand: this one waits for old's decode, then launches its next
+    collect(out, got)
+    assert [(o.stream_id, o.frames) for o in out] == [("old", 25)] and held[0].released and len(held) == 2
+    engine.finish("young")
+    engine.push("old", old[50:])
+    engine.finish("old")
+    while engine.has_work():
+        collect(engine.step(), got)
+    assert engine.active() == 0 and got["young"][-1].final and got["old"][-1].final
+    pcm = np.concatenate([o.pcm for o in got["old"]])
+    np.testing.assert_allclose(pcm, offline(model, old), atol=TOL, rtol=0)

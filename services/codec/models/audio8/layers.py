@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from voxstage.codec.stream_layers import CausalConv1d, CausalConvTranspose1d, StreamContext, run_blocks
+from voxstage.nn.snake import snake
 
 
 class Snake(nn.Module):
@@ -25,10 +26,8 @@ class Snake(nn.Module):
         self.alpha = nn.Parameter(torch.ones(1, channels, 1))
 
     def forward(self, x: torch.Tensor, ctx: StreamContext | None = None) -> torch.Tensor:
-        wide = torch.promote_types(x.dtype, torch.float32)
-        alpha = self.alpha.to(wide)
-        xw = x.to(wide)
-        return (xw + (alpha + 1e-9).reciprocal() * torch.sin(alpha * xw).pow(2)).to(x.dtype)
+        # The shared Snake op (one fused kernel on CUDA); without a scale it takes 1/(alpha + 1e-9) itself.
+        return snake(x, self.alpha)
 
 
 class Tanh(nn.Module):

@@ -19,6 +19,7 @@ from voxstage.codec.stream_layers import (
     run_blocks,
 )
 from voxstage.nn.layers import RMSNorm, SwiGLU, apply_rope
+from voxstage.nn.snake import snake
 
 from .config import Qwen3DecoderConfig
 
@@ -57,11 +58,8 @@ class SnakeBeta(nn.Module):
         return alpha, 1.0 / (beta + 1e-9)
 
     def forward(self, x: torch.Tensor, ctx: StreamContext | None = None) -> torch.Tensor:
-        wide = torch.promote_types(x.dtype, torch.float32)
-        alpha, inv_beta = self.scales(wide)
-        xw = x.to(wide)
-        y = xw + inv_beta * torch.sin(xw * alpha).pow(2)
-        return y.to(x.dtype)
+        # On CUDA one fused kernel (``voxstage.nn.snake``) instead of ~7 elementwise launches per call.
+        return snake(x, *self.scales(torch.promote_types(x.dtype, torch.float32)))
 
 
 class ResidualUnit(nn.Module):
@@ -103,7 +101,7 @@ class WindowAttention(WindowKVAttention):
     """Causal sliding-window attention with RoPE; a query sees itself and the ``window - 1`` frames before.
 
     That is the reference mask ``q - window < k <= q`` (transformers' sliding-window overlay); the K/V history
-    and the eager attention itself are :class:`WindowKVAttention`'s.
+    and the attention itself (eager on the CPU, SDPA on CUDA) are :class:`WindowKVAttention`'s.
     """
 
     def __init__(self, cfg: Qwen3DecoderConfig) -> None:
@@ -128,10 +126,7 @@ class WindowAttention(WindowKVAttention):
         v = self.v_proj(x).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
         q = apply_rope(q, cos, sin)
         k, v = self.with_history(apply_rope(k, cos, sin), v, ctx)
-        if self.kv_heads != self.heads:
-            k = k.repeat_interleave(self.heads // self.kv_heads, dim=1)
-            v = v.repeat_interleave(self.heads // self.kv_heads, dim=1)
-        out = self.attend(q, k, v, mask)
+        out = self.attend_heads(q, k, v, mask)
         return self.o_proj(out.transpose(1, 2).reshape(b, t, self.heads * self.head_dim))
 
 

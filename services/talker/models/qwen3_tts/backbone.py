@@ -9,17 +9,27 @@ the reference builds its position ids as three identical copies (``get_rope_inde
 axes), and ``apply_multimodal_rotary_pos_emb(..., interleaved=True)`` only picks, per frequency, which axis's
 cos/sin to use; with identical axes every pick equals axis 0, so MRoPE reduces exactly to 1-D RoPE with the
 same ``inv_freq``. That is what this module implements (checked against qwen-tts 0.1.1 source).
+
+On CUDA with the Triton kernels of ``voxstage.nn.fused`` on, the stack runs a fused path with far fewer
+launches per layer (the decode step is launch-bound: ~100 layer passes per frame): q/k norm + RoPE + the K/V
+write in one kernel, SwiGLU's SiLU-product in one, and every residual add fused with the norm after it, so a
+layer boundary is one kernel. It rounds where the kernels do (once per fused op), i.e. within a bf16 step of
+the module path, which stays the path everywhere else (CPU golden parity is unchanged).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import nn
 
+from voxstage.nn import fused
 from voxstage.nn.layers import FusedLinears, RMSNorm, SwiGLU, apply_rope, rope_cos_sin, rope_inv_freq
 from voxstage.talker.kv import (
     KVPool,
     attend,
+    attend_pool,
     check_call,
     grouped_causal_mask,
     kv_bytes_per_token,
@@ -47,6 +57,20 @@ class KVCache(KVPool):
     def bytes_per_token(cfg: BackboneConfig, dtype: torch.dtype) -> int:
         """K+V bytes one token occupies across all layers (for memory-budget admission)."""
         return kv_bytes_per_token(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, dtype)
+
+
+@dataclass(frozen=True)
+class StackCall:
+    """What every layer of one stack call shares: built once per call (``Qwen3Backbone.call_tables``), or
+    once per shape for positions that never change (``Qwen3Backbone.fixed_call``)."""
+
+    positions: torch.Tensor  # [B, T] int64
+    cos: torch.Tensor  # [B, T, 1, head_dim] activation dtype, broadcast over heads
+    sin: torch.Tensor
+    mask: torch.Tensor  # grouped_causal_mask, [B, 1, group * T, attn_len]
+    write: tuple[torch.Tensor, torch.Tensor]  # write_index: (slot [B, 1], position [B, T])
+    token_slot: torch.Tensor  # [B * T]: the fused path's per-token form of ``write``
+    token_pos: torch.Tensor  # [B * T]
 
 
 class Qwen3Attention(nn.Module):
@@ -93,6 +117,32 @@ class Qwen3Attention(nn.Module):
         out = attend(q, k, v, k_pool, v_pool, write_index, slot_ids, attn_len, mask)
         return self.o_proj(out)
 
+    def forward_fused(
+        self,
+        h: torch.Tensor,
+        batch: int,
+        k_pool: torch.Tensor,
+        v_pool: torch.Tensor,
+        call: StackCall,
+        slot_ids: torch.Tensor | None,
+        attn_len: int,
+    ) -> torch.Tensor:
+        """The kernel path on normalised rows ``h [B*T, H]``; returns the output projection ``[B*T, H]``."""
+        nh, nkv, hd = self.num_heads, self.num_kv_heads, self.head_dim
+        n = h.shape[0]
+        fused_w = self._qkv.weight()
+        if fused_w is None:
+            qkv = torch.cat([self.q_proj(h), self.k_proj(h), self.v_proj(h)], dim=-1)
+        else:
+            qkv = nn.functional.linear(h, fused_w)
+        cos, sin = call.cos.reshape(n, hd), call.sin.reshape(n, hd)
+        q = fused.qk_norm_rope_into_cache(
+            qkv, nh, nkv, self.q_norm, self.k_norm, cos, sin, k_pool, v_pool, call.token_slot, call.token_pos
+        )
+        q = q.reshape(batch, n // batch, nh, hd)
+        out = attend_pool(q, k_pool, v_pool, slot_ids, attn_len, call.mask, call.positions)
+        return self.o_proj(out.reshape(n, nh * hd))
+
 
 class Qwen3DecoderLayer(nn.Module):
     def __init__(self, cfg: BackboneConfig) -> None:
@@ -119,6 +169,13 @@ class Qwen3DecoderLayer(nn.Module):
         )
         return x + self.mlp(self.post_attention_layernorm(x))
 
+    def mlp_fused(self, h: torch.Tensor) -> torch.Tensor:
+        """SwiGLU on rows ``h [N, H]`` with the SiLU-product as one kernel over the gate|up GEMM."""
+        gate_up = self.mlp.gate_up_weight()
+        if gate_up is None:  # the fused weight's views were replaced (e.g. ``.to()`` after construction)
+            return self.mlp(h)
+        return self.mlp.down_proj(fused.silu_mul(nn.functional.linear(h, gate_up)))
+
 
 class Qwen3Backbone(nn.Module):
     """``layers`` + final ``norm`` (checkpoint ``layers.N.*``, ``norm.weight``); returns post-norm states."""
@@ -130,6 +187,7 @@ class Qwen3Backbone(nn.Module):
         self.norm = RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
         # Not persistent: the checkpoint has no rotary buffers, and strict loading must not expect one.
         self.register_buffer("inv_freq", rope_inv_freq(cfg.head_dim, cfg.rope_theta), persistent=False)
+        self._fixed_calls: dict[tuple[int, int, int, int, torch.dtype, torch.device], StackCall] = {}
 
     def forward(
         self,
@@ -138,6 +196,7 @@ class Qwen3Backbone(nn.Module):
         cache: KVCache,
         slot_ids: torch.Tensor | None = None,
         attn_len: int | None = None,
+        call: StackCall | None = None,
     ) -> torch.Tensor:
         """Run ``x [B, T, H]`` at absolute ``positions [B, T]`` against ``cache``.
 
@@ -145,14 +204,73 @@ class Qwen3Backbone(nn.Module):
         frame-local scratch cache; reading it is then a view rather than a gather). ``attn_len`` (a Python
         int, fixed per captured graph) bounds how many cache positions are read; it must exceed every
         position in the call and defaults to the whole cache. The caller guarantees positions lie in
-        ``[0, attn_len)`` and that padding rows of a bucket point at a scratch slot.
+        ``[0, attn_len)`` and that padding rows of a bucket point at a scratch slot. ``call``: the call's
+        tables, if the caller has them already (``fixed_call``); built for these positions, slots and
+        ``attn_len``.
         """
         attn_len = cache.max_len if attn_len is None else attn_len
         check_call(x, positions, attn_len, cache)
-        write = pool_write_index(positions, slot_ids)
-        cos, sin = rope_cos_sin(positions, self.inv_freq, x.dtype)
-        cos, sin = cos.unsqueeze(2), sin.unsqueeze(2)  # broadcast over heads: [B, T, 1, head_dim]
-        mask = grouped_causal_mask(positions, attn_len, self.cfg.num_heads // self.cfg.num_kv_heads)
+        if call is None:
+            call = self.call_tables(positions, slot_ids, attn_len, x.dtype)
+        elif call.mask.shape[-1] != attn_len or call.positions.shape != positions.shape:
+            raise ValueError("call tables built for another shape or attn_len")
+        if fused.kernels_active(x):
+            return self._forward_fused(x, cache, call, slot_ids, attn_len)
+        cos, sin, mask = call.cos, call.sin, call.mask
         for i, layer in enumerate(self.layers):
-            x = layer(x, cos, sin, cache.k[i], cache.v[i], write, slot_ids, attn_len, mask)
+            x = layer(x, cos, sin, cache.k[i], cache.v[i], call.write, slot_ids, attn_len, mask)
         return self.norm(x)
+
+    def _forward_fused(
+        self, x: torch.Tensor, cache: KVCache, call: StackCall, slot_ids: torch.Tensor | None, attn_len: int
+    ) -> torch.Tensor:
+        b, t, d = x.shape
+        # Each layer boundary is one kernel: the residual add after a layer's MLP is fused with the next
+        # layer's input norm (after the last layer, with the final norm).
+        following = [layer.input_layernorm for layer in self.layers[1:]] + [self.norm]
+        first = self.layers[0].input_layernorm
+        s, h = fused.add_rmsnorm(x.reshape(b * t, d).contiguous(), None, first.weight, first.eps)
+        for i, (layer, nxt) in enumerate(zip(self.layers, following, strict=True)):
+            a = layer.self_attn.forward_fused(h, b, cache.k[i], cache.v[i], call, slot_ids, attn_len)
+            post = layer.post_attention_layernorm
+            s, h = fused.add_rmsnorm(s, a, post.weight, post.eps)
+            s, h = fused.add_rmsnorm(s, layer.mlp_fused(h), nxt.weight, nxt.eps)
+        return h.view(b, t, d)
+
+    def call_tables(
+        self, positions: torch.Tensor, slot_ids: torch.Tensor | None, attn_len: int, dtype: torch.dtype
+    ) -> StackCall:
+        """RoPE tables, causal mask and write index of one call, shared by all its layers."""
+        b, t = positions.shape
+        write = pool_write_index(positions, slot_ids)
+        cos, sin = rope_cos_sin(positions, self.inv_freq, dtype)
+        mask = grouped_causal_mask(positions, attn_len, self.cfg.num_heads // self.cfg.num_kv_heads)
+        return StackCall(
+            positions=positions,
+            cos=cos.unsqueeze(2),
+            sin=sin.unsqueeze(2),
+            mask=mask,
+            write=write,
+            token_slot=write[0].expand(b, t).reshape(-1),
+            token_pos=positions.reshape(-1),
+        )
+
+    def fixed_call(self, batch: int, start: int, length: int, attn_len: int, dtype: torch.dtype) -> StackCall:
+        """The tables of a call at positions ``start .. start+length-1`` in rows ``0..batch-1`` of a scratch
+        cache (``slot_ids`` None). The code predictor's positions are the same every frame, so these are
+        built once per shape and reused (its 15 calls a frame would otherwise rebuild them, ~12 launches
+        each). Built on first use, which is an eager run: graph capture is preceded by warm-up runs."""
+        device = self.inv_freq.device
+        key = (batch, start, length, attn_len, dtype, device)
+        call = self._fixed_calls.get(key)
+        if call is not None:
+            return call
+        # Plain tensors (not inference tensors) so a later call under autograd may use them too.
+        with torch.inference_mode(False), torch.no_grad():
+            positions = torch.arange(start, start + length, device=device).expand(batch, length).contiguous()
+            call = self.call_tables(positions, None, attn_len, dtype)
+        # Tables first built inside a graph capture would hold values only once that graph replays: never
+        # share those (they are then part of that graph, as unfixed tables are).
+        if device.type != "cuda" or not torch.cuda.is_current_stream_capturing():
+            self._fixed_calls[key] = call
+        return call

@@ -183,8 +183,10 @@ def frame_step(
     sub = state.subtalker.tensors.index(slot_ids)
     parts = [model.embed_codec(c0)]  # the group embeddings of this frame, [B, H] each
     x = cp.small_to_mtp_projection(torch.stack([hidden, parts[0]], dim=1))
-    positions = torch.arange(2, device=device).expand(b, 2)
-    h = cp.model(x, positions, predictor_cache, None, groups)
+    # The predictor's positions are the same every frame (0, 1, then 2..G-1): its calls' RoPE tables and
+    # masks are built once per batch size, not rebuilt ~12 launches at a time on each of its G-1 calls.
+    call = cp.model.fixed_call(b, 0, 2, groups, x.dtype)
+    h = cp.model(x, call.positions, predictor_cache, None, groups, call)
     noise = None
     if samplers[1] is not Sampler.GREEDY:
         streams = torch.arange(1, groups, device=device)
@@ -198,8 +200,8 @@ def frame_step(
     for g in range(2, groups):
         parts.append(cp.model.codec_embedding[g - 2](codes[g - 1]))
         x = cp.small_to_mtp_projection(parts[-1]).unsqueeze(1)
-        positions = torch.full((b, 1), g, dtype=torch.int64, device=device)
-        h = cp.model(x, positions, predictor_cache, None, groups)
+        call = cp.model.fixed_call(b, g, 1, groups, x.dtype)
+        h = cp.model(x, call.positions, predictor_cache, None, groups, call)
         codes.append(draw(cp.lm_head[g - 1](h[:, 0]), g))
     parts.append(cp.model.codec_embedding[groups - 2](codes[groups - 1]))
 
