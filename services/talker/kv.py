@@ -19,7 +19,6 @@ no numbers.
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Self
@@ -173,13 +172,8 @@ def attend(
 MAX_KERNEL_TOKENS = 4
 
 
-@functools.cache
 def _load_kernel() -> ModuleType | None:
-    try:
-        from voxstage.nn import triton_attention
-    except ImportError:  # no Triton (CPU-only torch): SDPA runs
-        return None
-    return triton_attention
+    return fused.load_triton_module("triton_attention")  # None without Triton: SDPA runs
 
 
 def _pool_kernel(q: torch.Tensor) -> ModuleType | None:

@@ -9,6 +9,7 @@ so CPU golden parity does not depend on which path a test takes.
 from __future__ import annotations
 
 import functools
+import importlib
 from types import ModuleType
 
 import torch
@@ -20,12 +21,17 @@ _enabled = True
 
 
 @functools.cache
-def _load() -> ModuleType | None:
+def load_triton_module(name: str) -> ModuleType | None:
+    """``voxstage.nn.<name>`` (a module of Triton kernels), or None where Triton does not import (CPU-only
+    torch): its callers then run their PyTorch forms."""
     try:
-        from voxstage.nn import triton_kernels
-    except ImportError:  # no Triton (CPU-only torch): the PyTorch fallbacks run
+        return importlib.import_module(f"voxstage.nn.{name}")
+    except ImportError:
         return None
-    return triton_kernels
+
+
+def _load() -> ModuleType | None:
+    return load_triton_module("triton_kernels")
 
 
 def _kernels() -> ModuleType | None:

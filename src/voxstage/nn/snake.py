@@ -7,7 +7,6 @@ the decoders evaluated before, so CPU golden parity does not depend on which pat
 
 from __future__ import annotations
 
-import functools
 from types import ModuleType
 
 import torch
@@ -15,13 +14,8 @@ import torch
 from voxstage.nn import fused
 
 
-@functools.cache
 def _load() -> ModuleType | None:
-    try:
-        from voxstage.nn import triton_snake
-    except ImportError:  # no Triton (CPU-only torch): the PyTorch fallback runs
-        return None
-    return triton_snake
+    return fused.load_triton_module("triton_snake")
 
 
 def triton_available() -> bool:
