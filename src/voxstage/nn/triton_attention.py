@@ -32,6 +32,15 @@ LOG2E = 1.4426950408889634
 
 
 @triton.jit
+def _query_rows(kvh, n_tokens, GROUP: tl.constexpr, BLOCK_M: tl.constexpr):
+    """The tile's query rows: row r is token r // GROUP of query head kvh * GROUP + r % GROUP (GQA: head j
+    reads KV head j // GROUP); rows past the call's tokens are padding."""
+    rows = tl.arange(0, BLOCK_M)
+    tok = rows // GROUP
+    return rows, tok, kvh * GROUP + rows % GROUP, tok < n_tokens
+
+
+@triton.jit
 def pool_attention_kernel(
     q_ptr,
     k_ptr,
@@ -73,11 +82,7 @@ def pool_attention_kernel(
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
-    # Query row r is token r // GROUP of query head kvh * GROUP + r % GROUP (GQA: head j reads KV j // GROUP).
-    rows = tl.arange(0, BLOCK_M)
-    tok = rows // GROUP
-    head = kvh * GROUP + rows % GROUP
-    row_ok = tok < n_tokens
+    rows, tok, head, row_ok = _query_rows(kvh, n_tokens, GROUP, BLOCK_M)
     dims = tl.arange(0, BLOCK_D)
     d_ok = dims < HEAD_DIM
     q_off = b * stride_qb + tok[:, None] * stride_qt + head[:, None] * stride_qh + dims[None, :] * stride_qd
@@ -152,10 +157,7 @@ def pool_attention_merge_kernel(
 ):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
-    rows = tl.arange(0, BLOCK_M)
-    tok = rows // GROUP
-    head = kvh * GROUP + rows % GROUP
-    row_ok = tok < n_tokens
+    rows, tok, head, row_ok = _query_rows(kvh, n_tokens, GROUP, BLOCK_M)
     dims = tl.arange(0, BLOCK_D)
     d_ok = dims < HEAD_DIM
     first = (b * tl.num_programs(1) + kvh) * n_splits
