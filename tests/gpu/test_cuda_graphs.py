@@ -47,9 +47,11 @@ def test_talker_graph_equals_eager(async_scheduling: bool, capture_all: bool) ->
         assert np.array_equal(eager[k], graph[k]), k
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("capture_all", [False, True])
-def test_codec_graph_equals_eager(capture_all: bool) -> None:
-    model = random_decoder(decoder_preset("qwen3-tts-tiny"), 0, device="cuda", dtype=torch.float32)
+def test_codec_graph_equals_eager(capture_all: bool, dtype: torch.dtype) -> None:
+    """Graphed decode equals eager with the fused kernels (Snake) on, as served, in both codec precisions."""
+    model = random_decoder(decoder_preset("qwen3-tts-tiny"), 0, device="cuda", dtype=dtype)
     eager_pool, graph_pool = StreamingDecoder(model, 8), StreamingDecoder(model, 8)
     graphed = GraphedDecode(graph_pool, num_groups=16, max_batch=3, frame_buckets=(1, 5), device="cuda")
     if capture_all:  # what the codec stage does after its warm-up stream: buckets 1, 2, 3 x frames 1, 5
@@ -63,4 +65,6 @@ def test_codec_graph_equals_eager(capture_all: bool) -> None:
         lengths = torch.full((3,), t, device="cuda")
         a = eager_pool.decode(codes, slots, lengths)
         b = graphed(codes, slots, lengths)
-        assert torch.allclose(a, b, atol=1e-5), float((a - b).abs().max())
+        # Same kernels on the same shapes: equal up to a last-bit difference of a library's algorithm pick.
+        atol = 1e-5 if dtype == torch.float32 else 1e-2
+        assert torch.allclose(a.float(), b.float(), atol=atol), float((a.float() - b.float()).abs().max())
