@@ -81,9 +81,9 @@ def test_qkv_into_cache(rope: bool) -> None:
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("head_dim", [128, 12])  # 12: the tiny predictor's (a half that is no power of two)
+@pytest.mark.parametrize("layout", ["dense", "broadcast"])
 @torch.no_grad()
-def test_qk_norm_rope_into_cache(dtype: torch.dtype, head_dim: int, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(fused, "QK_KERNEL", True)  # off in serving (see fused.QK_KERNEL); tested here
+def test_qk_norm_rope_into_cache(dtype: torch.dtype, head_dim: int, layout: str) -> None:
     nh, nkv, slots, max_len = 16, 8, 6, 40
     qkv = (3 * torch.randn(5, (nh + 2 * nkv) * head_dim, device="cuda")).to(dtype)
     norms = []
@@ -93,6 +93,8 @@ def test_qk_norm_rope_into_cache(dtype: torch.dtype, head_dim: int, monkeypatch:
         norms.append(norm.to(dtype))
     slot = torch.tensor([4, 0, 4, 2, 5], device="cuda")
     pos = torch.tensor([0, 39, 17, 3, 1], device="cuda")
+    if layout == "broadcast":  # one row's prompt: its slot broadcast over the tokens (stride 0), as served
+        slot, pos = slot[:1].expand(5), pos.repeat_interleave(2)[::2]
     cos, sin = rope_cos_sin(pos * 97, rope_inv_freq(head_dim, 1e6, "cuda"), dtype)
     before = torch.randn(slots, nkv, max_len, head_dim, device="cuda").to(dtype)
     results = []

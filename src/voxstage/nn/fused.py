@@ -127,21 +127,18 @@ def qkv_into_cache(
         k_cache[rows, :, index] = k
         v_cache[rows, :, index] = v
         return q
+    if index.shape != (b,):
+        raise ValueError(f"qkv_into_cache: index must be [B] = [{b}], got {list(index.shape)}")
     head_dim = qkv.shape[1] // (3 * heads)
     q = torch.empty(b, heads, head_dim, device=qkv.device, dtype=qkv.dtype)
     cos, sin = rope if rope is not None else (qkv, qkv)  # unused without RoPE
     kernels.rope_kv_kernel[(b, heads)](
         qkv, cos, sin, index, q, k_cache, v_cache,
-        qkv.stride(0), heads * head_dim, cos.stride(0), q.stride(0), q.stride(1),
+        qkv.stride(0), heads * head_dim, index.stride(0), cos.stride(0), q.stride(0), q.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         HALF=head_dim // 2, ROPE=rope is not None,
     )  # fmt: skip
     return q
-
-
-# The Triton form of ``qk_norm_rope_into_cache`` passes eager GPU tests but faults (illegal address) once the
-# talker runs under CUDA graphs (2026-12-01, H200); off until that is understood, so the PyTorch form runs.
-QK_KERNEL = False
 
 
 def qk_norm_rope_into_cache(
@@ -163,7 +160,7 @@ def qk_norm_rope_into_cache(
     The fallback is the unfused module code (RMSNorm modules, ``apply_rope``, index_put)."""
     n = qkv.shape[0]
     hd = qkv.shape[1] // (heads + 2 * kv_heads)
-    kernels = _kernels_for(qkv) if QK_KERNEL else None
+    kernels = _kernels_for(qkv)
     if kernels is None:
         q, k, v = qkv.unflatten(1, (heads + 2 * kv_heads, hd)).split([heads, kv_heads, kv_heads], dim=1)
         q, k = q_norm(q), k_norm(k)
@@ -173,6 +170,8 @@ def qk_norm_rope_into_cache(
         k_pool[slot, :, pos] = k.to(k_pool.dtype)
         v_pool[slot, :, pos] = v.to(v_pool.dtype)
         return q
+    if slot.shape != (n,) or pos.shape != (n,):
+        raise ValueError(f"qk_norm_rope_into_cache: slot and pos must be [N] = [{n}] (any stride)")
     if (
         qkv.stride(1) != 1
         or cos.stride() != sin.stride()
@@ -185,7 +184,7 @@ def qk_norm_rope_into_cache(
     q = torch.empty(n, heads, hd, device=qkv.device, dtype=qkv.dtype)
     kernels.qk_norm_rope_kv_kernel[(n, heads + kv_heads)](
         qkv, q_norm.weight, k_norm.weight, cos, sin, slot, pos, q, k_pool, v_pool,
-        qkv.stride(0), cos.stride(0), q.stride(0), q.stride(1),
+        qkv.stride(0), slot.stride(0), pos.stride(0), cos.stride(0), q.stride(0), q.stride(1),
         k_pool.stride(0), k_pool.stride(1), k_pool.stride(2), q_norm.eps,
         NH=heads, NKV=kv_heads, HALF=hd // 2, BLOCK=_pow2(hd // 2),
     )  # fmt: skip

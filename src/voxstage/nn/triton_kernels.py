@@ -70,6 +70,7 @@ def rope_kv_kernel(
     v_cache_ptr,
     stride_qkv_row,
     stride_qkv_part,
+    stride_index,
     stride_cs_row,
     stride_q_row,
     stride_q_head,
@@ -100,7 +101,7 @@ def rope_kv_kernel(
     q_out = q_ptr + row * stride_q_row + head * stride_q_head
     tl.store(q_out + 2 * i, q_re.to(out_ty))
     tl.store(q_out + 2 * i + 1, q_im.to(out_ty))
-    slot = tl.load(index_ptr + row)
+    slot = tl.load(index_ptr + row * stride_index)
     offset = row * stride_c_row + head * stride_c_head + slot * stride_c_pos
     cache_ty = k_cache_ptr.dtype.element_ty
     tl.store(k_cache_ptr + offset + 2 * i, k_re.to(cache_ty))
@@ -122,6 +123,8 @@ def qk_norm_rope_kv_kernel(
     k_pool_ptr,
     v_pool_ptr,
     stride_qkv,
+    stride_slot,
+    stride_pos,
     stride_cs,
     stride_q_row,
     stride_q_head,
@@ -168,8 +171,9 @@ def qk_norm_rope_kv_kernel(
         tl.store(dst + i, o1, mask=m)
         tl.store(dst + HALF + i, o2, mask=m)
     else:
-        slot = tl.load(slot_ptr + row)
-        pos = tl.load(pos_ptr + row)
+        # Strided: the per-token slot is often one row's slot broadcast over its tokens (stride 0).
+        slot = tl.load(slot_ptr + row * stride_slot)
+        pos = tl.load(pos_ptr + row * stride_pos)
         offset = slot * stride_p_slot + (head - NH) * stride_p_head + pos * stride_p_pos
         pool_ty = k_pool_ptr.dtype.element_ty
         tl.store(k_pool_ptr + offset + i, o1.to(pool_ty), mask=m)

@@ -40,7 +40,6 @@ def _kernels_on_cpu(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """Kernels for CPU tensors; and fp32 -> bf16 casts rounded to nearest even, as on the GPU: the Triton 3.5
     interpreter truncates them, a bias that grows to several percent over a 28-layer bf16 stack."""
     monkeypatch.setattr(fused, "_kernels_for", lambda t: triton_kernels if fused.enabled() else None)
-    monkeypatch.setattr(fused, "QK_KERNEL", True)  # off in serving (see fused.QK_KERNEL); tested here
     cast = interpreter.InterpreterBuilder.cast_impl
 
     def rounded_cast(self: object, src: interpreter.TensorHandle, dst_type: tl.dtype) -> object:
@@ -62,16 +61,25 @@ def _norm(dim: int, dtype: torch.dtype, gen: torch.Generator) -> RMSNorm:
     return norm.to(dtype)
 
 
+def token_index(layout: str, slots: list[int], positions: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-token slot and position tensors as the backbone hands them over: dense, or (one row's prompt)
+    the slot broadcast over its tokens (stride 0) and the positions a strided view."""
+    if layout == "dense":
+        return torch.tensor(slots), torch.tensor(positions)
+    spread = torch.tensor(positions).repeat_interleave(2)[::2]
+    return torch.tensor(slots[:1]).expand(len(positions)), spread
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("head_dim", [16, 12])  # 12: a half that is no power of two (the tiny predictor)
+@pytest.mark.parametrize("layout", ["dense", "broadcast"])
 @torch.no_grad()
-def test_qk_norm_rope_into_cache_equals_fallback(dtype: torch.dtype, head_dim: int) -> None:
+def test_qk_norm_rope_into_cache_equals_fallback(dtype: torch.dtype, head_dim: int, layout: str) -> None:
     gen = torch.Generator().manual_seed(head_dim)
     nh, nkv, slots, max_len = 4, 2, 5, 9
     qkv = (3 * torch.randn(6, (nh + 2 * nkv) * head_dim, generator=gen)).to(dtype)
     q_norm, k_norm = _norm(head_dim, dtype, gen), _norm(head_dim, dtype, gen)
-    slot = torch.tensor([3, 0, 3, 4, 1, 0])
-    pos = torch.tensor([0, 8, 5, 2, 7, 1])
+    slot, pos = token_index(layout, [3, 0, 3, 4, 1, 0], [0, 8, 5, 2, 7, 1])
     cos, sin = rope_cos_sin(pos * 131, rope_inv_freq(head_dim, 1e6), dtype)
     before = torch.randn(slots, nkv, max_len, head_dim, generator=gen).to(dtype)
     results = []
