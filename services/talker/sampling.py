@@ -184,10 +184,10 @@ class SamplingTable:
 
     def set_row(self, slot: int, params: SamplingParams) -> None:
         t = self.tensors
-        t.temperature[slot] = params.effective_temperature
-        t.top_k[slot] = params.top_k
-        t.top_p[slot] = params.top_p
-        t.repetition_penalty[slot] = params.repetition_penalty
+        t.temperature[slot].fill_(params.effective_temperature)  # fill_: no host copy to wait on (frame.py)
+        t.top_k[slot].fill_(params.top_k)
+        t.top_p[slot].fill_(params.top_p)
+        t.repetition_penalty[slot].fill_(params.repetition_penalty)
 
 
 def apply_repetition_penalty(logits: torch.Tensor, seen: torch.Tensor, penalty: torch.Tensor) -> torch.Tensor:

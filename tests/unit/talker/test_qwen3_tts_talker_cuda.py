@@ -78,8 +78,8 @@ def test_fp32_cuda_greedy_matches_cpu() -> None:
 
 
 def test_prefill_and_text_uploads_do_not_wait_for_the_device(tiny_tokenizer: QwenTextTokenizer) -> None:
-    """A prefill and a text delta must not make the host wait for the frame step in flight (async
-    scheduling): any synchronizing copy raises under the sync debug mode."""
+    """An admission, a prefill and a text delta must not make the host wait for the frame step in flight
+    (async scheduling): any synchronizing copy raises under the sync debug mode."""
     cfg = parse_config(preset_config("qwen3-tts-tiny", "custom_voice"), preset_generation_config())
     adapter = Qwen3TTSAdapter(random_init(cfg, seed=0, device="cuda", dtype=torch.bfloat16), tiny_tokenizer)
     adapter.allocate(4, 256)
@@ -89,6 +89,7 @@ def test_prefill_and_text_uploads_do_not_wait_for_the_device(tiny_tokenizer: Qwe
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:
+        adapter.admit(1, prepared, seed=1, sampling=SAMPLED, subtalker=TOPK, min_frames=2)
         adapter.prefill_many([(0, prepared, 0, prepared.length - 1)])
         adapter.append_text(0, 0, [1000, 1001, 1002], False)
     finally:

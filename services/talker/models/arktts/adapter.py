@@ -218,14 +218,14 @@ class ArkTTSAdapter(PackedDecodeAdapter):
         self.prefill_runner.run(work)
         for slot, _, start, n in chunks:
             # Parking position: a masked decode row writes its junk K/V here, which the next chunk overwrites.
-            self.state.positions[slot] = start + n
+            self.state.positions[slot].fill_(start + n)
 
     def start_decode(self, slot: int, prepared: ArkPrepared) -> None:
         assert prepared.prompt is not None
         p = prepared.prompt
-        self.state.next_ids[slot] = int(p.ids[-1])
+        self.state.next_ids[slot].fill_(int(p.ids[-1]))
         self.state.next_codes[slot] = torch.from_numpy(np.ascontiguousarray(p.codes[-1]))
-        self.state.positions[slot] = len(p) - 1
+        self.state.positions[slot].fill_(len(p) - 1)
 
     # -- the tick (launch, collect and CUDA graphs: ``PackedDecodeAdapter``) ---------------------------------
     def step_io(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

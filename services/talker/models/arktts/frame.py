@@ -75,10 +75,10 @@ class FrameState:
     def reset_slot(self, slot: int, pad_id: int) -> None:
         """A new request in ``slot`` (host-side writes at admission): a harmless pending input (a masked
         decode row of a slot still prefilling embeds it), position and frame clock at 0."""
-        self.next_ids[slot] = pad_id
-        self.next_codes[slot] = 0
-        self.positions[slot] = 0
-        self.frames[slot] = 0
+        self.next_ids[slot].fill_(pad_id)
+        self.next_codes[slot].fill_(0)
+        self.positions[slot].fill_(0)
+        self.frames[slot].fill_(0)
 
     def move(self, src: int, dst: int) -> None:
         """Copy every per-slot row, sampler included, from ``src`` to ``dst``."""

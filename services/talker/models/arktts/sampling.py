@@ -233,19 +233,19 @@ class ArkSamplingState:
         fast = params if fast_params is None else fast_params
         check_sampling_params(params)
         check_sampling_params(fast, "subtalker_sampling")
-        self.seed[slot] = seed
-        self.temperature[slot] = params.effective_temperature
-        self.top_k[slot] = params.top_k
-        self.top_p[slot] = params.top_p
-        self.fast_temperature[slot] = fast.effective_temperature
-        self.fast_top_k[slot] = fast.top_k
-        self.fast_top_p[slot] = fast.top_p
-        self.ras_window[slot] = ras.window
-        self.ras_temperature[slot] = ras.temperature
-        self.ras_top_p[slot] = ras.top_p
-        self.history[slot] = -1
-        self.draws[slot] = 0
-        self.min_frames[slot] = min_frames
+        self.seed[slot].fill_(seed)
+        self.temperature[slot].fill_(params.effective_temperature)
+        self.top_k[slot].fill_(params.top_k)
+        self.top_p[slot].fill_(params.top_p)
+        self.fast_temperature[slot].fill_(fast.effective_temperature)
+        self.fast_top_k[slot].fill_(fast.top_k)
+        self.fast_top_p[slot].fill_(fast.top_p)
+        self.ras_window[slot].fill_(ras.window)
+        self.ras_temperature[slot].fill_(ras.temperature)
+        self.ras_top_p[slot].fill_(ras.top_p)
+        self.history[slot].fill_(-1)
+        self.draws[slot].fill_(0)
+        self.min_frames[slot].fill_(min_frames)
 
 
 def _as_rows(step: torch.Tensor | int, like: torch.Tensor) -> torch.Tensor:

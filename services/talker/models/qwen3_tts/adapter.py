@@ -206,7 +206,7 @@ class Qwen3TTSAdapter(PackedDecodeAdapter):
             min_new_tokens=min_frames,
         )  # fmt: skip
         self.samplers[slot] = Sampler.for_params((sampling, subtalker))
-        self.positions[slot] = 0
+        self.positions[slot].fill_(0)
 
     def append_text(self, slot: int, queued: int, ids: Sequence[int], complete: bool) -> None:
         self.state.append_text(slot, queued, ids, complete)
@@ -287,7 +287,7 @@ class Qwen3TTSAdapter(PackedDecodeAdapter):
         self._prefixes.move_to_end(key)  # type: ignore[arg-type]
         self.kv.k[:, slot, :, :n] = entry.k[:, :, :n]
         self.kv.v[:, slot, :, :n] = entry.v[:, :, :n]
-        self.positions[slot] = n
+        self.positions[slot].fill_(n)
         return n
 
     @torch.inference_mode()

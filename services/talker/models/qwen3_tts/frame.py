@@ -99,12 +99,14 @@ class FrameState:
         """Prepare ``slot`` for a new request (host-side writes at admission, outside captured graphs)."""
         if not -(2**63) <= seed < 2**63:
             raise ValueError(f"seed must fit in int64, got {seed}")
-        self.seen_c0[slot] = False
-        self.frames[slot] = 0
-        self.seed[slot] = seed
-        self.min_new_tokens[slot] = min_new_tokens
-        self.text_len[slot] = 0
-        self.text_done[slot] = False
+        # ``fill_`` passes the value as a kernel argument; ``t[slot] = value`` copies a host scalar, which
+        # would wait for the frame step in flight (async scheduling).
+        self.seen_c0[slot].fill_(False)
+        self.frames[slot].fill_(0)
+        self.seed[slot].fill_(seed)
+        self.min_new_tokens[slot].fill_(min_new_tokens)
+        self.text_len[slot].fill_(0)
+        self.text_done[slot].fill_(False)
         self.talker.set_row(slot, talker)
         self.subtalker.set_row(slot, subtalker)
         self.append_text(slot, 0, trailing_ids, text_complete)
@@ -120,8 +122,8 @@ class FrameState:
             raise ValueError(f"slot {slot}: text queue overflow ({end} > max_text {self.max_text})")
         if ids:
             self.text_ids[slot, queued:end].copy_(upload(ids, self.text_ids.device), non_blocking=True)
-        self.text_len[slot] = end
-        self.text_done[slot] = complete
+        self.text_len[slot].fill_(end)
+        self.text_done[slot].fill_(complete)
 
 
 @dataclass
