@@ -1,8 +1,8 @@
 """The q/k kernel (``fused.qk_norm_rope_into_cache``) under a CUDA graph: a captured call replays exactly what
 an eager call computes, with the per-token slot broadcast from one row (stride 0) as a one-row prefill passes
 it. (Reading that slot as if dense once wrote K/V far outside the pool: an illegal address under graphs,
-silent corruption eagerly. The graphed engine tests in ``tests/unit/talker/test_qwen3_tts_talker_cuda.py`` run the
-kernel end to end.)"""
+silent corruption eagerly. The graphed engine tests in ``tests/unit/talker/test_qwen3_tts_talker_cuda.py``
+run the kernel end to end.)"""
 
 from __future__ import annotations
 
