@@ -150,6 +150,7 @@ class CodecEngine:
             raise ValueError(f"left_context must be >= 0, got {left_context}")
         self.left_context = left_context
         self.async_scheduling = async_scheduling
+        self.early_handout = True  # async: hand out decoded audio without waiting; benchmarks switch it off
         self._inflight: list[Launched] = []
         self._free = list(range(max_streams - 1, -1, -1))
         self._streams: dict[str, StreamState] = {}
@@ -234,7 +235,7 @@ class CodecEngine:
         # The previous step's decodes first: stream state is then exactly as the synchronous form sees it.
         launched, self._inflight = self._inflight, []
         for i, group in enumerate(launched):
-            if outputs and not group.done():
+            if self.early_handout and outputs and not group.done():
                 # Hand out what is decoded now: a young stream's first chunk (small buckets launch first)
                 # must not wait for the read-back of a bulk decode behind it; that one is collected next step.
                 self._inflight = launched[i:]

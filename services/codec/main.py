@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING, Any
 from voxstage.stage_process import StageParts, register_stage, stage_parts
 
 if TYPE_CHECKING:
+    from voxstage.codec.engine import CodecEngine
+    from voxstage.codec.models import CodecRuntime
     from voxstage.config import DeployConfig
     from voxstage.presets import ModelSource
     from voxstage.stage_tls import LinkTls
@@ -56,8 +58,6 @@ def _allowed_talkers(args: argparse.Namespace) -> frozenset[str] | None:
 
 
 def build(args: argparse.Namespace) -> StageParts:
-    from voxstage.chunking import chunk_sizes
-    from voxstage.codec.engine import ChunkSchedule, CodecEngine
     from voxstage.codec.models import load_codec
     from voxstage.codec.servicer import SERVICE_NAME, CodecServicer
     from voxstage.codec.upstream import TalkerPool
@@ -88,6 +88,37 @@ def build(args: argparse.Namespace) -> StageParts:
             "lower max_num_seqs or raise gpu_memory_utilization",
         )
         log.info("codec: memory budget %s; stream state %.2f GiB", budget.describe(), state / (1 << 30))
+    engine = build_engine(config, runtime, device)
+    worker = CodecWorker(runtime, engine)
+    sweep_dead_regions()
+    writer = ShmWriter(threshold_bytes=config.stream.shm_threshold_bytes) if config.shared_memory else None
+    reader = ShmReader() if config.shared_memory else None
+    pool = TalkerPool(reader, allowed=allowed, tls=link)
+    plan, left = config.chunk_plan, engine.left_context
+    servicer = CodecServicer(worker, plan=plan, stream_config=config.stream, shm_writer=writer, pool=pool)
+    log.info(
+        "codec: %s (%s) on %s/%s: %d streams, chunks %d then %s%d frames, %s, %s, %s, voice clone %s, shm %s",
+        runtime.model, runtime.family, device, str(dtype).removeprefix("torch."), stage.max_num_seqs,
+        plan.initial_frames, "growing to " if plan.ramp else "", plan.steady_frames,
+        f"overlap+crop behind {left} frames" if left else "exact stateful decode",
+        f"CUDA graphs for {engine.frame_buckets} frames" if engine.decode_fn else "eager",
+        "async scheduling" if stage.async_scheduling else "sync scheduling",
+        "on" if runtime.voice_clone else "off",
+        f"above {writer.threshold_bytes} B" if writer else "off",
+    )  # fmt: skip
+
+    binding = ServiceBinding(SERVICE_NAME, servicer, stage_pb2_grpc.add_CodecServicer_to_server)
+    return stage_parts("codec", binding, servicer, worker, worker.warm_up, writer, reader)
+
+
+def build_engine(config: DeployConfig, runtime: CodecRuntime, device: str) -> CodecEngine:
+    """The codec engine of a deploy file's (non-duplex) codec stage over a loaded ``runtime``: its chunk
+    schedule, CUDA-graph frame buckets and scheduling mode (``bench/codec_schedule.py`` builds its engines
+    here too). Graphs are captured later, by the worker's warm-up."""
+    from voxstage.chunking import chunk_sizes
+    from voxstage.codec.engine import ChunkSchedule, CodecEngine
+
+    stage = config.codec
     plan = config.chunk_plan
     left = plan.left_context_frames if plan.overlap_crop else 0
     decode_fn = None
@@ -126,25 +157,7 @@ def build(args: argparse.Namespace) -> StageParts:
         left_context=left,
         async_scheduling=stage.async_scheduling,
     )
-    worker = CodecWorker(runtime, engine)
-    sweep_dead_regions()
-    writer = ShmWriter(threshold_bytes=config.stream.shm_threshold_bytes) if config.shared_memory else None
-    reader = ShmReader() if config.shared_memory else None
-    pool = TalkerPool(reader, allowed=allowed, tls=link)
-    servicer = CodecServicer(worker, plan=plan, stream_config=config.stream, shm_writer=writer, pool=pool)
-    log.info(
-        "codec: %s (%s) on %s/%s: %d streams, chunks %d then %s%d frames, %s, %s, %s, voice clone %s, shm %s",
-        runtime.model, runtime.family, device, str(dtype).removeprefix("torch."), stage.max_num_seqs,
-        plan.initial_frames, "growing to " if plan.ramp else "", plan.steady_frames,
-        f"overlap+crop behind {left} frames" if left else "exact stateful decode",
-        f"CUDA graphs for {buckets} frames" if decode_fn else "eager",
-        "async scheduling" if stage.async_scheduling else "sync scheduling",
-        "on" if runtime.voice_clone else "off",
-        f"above {writer.threshold_bytes} B" if writer else "off",
-    )  # fmt: skip
-
-    binding = ServiceBinding(SERVICE_NAME, servicer, stage_pb2_grpc.add_CodecServicer_to_server)
-    return stage_parts("codec", binding, servicer, worker, worker.warm_up, writer, reader)
+    return engine
 
 
 def _family_dtype(config: DeployConfig, source: ModelSource, flag: str, dtype: Any) -> Any:

@@ -304,9 +304,11 @@ class HeldEvent:
         self.released = True
 
 
-def test_async_step_hands_out_a_young_chunk_without_waiting_for_a_bulk_decode(
-    model: Qwen3TokenizerDecoder, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def young_behind_bulk(
+    model: Qwen3TokenizerDecoder, monkeypatch: pytest.MonkeyPatch, *, early_handout: bool
+) -> tuple[CodecEngine, list[HeldEvent], np.ndarray]:
+    """An async engine whose last step launched a young stream's 1-frame first chunk and, behind it, an old
+    stream's 25-frame decode that stays "running" until someone waits on it; old has its next chunk in."""
     from voxstage.codec import engine as engine_mod
 
     held: list[HeldEvent] = []
@@ -321,14 +323,22 @@ def test_async_step_hands_out_a_young_chunk_without_waiting_for_a_bulk_decode(
 
     monkeypatch.setattr(engine_mod, "read_back", read_back)
     engine = make_engine(model, streams=2, async_scheduling=True)
+    engine.early_handout = early_handout
     old, young = codes_for(1, 60), codes_for(2, 1)
     engine.open("old", initial_frames=25)
     engine.push("old", old[:25])
     engine.open("young")
     engine.push("young", young)
-    got: dict[str, list[CodecOutput]] = {}
     assert engine.step() == []  # both launched: young's 1-frame bucket first, then old's 25-frame one
     engine.push("old", old[25:50])
+    return engine, held, old
+
+
+def test_async_step_hands_out_a_young_chunk_without_waiting_for_a_bulk_decode(
+    model: Qwen3TokenizerDecoder, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    engine, held, old = young_behind_bulk(model, monkeypatch, early_handout=True)
+    got: dict[str, list[CodecOutput]] = {}
     out = engine.step()
     collect(out, got)
     # young's audio leaves now, while old's decode is still "running"; old, with a whole chunk buffered, is
@@ -346,3 +356,13 @@ def test_async_step_hands_out_a_young_chunk_without_waiting_for_a_bulk_decode(
     assert engine.active() == 0 and got["young"][-1].final and got["old"][-1].final
     pcm = np.concatenate([o.pcm for o in got["old"]])
     np.testing.assert_allclose(pcm, offline(model, old), atol=TOL, rtol=0)
+
+
+def test_without_early_handout_the_async_step_waits_for_the_bulk_decode(
+    model: Qwen3TokenizerDecoder, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The benchmarks' switch (bench/codec_schedule.py) off: young's chunk leaves only with old's, read back.
+    engine, held, _ = young_behind_bulk(model, monkeypatch, early_handout=False)
+    out = engine.step()
+    assert [(o.stream_id, o.frames) for o in out] == [("young", 1), ("old", 25)]
+    assert held[0].released and len(held) == 2  # waited on, and old's next chunk already launched

@@ -1,0 +1,38 @@
+"""CPU smoke test of ``bench/codec_schedule.py`` on the tiny preset: both arms run on the stage's engine and
+write sane records. CPU decodes finish before they return, so the arms cannot differ here (the engine test
+``test_without_early_handout_the_async_step_waits_for_the_bulk_decode`` shows the switch works); only counts
+and shapes are checked."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from bench import codec_schedule
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def test_codec_schedule_writes_both_arms(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("VOXSTAGE_CACHE", str(tmp_path / "cache"))
+    out = tmp_path / "r" / "codec_schedule.json"
+    argv = ["--out", str(out), "--device", "cpu", "--quick",
+            "--streams", "3", "--frames", "8", "--duration", "2", "--warmup", "0.5"]  # fmt: skip
+    assert codec_schedule.main(argv) == 0
+    report = json.loads(out.read_text())
+    assert report["config"]["model"] == "qwen3-tts-tiny" and report["config"]["async_scheduling"] is True
+    assert report["config"]["chunks"] == [1, 25] and report["torch"] and report["date"]
+    assert [(r["arm"], r["early_handout"]) for r in report["arms"]] == [("on", True), ("off", False)]
+    for r in report["arms"]:
+        # 3 streams of 8 frames at 10 ms end in well under a second: many streams start in 2 s.
+        assert r["streams_started"] > 3 and r["streams_unfinished"] == r["streams_without_audio"] == 0
+        fa = r["first_audio_ms"]
+        assert 0 < fa["p50"] <= fa["p95"] <= fa["p99"] <= fa["max"] < 2000
+        assert r["chunk_gap_ms"]["max"] > 0 and r["steps"] > 0 and r["step_ms_mean"] > 0
+        assert r["audio_s"] > 0 and r["audio_s_per_wall_s"] == pytest.approx(r["audio_s"] / 2)
+        assert 0 <= r["underruns"] <= r["streams_started"] and r["graphs"] == 0  # CPU: eager
+    assert "first audio ms" in capsys.readouterr().out
