@@ -23,10 +23,12 @@ step launched, then launches this tick's and returns without waiting for them, s
 the engine thread hands out audio and takes in frames. Audio reaches its consumer one ``step`` later than in
 the synchronous form (which collects its own launch before returning); the PCM is the same. Either way every
 bucket of a tick is launched before any is read back, its audio copied out through pinned host memory.
-Buckets launch smallest first, and an async ``step`` that has audio in hand does not wait for a bucket still
-decoding: it returns, and collects that one next time. So a young stream's first chunk leaves as soon as its
-own small decode is done, not after a bulk decode of other streams' steady chunks; a stream is not scheduled
-again while a decode of it is in flight.
+Buckets launch smallest first. With ``early_handout`` on, an async ``step`` that has audio in hand does not
+wait for a bucket still decoding: it returns and collects that one next time (a stream is not scheduled
+again while a decode of it is in flight), so a young stream's first chunk need not wait for a bulk decode of
+other streams' steady chunks. It is off: measured on its own (``bench/codec_schedule.py``, H200, 64 streams)
+it cut the codec's first audio from 38 to 28 ms p50 but 24 of 915 streams then underran, against 0 of 905
+(docs/benchmarks.md).
 
 Overlap+crop (``left_context > 0``, the deploy file's ``codec_decode: overlap_crop``): instead of carrying
 state, each chunk is decoded from a reset slot behind up to ``left_context`` of the stream's earlier frames,
@@ -150,7 +152,7 @@ class CodecEngine:
             raise ValueError(f"left_context must be >= 0, got {left_context}")
         self.left_context = left_context
         self.async_scheduling = async_scheduling
-        self.early_handout = True  # async: hand out decoded audio without waiting; benchmarks switch it off
+        self.early_handout = False  # off on evidence (module docstring); bench/codec_schedule.py switches it
         self._inflight: list[Launched] = []
         self._free = list(range(max_streams - 1, -1, -1))
         self._streams: dict[str, StreamState] = {}
