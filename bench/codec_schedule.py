@@ -42,7 +42,7 @@ from voxstage.codec.engine import CodecEngine
 from voxstage.codec.main import build_engine
 from voxstage.codec.models import CodecRuntime, load_codec
 from voxstage.codec.worker import CodecWorker
-from voxstage.stage_process import load_stage_setup
+from voxstage.stage.process import load_stage_setup
 
 try:
     from bench.playback import percentile, simulate_playback
@@ -155,6 +155,8 @@ def run_arm(arm: str, runtime: CodecRuntime, engine: CodecEngine, a: argparse.Na
         "audio_s": samples / sr, "audio_s_per_wall_s": samples / sr / a.duration,
         "underruns": sum(p.stalls > 0 for p in plays), "stalls": sum(p.stalls for p in plays),
         "stall_max_ms": 1e3 * max((p.stall_max_s for p in plays), default=0.0),
+        # Where each underrunning stream first ran dry in its audio (0.08 s: just after a 1-frame chunk).
+        "first_stall_audio_s": dist([p.first_stall_at_s for p in plays if p.first_stall_at_s is not None]),
         "graphs_captured_in_run": graphs(engine) - lazy0,
     }  # fmt: skip
 

@@ -1,10 +1,10 @@
 """Duplex codec engine (docs/protocol.md §11): the 80 ms clock, user audio -> Mimi codes, agent codes -> PCM.
 
-Owned by one thread (``voxstage.engine_loop``); imports no gRPC. Every session holds one slot of a Mimi slot
-pool with an encode state (the user's audio) and a decode state (the agent's codes). Slots are **packed**:
-sessions hold ``[0, n)``, and when one leaves, the last one moves into its hole, so each batched call runs
-over the rows ``[0, B)`` (``B`` the next power of two, capped at ``max_sessions``) with padding rows of
-length 0. The pool's slot ``max_sessions`` encodes voice recordings.
+Owned by one thread (``voxstage.stage.engine_loop``); imports no gRPC. Every session holds one slot of a
+Mimi slot pool with an encode state (the user's audio) and a decode state (the agent's codes). Slots are
+**packed**: sessions hold ``[0, n)``, and when one leaves, the last one moves into its hole, so each batched
+call runs over the rows ``[0, B)`` (``B`` the next power of two, capped at ``max_sessions``) with padding rows
+of length 0. The pool's slot ``max_sessions`` encodes voice recordings.
 
 The clock: at every tick (a grid of ``tick_s`` from the first live session's start), every live session
 contributes exactly one user frame, the oldest complete frame of its jitter buffer or silence, and all of

@@ -20,8 +20,8 @@ import numpy as np
 from voxstage.codec.duplex import DuplexCodecEngine
 from voxstage.codec.duplex_reference import prepare_reference
 from voxstage.codec.duplex_types import AgentFrame, DuplexAdmissionError, DuplexOutput
+from voxstage.stage.worker import StageWorker
 from voxstage.stage_errors import StageFailure
-from voxstage.stage_worker import StageWorker
 
 
 class DuplexListener(Protocol):

@@ -116,7 +116,7 @@ def batch_bucket(n: int, cap: int) -> int:
 
 
 class CodecEngine:
-    """Owned by one thread (see ``voxstage.engine_loop``); call methods only from it."""
+    """Owned by one thread (see ``voxstage.stage.engine_loop``); call methods only from it."""
 
     def __init__(
         self,

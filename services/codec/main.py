@@ -10,7 +10,7 @@ import dataclasses
 import logging
 from typing import TYPE_CHECKING, Any
 
-from voxstage.stage_process import StageParts, register_stage, stage_parts
+from voxstage.stage.process import StageParts, register_stage, stage_parts
 
 if TYPE_CHECKING:
     from voxstage.codec.engine import CodecEngine
@@ -64,7 +64,7 @@ def build(args: argparse.Namespace) -> StageParts:
     from voxstage.codec.worker import CodecWorker
     from voxstage.internal.v1 import stage_pb2_grpc
     from voxstage.server import ServiceBinding
-    from voxstage.stage_process import device_budget, load_stage_setup
+    from voxstage.stage.process import device_budget, load_stage_setup
     from voxstage.transport.shm import ShmReader, ShmWriter, sweep_dead_regions
 
     allowed = _allowed_talkers(args)
@@ -72,7 +72,7 @@ def build(args: argparse.Namespace) -> StageParts:
     # half precision audibly degrades audio, and the codec is small next to the talker.
     config, device, dtype, source = load_stage_setup(args, log, cuda_default="float32")
     dtype = _family_dtype(config, source, args.dtype, dtype)
-    link = getattr(args, "link_tls", None)  # read by run_stage (voxstage.stage_process)
+    link = getattr(args, "link_tls", None)  # read by run_stage (voxstage.stage.process)
     if source.family == "personaplex":
         return _build_duplex(config, device, dtype, source, allowed, link)
     stage = config.codec
@@ -189,10 +189,10 @@ def _build_duplex(
     from voxstage.codec.models import load_duplex_codec
     from voxstage.codec.servicer import SERVICE_NAME, CodecServicer
     from voxstage.codec.upstream import TalkerPool
-    from voxstage.config.deploy import DuplexSessionConfig
+    from voxstage.config import DuplexSessionConfig
     from voxstage.internal.v1 import stage_pb2_grpc
     from voxstage.server import ServiceBinding
-    from voxstage.stage_process import device_budget
+    from voxstage.stage.process import device_budget
     from voxstage.transport.shm import ShmReader, ShmWriter, sweep_dead_regions
 
     stage = config.codec

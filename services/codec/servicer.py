@@ -3,7 +3,7 @@
 Moves messages between the gateway, the talker and the codec engine's queues (``CodecWorker``, or
 ``DuplexCodecWorker`` for a duplex family); the state of one call lives in ``CodecStream`` (text to speech)
 or ``DuplexCodecStream``. The Stream handler, the stream registry and the common Status fields are
-``voxstage.stage_servicer.StageServicer``'s.
+``voxstage.stage.servicer.StageServicer``'s.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from voxstage.codec.upstream import TalkerPool
 from voxstage.codec.worker import CodecSnapshot, CodecWorker
 from voxstage.config import ChunkPlan, ConnectorExtra
 from voxstage.internal.v1 import stage_pb2, stage_pb2_grpc
-from voxstage.stage_servicer import StageServicer
+from voxstage.stage.servicer import StageServicer
 from voxstage.transport.shm import ShmWriter
 
 SERVICE_NAME = "voxstage.internal.v1.Codec"

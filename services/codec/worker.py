@@ -16,7 +16,7 @@ import numpy as np
 
 from voxstage.codec.engine import CodecAdmissionError, CodecEngine, CodecOutput
 from voxstage.codec.models import CodecRuntime
-from voxstage.stage_worker import StageWorker
+from voxstage.stage.worker import StageWorker
 
 log = logging.getLogger(__name__)
 

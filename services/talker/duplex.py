@@ -1,7 +1,7 @@
 """Duplex talker engine: every live session steps one frame per tick, all sessions in one batched step.
 
 Model-agnostic; a family plugs in through ``DuplexAdapter`` (PersonaPlex: ``models/personaplex/adapter.py``).
-Owned by one thread (``voxstage.engine_loop``); imports no gRPC.
+Owned by one thread (``voxstage.stage.engine_loop``); imports no gRPC.
 
 A session joins with a prompt (voice, persona) that is **prefilled** in chunks under the per-tick token
 budget, interleaved with the live sessions' steps, so a join never stalls the others for more than one

@@ -20,8 +20,8 @@ import numpy as np
 
 from voxstage import wire
 from voxstage.internal.v1 import stage_pb2
+from voxstage.stage.stream import StageStream
 from voxstage.stage_errors import StageFailure
-from voxstage.stage_stream import StageStream
 from voxstage.talker.duplex import DuplexOutput, Finish
 from voxstage.talker.duplex_worker import DuplexWorker, SessionSnapshot
 from voxstage.talker.request_params import request_params

@@ -16,8 +16,8 @@ from typing import Protocol
 
 import numpy as np
 
+from voxstage.stage.worker import StageWorker
 from voxstage.stage_errors import StageFailure
-from voxstage.stage_worker import StageWorker
 from voxstage.talker.duplex import DuplexAdmissionError, DuplexEngine, DuplexOutput, DuplexRequest
 from voxstage.talker.models import TalkerInfo
 from voxstage.talker.worker import MAX_SEED, RequestParams, TalkerDefaults, apply_overrides

@@ -1,7 +1,7 @@
 """Talker engine: fixed slots, continuous batching, chunked prefill and one frame step per tick.
 
 Model-agnostic; a family plugs in through ``TalkerAdapter`` (``adapter.py``). The engine is owned by one
-thread (``voxstage.engine_loop``) and never touches gRPC.
+thread (``voxstage.stage.engine_loop``) and never touches gRPC.
 
 Slots are kept **packed**: slots ``[0, n_used)`` are in use, so a tick's decode runs over a contiguous
 prefix of the KV pool (views, no gathers) and one CUDA graph per (batch bucket, context bucket) covers

@@ -10,7 +10,7 @@ import argparse
 import logging
 from typing import Any
 
-from voxstage.stage_process import StageParts, StageStartError, register_stage, stage_parts
+from voxstage.stage.process import StageParts, StageStartError, register_stage, stage_parts
 
 log = logging.getLogger(__name__)
 DEFAULT_PORT = 50061
@@ -35,7 +35,7 @@ def build(args: argparse.Namespace) -> StageParts:
 
     from voxstage.internal.v1 import stage_pb2_grpc
     from voxstage.server import ServiceBinding
-    from voxstage.stage_process import device_budget, load_stage_setup
+    from voxstage.stage.process import device_budget, load_stage_setup
     from voxstage.talker.engine import EngineConfig, TalkerEngine
     from voxstage.talker.models import load_talker
     from voxstage.talker.servicer import SERVICE_NAME, TalkerServicer
@@ -127,7 +127,7 @@ def _build_duplex(config: Any, device: str, adapter: Any, info: Any) -> StagePar
     """A duplex family's talker: sessions over the ring-KV pool, one batched frame step per tick."""
     from voxstage.internal.v1 import stage_pb2_grpc
     from voxstage.server import ServiceBinding
-    from voxstage.stage_process import device_budget
+    from voxstage.stage.process import device_budget
     from voxstage.talker.duplex import DuplexConfig, DuplexEngine
     from voxstage.talker.duplex_worker import DuplexWorker
     from voxstage.talker.servicer import SERVICE_NAME, TalkerServicer

@@ -2,7 +2,7 @@
 
 The servicer only moves messages between the wire and the engine's queues (``TalkerWorker``); the protocol
 state of one call lives in ``TalkerStream``. The Stream handler, the stream registry and the common Status
-fields are ``voxstage.stage_servicer.StageServicer``'s.
+fields are ``voxstage.stage.servicer.StageServicer``'s.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import grpc
 
 from voxstage.config import ChunkPlan
 from voxstage.internal.v1 import stage_pb2, stage_pb2_grpc
-from voxstage.stage_servicer import StageServicer
+from voxstage.stage.servicer import StageServicer
 from voxstage.talker.duplex_stream import DuplexTalkerStream
 from voxstage.talker.duplex_worker import DuplexWorker
 from voxstage.talker.stream import TalkerStream

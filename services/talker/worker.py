@@ -1,8 +1,8 @@
 """The talker engine on its own thread, and the bridge between it and the event loop.
 
 The servicer (gRPC, no torch) talks to ``TalkerWorker`` only: it builds requests from family-neutral
-``RequestParams``, posts engine commands to the engine thread (``voxstage.engine_loop.EngineThread``) and
-receives each tick's ``TalkerOutput`` on the event loop through a per-request ``OutputListener``. Engine
+``RequestParams``, posts engine commands to the engine thread (``voxstage.stage.engine_loop.EngineThread``)
+and receives each tick's ``TalkerOutput`` on the event loop through a per-request ``OutputListener``. Engine
 exceptions come back as ``StageFailure`` with the status the protocol assigns (docs/protocol.md §7).
 """
 
@@ -21,8 +21,8 @@ from voxstage import limits
 from voxstage.config import SamplingParams as DeploySampling
 from voxstage.config import SegmentsConfig, StageConfig
 from voxstage.segments import FrameCap
+from voxstage.stage.worker import StageWorker
 from voxstage.stage_errors import StageFailure
-from voxstage.stage_worker import StageWorker
 from voxstage.talker.engine import AdmissionError, RequestTooLarge, TalkerEngine, TalkerOutput, TalkerRequest
 from voxstage.talker.models import TalkerInfo
 from voxstage.talker.sampling import SamplingParams

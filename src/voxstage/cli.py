@@ -17,6 +17,7 @@ from voxstage.client.talk import add_talk
 from voxstage.codec.main import register as add_codec
 from voxstage.config import ConfigError
 from voxstage.config.cli_args import add_deploy_options, load_from_args
+from voxstage.config.describe import describe, summary
 from voxstage.demo import register as add_demo
 from voxstage.gateway.cli import add_gateway
 from voxstage.serve import register as add_serve
@@ -39,11 +40,11 @@ def _validate_config(args: argparse.Namespace) -> int:
             for issue in exc.issues:
                 print(issue, file=sys.stderr)
             continue
-        print(f"{config.source}: OK: {config.summary()}")
+        print(f"{config.source}: OK: {summary(config)}")
         for warning in config.warnings:
             print(warning, file=sys.stderr)
         if args.describe:
-            print(config.describe())
+            print(describe(config))
     return EXIT_INVALID if failed else 0
 
 

@@ -13,7 +13,7 @@ import yaml
 
 from tests.integration.stagekit import start_stage
 from voxstage.cli import build_parser
-from voxstage.stage_process import DEFAULT_HOST
+from voxstage.stage.process import DEFAULT_HOST
 
 REPO = Path(__file__).resolve().parents[2]
 

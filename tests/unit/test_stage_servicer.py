@@ -10,11 +10,11 @@ from typing import Any
 
 import pytest
 
-from voxstage import stage_servicer
 from voxstage.config import ChunkPlan
 from voxstage.internal.v1 import stage_pb2
-from voxstage.stage_servicer import StageServicer
-from voxstage.stage_stream import StageStream
+from voxstage.stage import servicer as stage_servicer
+from voxstage.stage.servicer import StageServicer
+from voxstage.stage.stream import StageStream
 
 
 class _Stream(StageStream):

@@ -9,13 +9,46 @@ from __future__ import annotations
 
 import re
 from collections import defaultdict
-from typing import TYPE_CHECKING
+from collections.abc import Mapping, Sequence
+from typing import Protocol
 
+from voxstage.config.connector import ConnectorConfig
+from voxstage.config.duplex import DuplexSessionConfig
 from voxstage.config.errors import Issue
+from voxstage.config.gateway import GatewayConfig
 from voxstage.config.stage import CODEC_STAGE_ID, ROLE_BY_STAGE_ID, TALKER_STAGE_ID, StageConfig
 
-if TYPE_CHECKING:
-    from voxstage.config.deploy import DeployConfig
+
+class DeployView(Protocol):
+    """What the checks read of a deploy config; ``DeployConfig`` satisfies it structurally.
+
+    A protocol rather than ``DeployConfig`` itself because deploy.py calls these checks from its validator:
+    naming the class here would make the two modules import each other. Members are read-only properties
+    so that pydantic fields and ``DeployConfig``'s own properties both match, and the collection types are
+    the read-only ``Mapping``/``Sequence`` because the checks never mutate the config.
+    """
+
+    @property
+    def pipeline(self) -> str | None: ...
+    @property
+    def async_chunk(self) -> bool: ...
+    @property
+    def enable_chunked_prefill(self) -> bool: ...
+    @property
+    def session_mode(self) -> str: ...
+    @property
+    def duplex_session(self) -> DuplexSessionConfig | None: ...
+    @property
+    def connectors(self) -> Mapping[str, ConnectorConfig]: ...
+    @property
+    def stages(self) -> Sequence[StageConfig]: ...
+    @property
+    def gateway(self) -> GatewayConfig: ...
+    @property
+    def stream_connector_name(self) -> str | None: ...
+    @property
+    def duplex_max_sessions(self) -> int | None: ...
+
 
 _EDGE_KEY = {
     "output_connectors": re.compile(r"^to_stage_(\d+)$"),
@@ -34,14 +67,14 @@ def _warning(loc: tuple[str | int, ...], message: str) -> Issue:
     return Issue(loc=loc, message=message, severity="warning")
 
 
-def _index_of(cfg: DeployConfig, stage_id: int) -> int | None:
+def _index_of(cfg: DeployView, stage_id: int) -> int | None:
     for i, stage in enumerate(cfg.stages):
         if stage.stage_id == stage_id:
             return i
     return None
 
 
-def check_stage_ids(cfg: DeployConfig) -> list[Issue]:
+def check_stage_ids(cfg: DeployView) -> list[Issue]:
     out: list[Issue] = []
     first: dict[int, int] = {}
     for i, stage in enumerate(cfg.stages):
@@ -69,7 +102,7 @@ def check_stage_ids(cfg: DeployConfig) -> list[Issue]:
     return out
 
 
-def check_edges(cfg: DeployConfig) -> list[Issue]:
+def check_edges(cfg: DeployView) -> list[Issue]:
     """Each edge names an existing stage and connector, goes talker -> codec, and both ends agree."""
     out: list[Issue] = []
     ids = {stage.stage_id for stage in cfg.stages}
@@ -143,7 +176,7 @@ def check_edges(cfg: DeployConfig) -> list[Issue]:
     return out
 
 
-def check_devices(cfg: DeployConfig, *, platform: str | None = None) -> list[Issue]:
+def check_devices(cfg: DeployView, *, platform: str | None = None) -> list[Issue]:
     out: list[Issue] = []
     # Every replica is its own process with its own budget: a GPU's sum counts each replica on it.
     users: dict[int, list[tuple[int, StageConfig]]] = defaultdict(list)
@@ -181,7 +214,7 @@ def check_devices(cfg: DeployConfig, *, platform: str | None = None) -> list[Iss
     return out
 
 
-def check_stage_settings(cfg: DeployConfig) -> list[Issue]:
+def check_stage_settings(cfg: DeployView) -> list[Issue]:
     out: list[Issue] = []
     for i, stage in enumerate(cfg.stages):
         if stage.stage_id == TALKER_STAGE_ID:
@@ -242,7 +275,7 @@ def check_stage_settings(cfg: DeployConfig) -> list[Issue]:
     return out
 
 
-def check_session(cfg: DeployConfig) -> list[Issue]:
+def check_session(cfg: DeployView) -> list[Issue]:
     out: list[Issue] = []
     gw = cfg.gateway
     if cfg.session_mode != "duplex":
@@ -301,7 +334,7 @@ def check_session(cfg: DeployConfig) -> list[Issue]:
     return out
 
 
-def check_concurrency(cfg: DeployConfig) -> list[Issue]:
+def check_concurrency(cfg: DeployView) -> list[Issue]:
     """Each request holds one talker slot and one codec stream, so the smaller pool caps the deploy."""
     talker_index, codec_index = _index_of(cfg, TALKER_STAGE_ID), _index_of(cfg, CODEC_STAGE_ID)
     if talker_index is None or codec_index is None:
@@ -318,7 +351,7 @@ def check_concurrency(cfg: DeployConfig) -> list[Issue]:
     ]
 
 
-def check_stream(cfg: DeployConfig) -> list[Issue]:
+def check_stream(cfg: DeployView) -> list[Issue]:
     """No-op warnings for the talker -> codec stream's chunk and codec keys."""
     out: list[Issue] = []
     name = cfg.stream_connector_name
@@ -353,7 +386,7 @@ def check_stream(cfg: DeployConfig) -> list[Issue]:
     return out
 
 
-def check_deploy(cfg: DeployConfig, *, platform: str | None = None) -> list[Issue]:
+def check_deploy(cfg: DeployView, *, platform: str | None = None) -> list[Issue]:
     """Every cross-key error and warning of ``cfg`` (locations relative to the file's top level);
     ``platform`` is the one being loaded (None when unknown: checked as for a GPU)."""
     return [

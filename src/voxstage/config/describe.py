@@ -1,13 +1,16 @@
-"""Human-readable renderings of an effective deploy config: a one-line summary and a full description."""
+"""Human-readable renderings of an effective deploy config: a one-line summary and a full description.
+
+Functions over ``DeployConfig`` rather than its methods, so the dependency runs one way (describe -> deploy)
+and the model module stays free of presentation code. ``voxstage validate-config`` prints both.
+"""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import yaml
 
-if TYPE_CHECKING:
-    from voxstage.config.deploy import DeployConfig
+from voxstage.config.deploy import DeployConfig
 
 
 def _seconds(value: float) -> float:

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from voxstage.config import DeployConfig, StageRole, load_deploy_config
+from voxstage.config.describe import describe, summary
 
 REPO = Path(__file__).resolve().parents[3]
 SEEDS = REPO.parent / "shared" / "seeds"
@@ -89,9 +90,9 @@ def test_personaplex_values() -> None:
 
 
 def test_describe_renders_effective_values() -> None:
-    text = _load("qwen3_tts", "npu").describe()
+    text = describe(_load("qwen3_tts", "npu"))
     assert "platforms.npu applied" in text
     assert "first_chunk_timeout_s: 30.0" in text and "stall_timeout_s: 3.0" in text
     assert "role: talker" in text and "role: codec" in text
-    summary = _load("personaplex").summary()
-    assert "\n" not in summary and "duplex, up to 2 sessions" in summary
+    line = summary(_load("personaplex"))
+    assert "\n" not in line and "duplex, up to 2 sessions" in line

@@ -12,7 +12,7 @@ import asyncio
 from collections.abc import Callable
 from typing import ClassVar, Generic, Protocol, TypeVar
 
-from voxstage.engine_loop import EngineThread, Steppable
+from voxstage.stage.engine_loop import EngineThread, Steppable
 from voxstage.stage_errors import StageFailure
 
 T = TypeVar("T")

@@ -19,7 +19,7 @@ import grpc
 
 from voxstage.config import ChunkPlan
 from voxstage.internal.v1 import stage_pb2
-from voxstage.stage_stream import StageStream
+from voxstage.stage.stream import StageStream
 from voxstage.transport.host import local_hello
 from voxstage.transport.payload import hello_to_proto
 from voxstage.transport.shm import ShmWriter
@@ -36,7 +36,7 @@ class StageServicer(Generic[S]):
     def __init__(
         self, worker: Any, *, plan: ChunkPlan, shm_writer: ShmWriter | None, identity: Mapping[str, Any]
     ) -> None:
-        self.worker = worker  # the stage's TalkerWorker / CodecWorker (a voxstage.stage_worker.StageWorker)
+        self.worker = worker  # the stage's TalkerWorker / CodecWorker (a voxstage.stage.worker.StageWorker)
         self.plan = plan
         self.shm_writer = shm_writer
         self.identity = dict(identity)  # StageStatus fields fixed by the loaded model (model, family, ...)

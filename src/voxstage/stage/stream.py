@@ -13,7 +13,7 @@ import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator, Mapping
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from voxstage import wire
 from voxstage.internal.v1 import stage_pb2
@@ -23,8 +23,18 @@ from voxstage.transport.host import local_hello, verify_peer
 from voxstage.transport.payload import hello_from_proto, hello_to_proto
 
 if TYPE_CHECKING:
-    from voxstage.stage_servicer import StageServicer
     from voxstage.transport.shm import ShmWriter
+
+
+class ServingState(Protocol):
+    """What an ``open`` checks of its stage (a ``StageServicer``; typed here so this module, which the
+    servicer imports, does not import it back)."""
+
+    @property
+    def ready(self) -> bool: ...
+
+    @property
+    def draining(self) -> bool: ...
 
 
 class StageStream:
@@ -122,7 +132,7 @@ class StageStream:
     def _admit(
         self,
         op: stage_pb2.StreamOpen,
-        srv: StageServicer[Any],
+        srv: ServingState,
         *,
         model: str,
         family: str,

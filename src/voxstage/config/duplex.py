@@ -1,0 +1,20 @@
+"""``duplex_session``: full-duplex session limits (read only with ``session_mode: duplex``).
+
+Its own module, like every section the cross-key checks read, so ``checks.py`` can name its type without
+importing ``deploy.py`` (which imports the checks).
+"""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from voxstage.config.base import StrictModel
+
+
+class DuplexSessionConfig(StrictModel):
+    """Full-duplex sessions (``session_mode: duplex`` only): the gateway's admission cap and the codec's
+    per-session jitter buffer."""
+
+    max_sessions: int = Field(default=1, ge=1)
+    # User audio the codec buffers per session ahead of its 80 ms ticks (and grants the gateway as credit).
+    jitter_buffer_s: float = Field(default=1.0, ge=0.08, le=10.0)

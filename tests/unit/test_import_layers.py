@@ -1,0 +1,98 @@
+"""The house's import rules, read from the source: the talker and the codec import nothing of each other, the
+gateway imports neither, the shared stage runtime (``voxstage.stage``) imports no stage, and the modules of
+the runtime and of ``voxstage.config`` import each other one way.
+
+Every import in a file counts, also one inside a function or an ``if TYPE_CHECKING`` block: it never runs at
+import time, yet it ties the modules together (a later edit turns it into a runtime loop, and type checkers
+follow it).
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from graphlib import CycleError, TopologicalSorter
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+# Where each import namespace lives on disk (setup.py's map).
+HOMES = {
+    "voxstage.talker": ROOT / "services" / "talker",
+    "voxstage.codec": ROOT / "services" / "codec",
+    "voxstage.gateway": ROOT / "gateway",
+    "voxstage.stage": ROOT / "src" / "voxstage" / "stage",
+    "voxstage.config": ROOT / "src" / "voxstage" / "config",
+}
+
+
+def imported_modules(path: Path) -> Iterator[str]:
+    """Every absolute module name ``path`` imports, anywhere in its text (``from a import b`` gives ``a.b``
+    too, since ``b`` may be a submodule)."""
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.ImportFrom) and node.module is not None and node.level == 0:
+            yield node.module
+            yield from (f"{node.module}.{alias.name}" for alias in node.names)
+        elif isinstance(node, ast.Import):
+            yield from (alias.name for alias in node.names)
+
+
+def _within(name: str, namespace: str) -> bool:
+    return name == namespace or name.startswith(namespace + ".")
+
+
+@pytest.mark.parametrize(
+    "importer,forbidden",
+    [
+        ("voxstage.talker", ("voxstage.codec", "voxstage.gateway")),
+        ("voxstage.codec", ("voxstage.talker", "voxstage.gateway")),
+        ("voxstage.gateway", ("voxstage.talker", "voxstage.codec", "voxstage.stage")),
+        ("voxstage.stage", ("voxstage.talker", "voxstage.codec", "voxstage.gateway")),
+    ],
+)
+def test_namespace_does_not_import(importer: str, forbidden: tuple[str, ...]) -> None:
+    files = sorted(HOMES[importer].rglob("*.py"))
+    assert files, importer
+    found = {
+        f"{path.relative_to(ROOT)} imports {name}"
+        for path in files
+        for name in imported_modules(path)
+        if any(_within(name, f) for f in forbidden)
+    }
+    assert not found, sorted(found)
+
+
+def submodule_graph(package: str) -> dict[str, set[str]]:
+    """Which of ``package``'s modules each one imports; a name taken from the package itself (``from
+    voxstage.config import DeployConfig``) is an import of its ``__init__``."""
+    folder = HOMES[package]
+    modules = {path.stem for path in folder.glob("*.py")}
+
+    def submodule(name: str) -> str | None:
+        if not name.startswith(package + "."):
+            return None
+        head = name[len(package) + 1 :].split(".")[0]
+        return head if head in modules else "__init__"
+
+    return {
+        path.stem: {m for name in imported_modules(path) if (m := submodule(name)) and m != path.stem}
+        for path in folder.glob("*.py")
+    }
+
+
+@pytest.mark.parametrize("package", ["voxstage.stage", "voxstage.config"])
+def test_package_modules_import_each_other_without_loops(package: str) -> None:
+    try:
+        tuple(TopologicalSorter(submodule_graph(package)).static_order())
+    except CycleError as exc:
+        raise AssertionError(f"import loop in {package}: {' -> '.join(exc.args[1])}") from exc
+
+
+def test_the_loops_once_untied_stay_untied() -> None:
+    stage, config = submodule_graph("voxstage.stage"), submodule_graph("voxstage.config")
+    assert "stream" in stage["servicer"] and "servicer" not in stage["stream"]
+    # deploy.py runs the checks from its validator (checks.py types against a protocol, not DeployConfig), and
+    # describe.py renders a DeployConfig (deploy.py has no rendering methods).
+    assert "checks" in config["deploy"] and "deploy" not in config["checks"]
+    assert "deploy" in config["describe"] and "describe" not in config["deploy"]
