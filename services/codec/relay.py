@@ -68,6 +68,7 @@ class TalkerRelay:
         self._stall: asyncio.TimerHandle | None = None
 
     async def open(self, msg: S.StreamOpen) -> S.StreamOpened:
+        self.peer = self.pool.current(self.peer)
         hello = await self.pool.hello(self.peer)
         verified = verify_peer(hello)
         self.shm_ok, self.probe = bool(verified), hello.probe_region
@@ -82,6 +83,10 @@ class TalkerRelay:
             )
         )
         self.outstanding = msg.initial_credit.amount
+        # The hello may have waited: if another stream to this talker broke meanwhile, its channel is closed.
+        # UNAVAILABLE (not the closed channel's usage error) lets the gateway retry on another talker.
+        if self.pool.current(self.peer) is not self.peer:
+            raise StageFailure("UNAVAILABLE", f"talker {self.address}: its channel broke while opening")
         self.call = self.peer.stub.Stream(timeout=self.timeout)
         self.queue.put_nowait(S.TalkerStreamRequest(open=msg))
         self.tasks = [asyncio.ensure_future(self._write()), asyncio.ensure_future(self._read())]

@@ -120,6 +120,13 @@ class TalkerPool:
             self._peers[address] = peer
         return peer
 
+    def current(self, peer: TalkerPeer) -> TalkerPeer:
+        """``peer`` while it is still this address's channel, else the one that replaced it (a fresh dial).
+        A request takes its peer before it awaits anything; meanwhile another stream to the same talker may
+        break and drop (close) that shared channel, and a call on a closed channel is a usage error, not the
+        UNAVAILABLE that lets the gateway try another talker."""
+        return peer if self._peers.get(peer.address) is peer else self.peer(peer.address)
+
     async def hello(self, peer: TalkerPeer) -> Hello:
         """The talker's transport hello (from Talker.Status), cached for the channel's lifetime."""
         async with peer._lock:
@@ -132,6 +139,9 @@ class TalkerPool:
                         "UNAVAILABLE",
                         f"talker {peer.address} is unreachable: {exc.code().name}: {exc.details()}",
                     ) from exc
+                except grpc.aio.UsageError as exc:  # dropped while this waited for the lock (see ``current``)
+                    message = f"talker {peer.address}: its channel broke (another stream to it failed)"
+                    raise StageFailure("UNAVAILABLE", message) from exc
                 if not reply.status.ready:
                     raise StageFailure(
                         "UNAVAILABLE", f"talker {peer.address} is not ready (warming up or draining)"
