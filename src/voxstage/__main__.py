@@ -3,6 +3,8 @@
 import sys
 
 from voxstage.cli import main
+from voxstage.lifetime import die_with_launcher
 
 if __name__ == "__main__":
+    die_with_launcher()  # a stage of ``voxstage serve``: stop with the launcher (voxstage.lifetime)
     sys.exit(main())

@@ -16,8 +16,6 @@ naming it. SIGTERM/SIGINT drain the gateway first, then the codec, then the talk
 from __future__ import annotations
 
 import argparse
-import contextlib
-import ctypes
 import logging
 import os
 import signal
@@ -32,6 +30,7 @@ from typing import Any
 from voxstage.config import ConfigError
 from voxstage.config.cli_args import add_deploy_options, load_from_args
 from voxstage.health_probe import check, check_https
+from voxstage.lifetime import child_env
 from voxstage.placement import place
 from voxstage.stage_tls import LinkTls, LinkTlsError, add_link_options, launch_link
 from voxstage.transport.shm_reader import sweep_dead_regions
@@ -40,7 +39,6 @@ log = logging.getLogger("voxstage.serve")
 EXIT_INVALID = 2
 EXIT_STAGE_FAILED = 1
 POLL_S = 0.2
-_PR_SET_PDEATHSIG = 1
 
 
 def register(subparsers: Any) -> None:
@@ -246,20 +244,16 @@ def _metrics(flags: list[str], port: int | None) -> list[str]:
     return flags if port is None else [*flags, "--metrics-port", str(port)]
 
 
-def _die_with_parent() -> None:
-    # A launcher killed with SIGKILL cannot forward anything; the kernel then stops its children for it.
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-
-
 def _spawn(name: str, flags: Sequence[str], visible: str | None) -> subprocess.Popen[bytes]:
-    env = dict(os.environ)
+    # A launcher killed with SIGKILL cannot forward anything; the kernel then stops its children for it
+    # (armed by the child itself: voxstage.lifetime says why not in a preexec_fn).
+    env = child_env(os.environ)
     if visible is not None:
         env["CUDA_VISIBLE_DEVICES"] = visible
     role = name.partition("-")[0]  # a replica's name is its role plus its index (talker-1)
     cmd = [sys.executable, "-m", "voxstage", role, *flags]
     log.info("starting %s: %s", name, " ".join(cmd))
-    return subprocess.Popen(cmd, env=env, start_new_session=True, preexec_fn=_die_with_parent)  # noqa: S603
+    return subprocess.Popen(cmd, env=env, start_new_session=True)  # noqa: S603
 
 
 def _start(

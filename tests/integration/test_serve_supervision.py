@@ -39,6 +39,14 @@ def stage_pids(launcher: int) -> dict[str, int]:
     return pids
 
 
+def running(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
+    except (FileNotFoundError, IndexError):
+        return False
+    return state != "Z"
+
+
 def shm_files_of(pid: int) -> list[str]:
     return [n for n in os.listdir("/dev/shm") if n.startswith(f"voxstage-{pid}-")]
 
@@ -122,3 +130,28 @@ def test_a_stage_past_its_restart_budget_stops_everything(cache: Path, tmp_path:
     assert "talker stage died again after 0 restart(s) within 300 s (--restart-budget 0)" in text, text
     assert "codec stage exited with code 0" in text, text  # the survivor was drained, not killed
     assert not Path(f"/proc/{pids['codec']}").exists()
+
+
+def test_the_stages_stop_when_the_launcher_is_killed(cache: Path, tmp_path: Path) -> None:  # noqa: F811
+    """SIGKILL leaves the launcher no chance to forward anything: the kernel's parent-death signal, which
+    each stage arms itself (``voxstage.lifetime``), must stop them."""
+    log = tmp_path / "serve-killed.log"
+    proc = serve(cache, log, "--no-gateway")
+    try:
+        wait_until(proc, log, lambda: "all stages SERVING" in log.read_text(), 90)
+        pids = stage_pids(proc.pid)
+        assert set(pids) == {"talker", "codec"}, (pids, log.read_text())
+    finally:
+        proc.kill()
+        proc.wait()
+
+    def alive() -> list[int]:  # a zombie (exited, not yet reaped by its new parent) counts as stopped
+        return [p for p in pids.values() if running(p)]
+
+    deadline = time.monotonic() + 30
+    while alive() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    left = alive()
+    for pid in left:  # do not leave them to the rest of the suite
+        os.kill(pid, signal.SIGKILL)
+    assert not left, f"stages {left} outlived a SIGKILLed launcher"
