@@ -155,7 +155,7 @@ class CodecEngine:
             raise ValueError(f"left_context must be >= 0, got {left_context}")
         self.left_context = left_context
         self.async_scheduling = async_scheduling
-        self.early_handout = True  # on evidence (module docstring); bench/codec_schedule.py switches it
+        self.early_handout = False  # off on evidence (module docstring); bench/codec_schedule.py switches it
         self.policy = policy or TickPolicy()
         self.clock: Callable[[], float] = time.perf_counter  # playback deadlines; tests put their own here
         self._inflight: list[Launched] = []
@@ -266,8 +266,7 @@ class CodecEngine:
             )
             self._release(self._streams.pop(stream.stream_id))
         work = [(s, n) for s in idle if s.stream_id in self._streams and (n := self._ready_frames(s))]
-        queued = sum(group.frames() for group in self._inflight)  # launched by earlier steps, still running
-        work = self.policy.pick(work, self.clock(), self.sample_rate, self._cost, queued)
+        work = self.policy.pick(work, self.clock(), self.sample_rate, lambda s, n: n + self._context(s))
         if not work and not launched:
             return outputs
         # One decode per frame bucket: a single batch padded to its longest chunk would make hundreds of
@@ -353,9 +352,6 @@ class CodecEngine:
                 stream.sample_offset += pcm.size
             if final:
                 self._release(self._streams.pop(stream.stream_id))
-
-    def _cost(self, s: StreamState, n: int) -> int:
-        return n + self._context(s)
 
     def _context(self, s: StreamState) -> int:
         """Frames decoded again in front of ``s``'s next chunk (overlap+crop only)."""

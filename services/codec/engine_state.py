@@ -46,10 +46,6 @@ class Launched:
     pcm: torch.Tensor  # [b_real, samples] float32
     event: torch.cuda.Event | None
 
-    def frames(self) -> int:
-        """Frames this decode runs (overlap context included): what it holds the device for."""
-        return sum(n for _, n in self.work) + sum(self.contexts)
-
     def done(self) -> bool:
         """Whether the audio is on the host (never blocks)."""
         return self.event is None or self.event.query()

@@ -9,10 +9,9 @@ A stream's playback deadline is when a player that started at its first audio, w
 the first audio's hand-out time plus the audio handed out since. A stream with no audio out yet is due when
 it opened (first audio as early as possible, oldest first). A tick takes the ready chunks in deadline order:
 each one whose slack (deadline - now) is under ``slack_s`` goes whatever it costs; the others go only while
-the frames queued on the device (this tick's, and earlier ticks' not yet collected) stay within
-``frame_budget``. The rest wait for a later tick. So an urgent decode never queues behind more than
-``frame_budget`` frames of work that could have waited, and nothing waits once its slack is under
-``slack_s``: under overload the rule falls back to decoding everything at once, as ``fifo`` does.
+the tick's frames stay within ``frame_budget``. The rest wait for a later tick, which comes as soon as this
+one's decodes are collected. Nothing waits once its slack is under ``slack_s``, so under overload the rule
+falls back to decoding everything at once, as ``fifo`` does.
 """
 
 from __future__ import annotations
@@ -36,7 +35,7 @@ def deadline(stream: StreamState, sample_rate: int) -> float:
 @dataclass(frozen=True)
 class TickPolicy:
     mode: Literal["deadline", "fifo"] = "deadline"
-    frame_budget: int = 200  # frames (context included) on the device at once for chunks that have slack
+    frame_budget: int = 400  # frames (context included) per tick for chunks that have slack
     slack_s: float = 0.25  # a chunk with less slack than this is never deferred
 
     def __post_init__(self) -> None:
@@ -48,19 +47,13 @@ class TickPolicy:
             raise ValueError(f"slack_s must be > 0, got {self.slack_s}")
 
     def pick(
-        self,
-        work: Work,
-        now: float,
-        sample_rate: int,
-        frames: Callable[[StreamState, int], int],
-        queued: int = 0,
+        self, work: Work, now: float, sample_rate: int, frames: Callable[[StreamState, int], int]
     ) -> Work:
-        """The part of ``work`` to decode this tick, most urgent first. ``frames`` is what a chunk costs;
-        ``queued`` is what earlier ticks launched that is not collected yet (still ahead on the device)."""
+        """The part of ``work`` to decode this tick, most urgent first; ``frames`` is what a chunk costs."""
         if self.mode == "fifo":
             return work
         chosen: Work = []
-        used = queued
+        used = 0
         for stream, n in sorted(work, key=lambda item: deadline(item[0], sample_rate)):
             cost = frames(stream, n)
             urgent = deadline(stream, sample_rate) - now < self.slack_s

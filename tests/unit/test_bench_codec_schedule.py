@@ -29,8 +29,8 @@ def test_codec_schedule_writes_every_arm(
     assert report["config"]["chunks"] == [1, 25] and report["torch"] and report["date"]
     got = [(r["arm"], r["policy"], r["early_handout"], r["tick_frames"]) for r in report["arms"]]
     assert got == [
-        ("fifo/on", "fifo", True, 200), ("fifo/off", "fifo", False, 200),
-        ("deadline/off", "deadline", False, 200), ("deadline/on", "deadline", True, 200),
+        ("fifo/on", "fifo", True, 400), ("fifo/off", "fifo", False, 400),
+        ("deadline/off", "deadline", False, 400), ("deadline/on", "deadline", True, 400),
     ]  # fmt: skip
     for r in report["arms"]:
         # 3 streams of 8 frames at 10 ms end in well under a second: many streams start in 2 s.

@@ -44,7 +44,7 @@ class ConnectorExtra(StrictModel):
     # earliest playback deadline first with chunks that have slack spread over ticks, or "fifo", every ready
     # chunk at once. The two numbers apply to "deadline" only.
     codec_schedule: Literal["deadline", "fifo"] = "deadline"
-    codec_tick_frames: int = Field(default=200, ge=1)
+    codec_tick_frames: int = Field(default=400, ge=1)
     codec_deadline_slack_ms: float = Field(default=250.0, gt=0.0)
     audio8_tts_codec_dtype: CodecDType | None = None
 

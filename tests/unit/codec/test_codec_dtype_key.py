@@ -38,7 +38,7 @@ def test_build_engine_takes_the_tick_policy_from_the_deploy_file(
     seed = SEED.with_name("qwen3_tts.yaml")
     extra = "connectors.connector_of_shared_memory.extra."
     runtime = load_codec(resolve_model("qwen3-tts-tiny"), max_streams=10)  # the seed's codec max_num_seqs
-    assert build_engine(load_deploy_config(seed), runtime, "cpu").policy == TickPolicy("deadline", 200, 0.25)
+    assert build_engine(load_deploy_config(seed), runtime, "cpu").policy == TickPolicy("deadline", 400, 0.25)
     tuned = load_deploy_config(
         seed, overrides=[f"{extra}codec_tick_frames=100", f"{extra}codec_deadline_slack_ms=50"]
     )

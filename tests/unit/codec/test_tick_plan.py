@@ -60,17 +60,6 @@ def test_chunks_go_in_deadline_order_and_slack_rich_ones_wait_past_the_budget() 
     assert picked(policy, work, now=3.8) == ["young", "tight", "rich"]
 
 
-def test_decodes_still_running_count_against_the_budget() -> None:
-    rich = state("rich", first_out=0.0, audio_s=4.0)
-    tight = state("tight", first_out=0.0, audio_s=1.1)
-    policy = TickPolicy("deadline", frame_budget=30)
-    assert picked(policy, [(rich, 25)], now=1.0) == ["rich"]
-    # 10 frames of an earlier tick still on the device: rich would queue 35, so it waits; tight goes anyway.
-    assert [s.stream_id for s, _ in policy.pick([(tight, 1), (rich, 25)], 1.0, SR, frames, queued=10)] == [
-        "tight"
-    ]
-
-
 def test_a_tick_always_decodes_its_most_urgent_chunk() -> None:
     big = state("big", first_out=0.0, audio_s=9.0)
     assert picked(TickPolicy("deadline", frame_budget=10), [(big, 100)], now=0.0) == ["big"]
