@@ -1,26 +1,23 @@
-"""A/B of the codec engine's scheduling levers (issue 14), on their own: tick policy and early hand-out.
+"""A/B of the codec engine's early hand-out (issue 14: measure the codec's early hand-out lever on its own).
 
-Two switches, nothing else differs between arms; an arm is named ``<policy>/<hand-out>``:
-- the tick policy (``engine.policy.mode``, the deploy file's ``codec_schedule``): ``deadline`` takes ready
-  chunks by playback deadline and spreads chunks that have slack over ticks of at most ``codec_tick_frames``
-  frames; ``fifo`` decodes every ready chunk in one tick (``voxstage.codec.tick_plan``);
-- the early hand-out (``engine.early_handout``): in async scheduling, ``CodecEngine.step`` collects the
-  decodes the previous step launched, smallest bucket first, and with it ``on`` stops at the first one still
-  decoding once it has audio in hand.
+In async scheduling, ``CodecEngine.step`` collects the decodes the previous step launched, smallest bucket
+first, and stops at the first one still decoding once it has audio in hand, so a young stream's first chunk
+does not wait for the read-back of a bulk decode of other streams' steady chunks. ``engine.early_handout``
+switches that break off; nothing else differs between the arms.
 
 Engines are built as the codec stage builds them (``voxstage.codec.main.build_engine`` over ``load_codec``,
-the deploy file's chunk schedule, frame buckets, tick policy numbers and ``async_scheduling``; CUDA graphs
-pre-captured by the stage's own warm-up, ``CodecWorker.warm_up``), a fresh one per arm. Workload,
-closed-loop on the wall clock, one thread (what the talker sends): ``--streams`` streams open, started over
-the first second; each gets one random codec frame every ``--frame-interval-ms`` until it has ``--frames``,
-then finishes, and a new (young) stream takes its place. Streams that start within the ``--duration`` s
-after ``--warmup`` are measured (replacements keep the load up until they have all ended). Per stream: first
-audio (first frame pushed to first non-empty PCM), gaps between chunks, and underruns (``bench.playback``: a
-player with no prebuffer from the first audio at 24 kHz runs dry before the next chunk arrives).
+the deploy file's chunk schedule, frame buckets and ``async_scheduling``; CUDA graphs pre-captured by the
+stage's own warm-up, ``CodecWorker.warm_up``), a fresh one per arm. Workload, closed-loop on the wall clock,
+one thread (what the talker sends): ``--streams`` streams open, started over the first second; each gets one
+random codec frame every ``--frame-interval-ms`` until it has ``--frames``, then finishes, and a new (young)
+stream takes its place. Streams that start within the ``--duration`` s after ``--warmup`` are measured
+(replacements keep the load up until they have all ended). Per stream: first audio (first frame pushed to
+first non-empty PCM), gaps between chunks, and underruns (``bench.playback``: a player with no prebuffer
+from the first audio at 24 kHz runs dry before the next chunk arrives).
 
-Usage: ``python -m bench.codec_schedule --out codec_schedule.json`` (GPU, qwen3-tts-0.6b, 64 streams, arms
-``fifo/on,fifo/off,deadline/off,deadline/on``); ``--device cpu --quick`` is a smoke run on the tiny preset
-(eager, same code path). JSON is rewritten after each arm; a table is printed.
+Usage: ``python -m bench.codec_schedule --out codec_schedule.json`` (GPU, qwen3-tts-0.6b, 64 streams);
+``--device cpu --quick`` is a smoke run on the tiny preset (eager, same code path). JSON is rewritten after
+each arm; a table is printed.
 """
 
 from __future__ import annotations
@@ -33,7 +30,7 @@ import json
 import logging
 import platform
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from itertools import pairwise
 from pathlib import Path
 from typing import Any
@@ -92,9 +89,7 @@ def dist(values: list[float]) -> dict[str, float | None]:
 
 
 def run_arm(arm: str, runtime: CodecRuntime, engine: CodecEngine, a: argparse.Namespace) -> dict[str, Any]:
-    mode, handout = arm.split("/")
-    engine.policy = replace(engine.policy, mode=mode)
-    engine.early_handout = handout == "on"
+    engine.early_handout = arm == "on"
     rng = np.random.default_rng(a.seed)  # the same codes in every arm
     sr, dt, n_frames = runtime.sample_rate, a.frame_interval_ms / 1e3, a.frames
     t0 = time.perf_counter()
@@ -152,9 +147,7 @@ def run_arm(arm: str, runtime: CodecRuntime, engine: CodecEngine, a: argparse.Na
     gaps = [1e3 * (tb - ta) for s in measured for (ta, _), (tb, _) in pairwise(s.arrivals)]
     plays = [simulate_playback(s.arrivals, sr) for s in measured]
     return {
-        "arm": arm, "policy": engine.policy.mode, "tick_frames": engine.policy.frame_budget,
-        "slack_ms": 1e3 * engine.policy.slack_s, "early_handout": engine.early_handout,
-        "streams_started": len(measured),
+        "arm": arm, "early_handout": engine.early_handout, "streams_started": len(measured),
         "streams_unfinished": sum(s.sid in live for s in measured),
         "streams_without_audio": sum(not s.arrivals for s in measured),
         "first_audio_ms": dist(first), "chunk_gap_ms": dist(gaps),
@@ -172,7 +165,7 @@ def table(arms: list[dict[str, Any]]) -> str:
     def f(v: float | None) -> str:
         return "-" if v is None else f"{v:.1f}"
 
-    row = "{:<12} {:>7}  {:<34} {:<16} {:>6}  {:>7}  {:>9}  {:>9}".format
+    row = "{:<4} {:>7}  {:<34} {:<16} {:>6}  {:>7}  {:>9}  {:>9}".format
     lines = [row("arm", "streams", "first audio ms p50/p95/p99/max", "gap ms p95/max", "steps", "step ms",
                  "audio-s/s", "underruns")]  # fmt: skip
     for r in arms:
@@ -202,10 +195,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--frame-interval-ms", type=float, default=10.0)
     ap.add_argument("--duration", type=float, default=None, help="measured s per arm (default 20)")
     ap.add_argument("--warmup", type=float, default=None, help="unmeasured s per arm first (default 3)")
-    ap.add_argument(
-        "--arms", default="fifo/on,fifo/off,deadline/off,deadline/on",
-        help="comma-separated <policy>/<hand-out>: policy deadline|fifo, hand-out on|off",
-    )  # fmt: skip
+    ap.add_argument("--arms", default="on,off")
     ap.add_argument("--seed", type=int, default=0)
     a = ap.parse_args(argv)
     quick = {"streams": 4, "frames": 12, "duration": 2.0, "warmup": 0.5}
@@ -214,9 +204,8 @@ def main(argv: list[str] | None = None) -> int:
         setattr(a, k, v if getattr(a, k) is None else getattr(a, k))
     a.model = a.model or ("qwen3-tts-tiny" if a.device == "cpu" else "qwen3-tts-0.6b")
     arms = a.arms.split(",")
-    known = {f"{p}/{h}" for p in ("deadline", "fifo") for h in ("on", "off")}
-    if not arms or not set(arms) <= known:
-        ap.error(f"--arms takes <policy>/<hand-out> pairs from {sorted(known)}; got {a.arms!r}")
+    if not set(arms) <= {"on", "off"}:
+        ap.error(f"--arms takes on,off; got {a.arms!r}")
     logging.basicConfig(level=logging.WARNING)
     # The codec stage's setup with a slot per stream, in both stages as run_gpu.py's --slots (stage 1: codec).
     a.overrides = [*a.overrides, *(f"stages.{i}.max_num_seqs={a.streams}" for i in (0, 1))]

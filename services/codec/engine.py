@@ -23,13 +23,12 @@ step launched, then launches this tick's and returns without waiting for them, s
 the engine thread hands out audio and takes in frames. Audio reaches its consumer one ``step`` later than in
 the synchronous form (which collects its own launch before returning); the PCM is the same. Either way every
 bucket of a tick is launched before any is read back, its audio copied out through pinned host memory.
-Buckets launch smallest first. Which ready chunks a tick decodes is the ``policy``'s choice
-(``voxstage.codec.tick_plan``): by default the earliest playback deadline first, with chunks that have slack
-spread over ticks so that no young stream's next chunk queues behind one long bulk decode on the device.
-With ``early_handout`` on, an async ``step`` that has audio in hand does not wait for a bucket still decoding:
-it returns and collects that one next time (a stream is not scheduled again while a decode of it is in
-flight). It is off: measured on its own (``bench/codec_schedule.py``, H200) it moves first audio earlier but
-makes streams underrun (docs/benchmarks.md).
+Buckets launch smallest first. With ``early_handout`` on, an async ``step`` that has audio in hand does not
+wait for a bucket still decoding: it returns and collects that one next time (a stream is not scheduled
+again while a decode of it is in flight), so a young stream's first chunk need not wait for a bulk decode of
+other streams' steady chunks. It is off: measured on its own (``bench/codec_schedule.py``, H200, 64 streams)
+it cut the codec's first audio from 38 to 28 ms p50 but 24 of 915 streams then underran, against 0 of 905
+(docs/benchmarks.md).
 
 Overlap+crop (``left_context > 0``, the deploy file's ``codec_decode: overlap_crop``): instead of carrying
 state, each chunk is decoded from a reset slot behind up to ``left_context`` of the stream's earlier frames,
@@ -50,7 +49,6 @@ import torch
 from voxstage import metrics
 from voxstage.chunking import next_boundary, whole_chunks
 from voxstage.codec.engine_state import Launched, StreamState, read_back
-from voxstage.codec.tick_plan import TickPolicy
 
 
 class CodecAdmissionError(RuntimeError):
@@ -134,7 +132,6 @@ class CodecEngine:
         codebook_size: int = 2048,
         left_context: int = 0,
         async_scheduling: bool = False,
-        policy: TickPolicy | None = None,
     ) -> None:
         # Padding rows of a batch bucket need distinct slots of their own: the pool holds 2x max_streams and
         # the upper half is scratch.
@@ -156,8 +153,6 @@ class CodecEngine:
         self.left_context = left_context
         self.async_scheduling = async_scheduling
         self.early_handout = False  # off on evidence (module docstring); bench/codec_schedule.py switches it
-        self.policy = policy or TickPolicy()
-        self.clock: Callable[[], float] = time.perf_counter  # playback deadlines; tests put their own here
         self._inflight: list[Launched] = []
         self._free = list(range(max_streams - 1, -1, -1))
         self._streams: dict[str, StreamState] = {}
@@ -181,7 +176,7 @@ class CodecEngine:
             )
         slot = self._free.pop()
         self.codec.reset(torch.tensor([slot], dtype=torch.int64, device=self.device))
-        stream = StreamState(stream_id, slot, initial, opened_at=self.clock())
+        stream = StreamState(stream_id, slot, initial)
         self._streams[stream_id] = stream
         if prefix is not None and prefix.shape[0]:
             self._check_codes(prefix)
@@ -266,7 +261,6 @@ class CodecEngine:
             )
             self._release(self._streams.pop(stream.stream_id))
         work = [(s, n) for s in idle if s.stream_id in self._streams and (n := self._ready_frames(s))]
-        work = self.policy.pick(work, self.clock(), self.sample_rate, lambda s, n: n + self._context(s))
         if not work and not launched:
             return outputs
         # One decode per frame bucket: a single batch padded to its longest chunk would make hundreds of
@@ -345,8 +339,6 @@ class CodecEngine:
             if seg_end:
                 self._pass_mark(stream)
             final = self._drained(stream)
-            if real and stream.first_out_at is None:
-                stream.first_out_at = self.clock()
             if real or final or seg_end:
                 outputs.append(CodecOutput(stream.stream_id, pcm, stream.sample_offset, final, real, seg_end))
                 stream.sample_offset += pcm.size

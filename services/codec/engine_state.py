@@ -27,7 +27,6 @@ class StreamState:
     ended: bool = False
     in_flight: bool = False  # a launched decode of this stream is not collected yet
     opened_at: float = field(default_factory=time.perf_counter)
-    first_out_at: float | None = None  # when its first audio was handed out: the start of its playback clock
 
     def take(self, n: int) -> np.ndarray:
         buf = np.concatenate(self.pending, axis=0) if len(self.pending) > 1 else self.pending[0]

@@ -117,11 +117,9 @@ def build_engine(config: DeployConfig, runtime: CodecRuntime, device: str) -> Co
     here too). Graphs are captured later, by the worker's warm-up."""
     from voxstage.chunking import chunk_sizes
     from voxstage.codec.engine import ChunkSchedule, CodecEngine
-    from voxstage.codec.tick_plan import TickPolicy
 
     stage = config.codec
     plan = config.chunk_plan
-    extra = config.stream
     left = plan.left_context_frames if plan.overlap_crop else 0
     decode_fn = None
     buckets: tuple[int, ...] = ()
@@ -158,7 +156,6 @@ def build_engine(config: DeployConfig, runtime: CodecRuntime, device: str) -> Co
         codebook_size=runtime.codebook_size,
         left_context=left,
         async_scheduling=stage.async_scheduling,
-        policy=TickPolicy(extra.codec_schedule, extra.codec_tick_frames, extra.codec_deadline_slack_ms / 1e3),
     )
     return engine
 

@@ -1,8 +1,7 @@
-"""CPU smoke test of ``bench/codec_schedule.py`` on the tiny preset: the arms run on the stage's engine and
-write sane records. CPU decodes finish before they return and this load never fills a tick, so the arms
-cannot differ here (the engine tests ``test_without_early_handout_the_async_step_waits_for_the_bulk_decode``
-and ``test_engine_defers_slack_rich_chunks_and_their_audio_is_unchanged`` show the switches work); only
-counts and shapes are checked."""
+"""CPU smoke test of ``bench/codec_schedule.py`` on the tiny preset: both arms run on the stage's engine and
+write sane records. CPU decodes finish before they return, so the arms cannot differ here (the engine test
+``test_without_early_handout_the_async_step_waits_for_the_bulk_decode`` shows the switch works); only counts
+and shapes are checked."""
 
 from __future__ import annotations
 
@@ -16,7 +15,7 @@ from bench import codec_schedule
 pytestmark = pytest.mark.timeout(120)
 
 
-def test_codec_schedule_writes_every_arm(
+def test_codec_schedule_writes_both_arms(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     monkeypatch.setenv("VOXSTAGE_CACHE", str(tmp_path / "cache"))
@@ -27,11 +26,7 @@ def test_codec_schedule_writes_every_arm(
     report = json.loads(out.read_text())
     assert report["config"]["model"] == "qwen3-tts-tiny" and report["config"]["async_scheduling"] is True
     assert report["config"]["chunks"] == [1, 25] and report["torch"] and report["date"]
-    got = [(r["arm"], r["policy"], r["early_handout"], r["tick_frames"]) for r in report["arms"]]
-    assert got == [
-        ("fifo/on", "fifo", True, 400), ("fifo/off", "fifo", False, 400),
-        ("deadline/off", "deadline", False, 400), ("deadline/on", "deadline", True, 400),
-    ]  # fmt: skip
+    assert [(r["arm"], r["early_handout"]) for r in report["arms"]] == [("on", True), ("off", False)]
     for r in report["arms"]:
         # 3 streams of 8 frames at 10 ms end in well under a second: many streams start in 2 s.
         assert r["streams_started"] > 3 and r["streams_unfinished"] == r["streams_without_audio"] == 0
@@ -41,9 +36,3 @@ def test_codec_schedule_writes_every_arm(
         assert r["audio_s"] > 0 and r["audio_s_per_wall_s"] == pytest.approx(r["audio_s"] / 2)
         assert 0 <= r["underruns"] <= r["streams_started"] and r["graphs"] == 0  # CPU: eager
     assert "first audio ms" in capsys.readouterr().out
-
-
-def test_codec_schedule_refuses_an_unknown_arm(capsys: pytest.CaptureFixture[str]) -> None:
-    with pytest.raises(SystemExit):
-        codec_schedule.main(["--out", "x.json", "--device", "cpu", "--arms", "on,off"])
-    assert "<policy>/<hand-out>" in capsys.readouterr().err

@@ -376,15 +376,6 @@ def check_stream(cfg: DeployView) -> list[Issue]:
                 f"has no effect: only the audio8_tts codec reads it (pipeline is {cfg.pipeline!r})",
             )
         )
-    tick_keys = [k for k in ("codec_tick_frames", "codec_deadline_slack_ms") if k in extra.model_fields_set]
-    if cfg.session_mode == "duplex":
-        for key in [k for k in ("codec_schedule", *tick_keys) if k in extra.model_fields_set]:
-            out.append(
-                _warning((*loc, key), "has no effect with session_mode: duplex (frames decode as they come)")
-            )
-    elif extra.codec_schedule == "fifo":
-        for key in tick_keys:
-            out.append(_warning((*loc, key), "has no effect: codec_schedule is fifo (it tunes deadline)"))
     if not cfg.async_chunk and extra.initial_codec_chunk_frames is not None:
         out.append(
             _warning(

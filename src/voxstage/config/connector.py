@@ -40,12 +40,6 @@ class ConnectorExtra(StrictModel):
     # is decoded afresh behind codec_left_context_frames of already-decoded frames whose audio is cropped).
     codec_decode: Literal["stateful", "overlap_crop"] = "stateful"
     decode_cudagraph_capture_sizes: list[int] | None = None
-    # voxstage: how the codec picks each tick's decodes (voxstage.codec.tick_plan says why): "deadline", the
-    # earliest playback deadline first with chunks that have slack spread over ticks, or "fifo", every ready
-    # chunk at once. The two numbers apply to "deadline" only.
-    codec_schedule: Literal["deadline", "fifo"] = "deadline"
-    codec_tick_frames: int = Field(default=400, ge=1)
-    codec_deadline_slack_ms: float = Field(default=250.0, gt=0.0)
     audio8_tts_codec_dtype: CodecDType | None = None
 
     @field_validator("codec_streaming")

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
 import torch
 
 from voxstage.codec.main import _family_dtype
@@ -24,24 +23,3 @@ def test_the_audio8_codec_dtype_key() -> None:
     assert _family_dtype(bf16, audio8, "float16", torch.float16) is torch.float16  # the flag wins
     assert _family_dtype(bf16, qwen, "auto", torch.float32) is torch.float32  # not this family's key
     assert _family_dtype(load_deploy_config(SEED), audio8, "auto", torch.bfloat16) is torch.float32  # seed
-
-
-def test_build_engine_takes_the_tick_policy_from_the_deploy_file(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    from voxstage.codec.main import build_engine
-    from voxstage.codec.models import load_codec
-    from voxstage.codec.tick_plan import TickPolicy
-    from voxstage.presets import resolve_model
-
-    monkeypatch.setenv("VOXSTAGE_CACHE", str(tmp_path))
-    seed = SEED.with_name("qwen3_tts.yaml")
-    extra = "connectors.connector_of_shared_memory.extra."
-    runtime = load_codec(resolve_model("qwen3-tts-tiny"), max_streams=10)  # the seed's codec max_num_seqs
-    assert build_engine(load_deploy_config(seed), runtime, "cpu").policy == TickPolicy("deadline", 400, 0.25)
-    tuned = load_deploy_config(
-        seed, overrides=[f"{extra}codec_tick_frames=100", f"{extra}codec_deadline_slack_ms=50"]
-    )
-    assert build_engine(tuned, runtime, "cpu").policy == TickPolicy("deadline", 100, 0.05)
-    fifo = load_deploy_config(seed, overrides=[f"{extra}codec_schedule=fifo"])
-    assert build_engine(fifo, runtime, "cpu").policy.mode == "fifo"

@@ -350,22 +350,3 @@ def test_duplex_session_clocks_of_the_gateway() -> None:
     )
     (warning,) = turn.warnings
     assert warning.path == "gateway.duplex_max_session_s" and "no duplex session" in warning.message
-
-
-def test_codec_tick_keys_warn_where_they_do_nothing() -> None:
-    extra = "connectors.connector_of_shared_memory.extra."
-    qwen = REPO / "deploy" / "qwen3_tts.yaml"
-    tuned = [f"{extra}codec_tick_frames=200", f"{extra}codec_deadline_slack_ms=100"]
-    cfg = load_deploy_config(qwen, platform="cpu", overrides=tuned)
-    assert not cfg.warnings and cfg.stream.codec_schedule == "deadline"
-    fifo = load_deploy_config(qwen, platform="cpu", overrides=[*tuned, f"{extra}codec_schedule=fifo"])
-    assert [w.path for w in fifo.warnings] == [f"{extra}codec_tick_frames", f"{extra}codec_deadline_slack_ms"]
-    assert all("codec_schedule is fifo" in w.message for w in fifo.warnings)
-    duplex = load_deploy_config(
-        REPO / "deploy" / "personaplex.yaml", platform="cpu", overrides=[f"{extra}codec_schedule=fifo"]
-    )
-    (warning,) = duplex.warnings
-    assert warning.path == f"{extra}codec_schedule" and "session_mode: duplex" in warning.message
-    with pytest.raises(ConfigError) as info:
-        load_deploy_config(qwen, platform="cpu", overrides=[f"{extra}codec_tick_frames=0"])
-    assert "codec_tick_frames" in str(info.value.issues[0])
