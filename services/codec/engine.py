@@ -23,12 +23,12 @@ step launched, then launches this tick's and returns without waiting for them, s
 the engine thread hands out audio and takes in frames. Audio reaches its consumer one ``step`` later than in
 the synchronous form (which collects its own launch before returning); the PCM is the same. Either way every
 bucket of a tick is launched before any is read back, its audio copied out through pinned host memory.
-Buckets launch smallest first. With ``early_handout`` on, an async ``step`` that has audio in hand does not
-wait for a bucket still decoding: it returns and collects that one next time (a stream is not scheduled
-again while a decode of it is in flight), so a young stream's first chunk need not wait for a bulk decode of
-other streams' steady chunks. It is off: measured on its own (``bench/codec_schedule.py``, H200, 64 streams)
-it cut the codec's first audio from 38 to 28 ms p50 but 24 of 915 streams then underran, against 0 of 905
-(docs/benchmarks.md).
+Buckets launch smallest first. With ``early_handout`` on (the default), an async ``step`` that has audio in
+hand does not wait for a bucket still decoding: it returns and collects that one next time (a stream is not
+scheduled again while a decode of it is in flight), so a young stream's first chunk need not wait for a bulk
+decode of other streams' steady chunks. It is on because the serving benchmark says so (H200, 0.6B through
+the gateway: 64 gap-free closed-loop streams with it, 24 without), though the codec alone, fed on a fixed
+clock, shows a few short stalls with it that it does not show without (docs/benchmarks.md, issue 14).
 
 Overlap+crop (``left_context > 0``, the deploy file's ``codec_decode: overlap_crop``): instead of carrying
 state, each chunk is decoded from a reset slot behind up to ``left_context`` of the stream's earlier frames,
@@ -152,7 +152,7 @@ class CodecEngine:
             raise ValueError(f"left_context must be >= 0, got {left_context}")
         self.left_context = left_context
         self.async_scheduling = async_scheduling
-        self.early_handout = False  # off on evidence (module docstring); bench/codec_schedule.py switches it
+        self.early_handout = True  # on evidence (module docstring); bench/codec_schedule.py switches it
         self._inflight: list[Launched] = []
         self._free = list(range(max_streams - 1, -1, -1))
         self._streams: dict[str, StreamState] = {}
