@@ -27,8 +27,9 @@ Buckets launch smallest first. With ``early_handout`` on (the default), an async
 hand does not wait for a bucket still decoding: it returns and collects that one next time (a stream is not
 scheduled again while a decode of it is in flight), so a young stream's first chunk need not wait for a bulk
 decode of other streams' steady chunks. It is on because the serving benchmark says so (H200, 0.6B through
-the gateway: 64 gap-free closed-loop streams with it, 24 without), though the codec alone, fed on a fixed
-clock, shows a few short stalls with it that it does not show without (docs/benchmarks.md, issue 14).
+the gateway: 48 and 64 gap-free closed-loop streams in two runs with it, 24 without), though the codec alone,
+fed on a fixed clock, shows a few short stalls with it that it does not show without (docs/benchmarks.md,
+issue 14, which also has the playback-deadline policy that was tried and dropped).
 
 Overlap+crop (``left_context > 0``, the deploy file's ``codec_decode: overlap_crop``): instead of carrying
 state, each chunk is decoded from a reset slot behind up to ``left_context`` of the stream's earlier frames,
