@@ -29,6 +29,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 import traceback
 from collections.abc import Callable
@@ -162,8 +163,33 @@ def reference_phase(a: argparse.Namespace, model: str, out: Path, prof: Profile)
         raise RuntimeError(f"reference_qwen_tts.py exited {code}; see {log_path}")
 
 
+def worktree_tree(repo: Path) -> str | None:
+    """The git tree id of ``repo``'s files as they are (tracked and untracked, not ignored), without touching
+    its index: equal to ``git rev-parse <commit>^{tree}`` of the commit whose content ran. It names the code
+    even where HEAD does not (a working tree copied onto a machine whose checkout is older)."""
+    git_dir = subprocess.run(
+        ["git", "rev-parse", "--absolute-git-dir"], cwd=repo, capture_output=True, text=True, timeout=30
+    )
+    if git_dir.returncode != 0:
+        return None
+    with tempfile.TemporaryDirectory() as tmp:
+        env = {**os.environ, "GIT_INDEX_FILE": str(Path(tmp) / "index")}
+        index = Path(git_dir.stdout.strip()) / "index"
+        if index.exists():  # start from the real index: only changed files are hashed again
+            shutil.copyfile(index, env["GIT_INDEX_FILE"])
+        for cmd in (["git", "add", "-A"], ["git", "write-tree"]):
+            done = subprocess.run(cmd, cwd=repo, env=env, capture_output=True, text=True, timeout=300)
+            if done.returncode != 0:
+                return None
+        return done.stdout.strip()
+
+
 def environment(out: Path, device: str) -> None:
     info: dict[str, object] = {"date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "python": sys.version}
+    try:
+        info["git_worktree_tree"] = worktree_tree(REPO)
+    except (OSError, subprocess.TimeoutExpired):
+        info["git_worktree_tree"] = None
     for key, cmd in (
         ("git", ["git", "rev-parse", "HEAD"]),
         # A copied working tree can differ from HEAD (uncommitted or unpushed work): say so.

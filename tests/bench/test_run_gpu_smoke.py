@@ -89,3 +89,35 @@ def test_closed_search_against_two_pairs_sharing_the_device(tmp_path: Path, cach
         assert served and sum(float(ln.rsplit(" ", 1)[1]) for ln in served) > 0, prom[:300]
     summary = load(tmp_path / "summary.json")["models"]
     assert summary["qwen3-tts-tiny_2pairs"]["closed_search"]["levels"]
+
+
+def test_environment_names_the_code_that_ran_even_where_head_is_older(tmp_path: Path) -> None:
+    import subprocess
+
+    def git(*args: str) -> str:
+        done = subprocess.run(["git", *args], cwd=tmp_path, capture_output=True, text=True, check=True)
+        return done.stdout.strip()
+
+    git("init", "-q")
+    git("config", "user.email", "ci@example.invalid")
+    git("config", "user.name", "ci")
+    (tmp_path / ".gitignore").write_text("ignored/\n")
+    (tmp_path / "a.py").write_text("x = 1\n")
+    git("add", "-A")
+    git("commit", "-qm", "base")
+    assert run_gpu.worktree_tree(tmp_path) == git("rev-parse", "HEAD^{tree}")
+    # A newer tree copied over the old checkout: a changed file, a new one, and ignored output.
+    (tmp_path / "a.py").write_text("x = 2\n")
+    (tmp_path / "b.py").write_text("y = 1\n")
+    (tmp_path / "ignored").mkdir()
+    (tmp_path / "ignored" / "out.json").write_text("{}")
+    ran = run_gpu.worktree_tree(tmp_path)
+    assert ran != git("rev-parse", "HEAD^{tree}") and git("status", "--porcelain") != ""
+    assert git("diff", "--cached", "--name-only") == ""  # the real index is untouched
+    git("add", "-A")
+    git("commit", "-qm", "newer")
+    assert ran == git("rev-parse", "HEAD^{tree}")  # the commit with that content has that tree
+
+
+def test_environment_without_a_repository_says_none(tmp_path: Path) -> None:
+    assert run_gpu.worktree_tree(tmp_path) is None  # pytest's tmp dirs lie outside any checkout
