@@ -209,7 +209,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING)
     # The codec stage's setup with a slot per stream, in both stages as run_gpu.py's --slots (stage 1: codec).
     a.overrides = [*a.overrides, *(f"stages.{i}.max_num_seqs={a.streams}" for i in (0, 1))]
-    config, device, dtype, source = load_stage_setup(a, log, cuda_default="float32")
+    config, device, dtype, source = load_stage_setup(a, log, cuda_default="float32", role="codec")
     runtime = load_codec(source, device=device, dtype=dtype, max_streams=a.streams, config=config)
     plan = config.chunk_plan
     report: dict[str, Any] = {

@@ -24,6 +24,7 @@ can resume the rest.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -36,6 +37,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from bench.mps import mps_daemon
 from bench.serve_gpu import SERVE_PHASES, serve_phases
 from bench.stack import REPO
 
@@ -184,7 +186,7 @@ def worktree_tree(repo: Path) -> str | None:
         return done.stdout.strip()
 
 
-def environment(out: Path, device: str) -> None:
+def environment(out: Path, device: str, *, mps: bool = False) -> None:
     info: dict[str, object] = {"date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "python": sys.version}
     try:
         info["git_worktree_tree"] = worktree_tree(REPO)
@@ -206,6 +208,8 @@ def environment(out: Path, device: str) -> None:
     import torch
 
     info["torch"] = torch.__version__
+    # --mps: the run's own daemon (bench/mps.py); the stages' shares are in serve_<size>.json's command.
+    info["mps"] = mps
     info["device"] = (
         torch.cuda.get_device_name() if device == "cuda" and torch.cuda.is_available() else device
     )
@@ -246,6 +250,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ref-env", default=None, help="--target folder of the reference's packages")
     ap.add_argument("--ref-python", default=None, help="interpreter for the reference (default: this one)")
     ap.add_argument("--scratch", default="/tmp", help="where exported reference weights go (deleted after)")
+    ap.add_argument(
+        "--mps", action="store_true",
+        help="run every phase under a CUDA MPS daemon of its own (stage shares: --set "
+        "stages.N.mps_active_thread_percentage=P)",
+    )  # fmt: skip
     a = ap.parse_args(argv)
     phases = [p for p in a.phases.split(",") if p]
     unknown = set(phases) - set(ALL_PHASES)
@@ -255,7 +264,6 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit("--pairs must be >= 1")
     prof = PROFILES[a.profile]
     a.out.mkdir(parents=True, exist_ok=True)
-    environment(a.out, a.device)
     models = [m for m in a.models.split(",") if m]
     for model in models:
         family_of(model)  # an unknown model fails here, before any device time is spent
@@ -269,17 +277,21 @@ def main(argv: list[str] | None = None) -> int:
             failures.append(f"{name}:\n{traceback.format_exc()}")
             print(f"phase {name} failed:\n{traceback.format_exc()}", flush=True)
 
-    for model in models:
-        if any(p in SERVE_PHASES for p in phases):
-            tag = serve_tag(model, a.pairs)
-            guarded(
-                f"serve {model}",
-                lambda m=model, t=tag: serve_phases(a, m, t, family_of(m), phases, a.out, prof),
-            )
-        if "engine" in phases:
-            guarded(f"engine {model}", lambda m=model: engine_phase(a, m, a.out, prof))
-        if "reference" in phases:
-            guarded(f"reference {model}", lambda m=model: reference_phase(a, m, a.out, prof))
+    # Everything that touches the GPU runs under the daemon, this process too (environment() asks torch for
+    # the device name): no context outside MPS shares the GPU. The report reads files only.
+    with mps_daemon(Path(a.scratch) / "vx-mps") if a.mps else contextlib.nullcontext():
+        environment(a.out, a.device, mps=a.mps)
+        for model in models:
+            if any(p in SERVE_PHASES for p in phases):
+                tag = serve_tag(model, a.pairs)
+                guarded(
+                    f"serve {model}",
+                    lambda m=model, t=tag: serve_phases(a, m, t, family_of(m), phases, a.out, prof),
+                )
+            if "engine" in phases:
+                guarded(f"engine {model}", lambda m=model: engine_phase(a, m, a.out, prof))
+            if "reference" in phases:
+                guarded(f"reference {model}", lambda m=model: reference_phase(a, m, a.out, prof))
     if "report" in phases:
         from bench.gpu_report import write_report
 

@@ -70,7 +70,7 @@ def build(args: argparse.Namespace) -> StageParts:
     allowed = _allowed_talkers(args)
     # fp32 by default on every device: the decoder's Snake activations and long conv stacks are where
     # half precision audibly degrades audio, and the codec is small next to the talker.
-    config, device, dtype, source = load_stage_setup(args, log, cuda_default="float32")
+    config, device, dtype, source = load_stage_setup(args, log, cuda_default="float32", role="codec")
     dtype = _family_dtype(config, source, args.dtype, dtype)
     link = getattr(args, "link_tls", None)  # read by run_stage (voxstage.stage.process)
     if source.family == "personaplex":

@@ -43,7 +43,7 @@ def build(args: argparse.Namespace) -> StageParts:
     from voxstage.talker.worker import TalkerDefaults, TalkerWorker
     from voxstage.transport.shm import ShmWriter, sweep_dead_regions
 
-    config, device, dtype, source = load_stage_setup(args, log, cuda_default="bfloat16")
+    config, device, dtype, source = load_stage_setup(args, log, cuda_default="bfloat16", role="talker")
     stage = config.talker
     adapter, info = load_talker(source, device=device, dtype=dtype)
     if info.family == "personaplex":

@@ -115,6 +115,8 @@ class StageConfig(StrictModel):
     skip_tokenizer_init: bool = False
     enable_prefix_caching: bool = False
     async_scheduling: bool = False
+    # voxstage: this stage's share of the GPU's SMs under CUDA MPS (voxstage.stage.mps); None: no cap.
+    mps_active_thread_percentage: int | None = Field(default=None, ge=1, le=100)
     max_model_len: int | None = Field(default=None, ge=1)
     max_num_batched_tokens: int | None = Field(default=None, ge=1)
     devices: str = "0"

@@ -126,10 +126,14 @@ class StageSetup(NamedTuple):
     source: ModelSource
 
 
-def load_stage_setup(args: argparse.Namespace, logger: logging.Logger, *, cuda_default: str) -> StageSetup:
+def load_stage_setup(
+    args: argparse.Namespace, logger: logging.Logger, *, cuda_default: str, role: str
+) -> StageSetup:
     """The deploy file (its warnings logged on the stage's ``logger``), the device and dtype, and where the
-    model comes from: ``--model``, else the file's ``model``. Imports torch (through the device choice)."""
+    model comes from: ``--model``, else the file's ``model``. The ``role`` stage's MPS share is applied
+    before anything touches CUDA. Imports torch (through the device choice)."""
     from voxstage.presets import resolve_model
+    from voxstage.stage.mps import MpsUnavailableError, apply_thread_percentage
 
     config = load_from_args(args.config, args)
     for warning in config.warnings:
@@ -137,6 +141,14 @@ def load_stage_setup(args: argparse.Namespace, logger: logging.Logger, *, cuda_d
     spec = args.model or (str(config.model_path()) if config.model_path() else config.model)
     if not spec:
         raise StageStartError("no model: pass --model or set `model` in the deploy file")
+    share = (config.talker if role == "talker" else config.codec).mps_active_thread_percentage
+    if share is not None and args.device == "cpu":
+        logger.warning("%s: mps_active_thread_percentage has no effect with --device cpu", role)
+    elif share is not None:
+        try:
+            logger.info("%s: %s", role, apply_thread_percentage(share))
+        except MpsUnavailableError as exc:
+            raise StageStartError(str(exc)) from None
     device = select_device(args.device, args.threads)
     dtype = select_dtype(args.dtype, device, cuda_default=cuda_default)
     return StageSetup(config, device, dtype, resolve_model(spec))
