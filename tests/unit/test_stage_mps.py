@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -17,6 +18,7 @@ from voxstage.stage.mps import (
     THREAD_PERCENTAGE_ENV,
     MpsUnavailableError,
     apply_thread_percentage,
+    pipe_dir,
 )
 from voxstage.stage.process import load_stage_setup
 
@@ -44,8 +46,6 @@ def test_with_a_daemon_the_share_is_set_for_the_driver(tmp_path: Path) -> None:
 
 
 def test_the_default_pipe_directory_is_the_drivers() -> None:
-    from voxstage.stage.mps import pipe_dir
-
     assert pipe_dir({}) == Path("/tmp/nvidia-mps")
 
 
@@ -68,12 +68,10 @@ def test_a_stage_on_cpu_warns_that_the_share_does_nothing(
         setup = load_stage_setup(args, logging.getLogger("test"), cuda_default="float32", role="codec")
     assert setup.device == "cpu" and setup.config.codec.mps_active_thread_percentage == 30
     assert "no effect with --device cpu" in caplog.text
-    assert THREAD_PERCENTAGE_ENV not in __import__("os").environ
+    assert THREAD_PERCENTAGE_ENV not in os.environ
 
 
 def test_a_gpu_stage_without_a_daemon_exits_naming_the_key(tmp_path: Path) -> None:
-    import os
-
     env = {**os.environ, PIPE_DIR_ENV: str(tmp_path), "VOXSTAGE_CACHE": str(tmp_path / "cache")}
     cmd = [sys.executable, "-m", "voxstage", "talker", "--config", str(DEPLOY), "--model", "qwen3-tts-tiny"]
     cmd += ["--device", "auto", "--port", "0", "--set", "stages.0.mps_active_thread_percentage=50"]
