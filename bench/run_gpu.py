@@ -186,6 +186,17 @@ def worktree_tree(repo: Path) -> str | None:
         return done.stdout.strip()
 
 
+def cuda_device_name() -> str | None:
+    """The GPU's name, asked in a child process: under ``--mps`` a CUDA context in this process would be a
+    client the daemon's ``quit`` waits for, and this process only sends that quit when the run ends."""
+    probe = "import torch; print(torch.cuda.get_device_name() if torch.cuda.is_available() else 'cpu')"
+    try:
+        done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return done.stdout.strip() or None
+
+
 def environment(out: Path, device: str, *, mps: bool = False) -> None:
     info: dict[str, object] = {"date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "python": sys.version}
     try:
@@ -210,9 +221,7 @@ def environment(out: Path, device: str, *, mps: bool = False) -> None:
     info["torch"] = torch.__version__
     # --mps: the run's own daemon (bench/mps.py); the stages' shares are in serve_<size>.json's command.
     info["mps"] = mps
-    info["device"] = (
-        torch.cuda.get_device_name() if device == "cuda" and torch.cuda.is_available() else device
-    )
+    info["device"] = cuda_device_name() if device == "cuda" else device
     path = out / "environment.json"
     if not path.exists():
         path.write_text(json.dumps(info, indent=1) + "\n")
@@ -277,8 +286,8 @@ def main(argv: list[str] | None = None) -> int:
             failures.append(f"{name}:\n{traceback.format_exc()}")
             print(f"phase {name} failed:\n{traceback.format_exc()}", flush=True)
 
-    # Everything that touches the GPU runs under the daemon, this process too (environment() asks torch for
-    # the device name): no context outside MPS shares the GPU. The report reads files only.
+    # Everything that touches the GPU runs under the daemon, in child processes: no context outside MPS shares
+    # the GPU, and none is left open here when the daemon is told to quit. The report reads files only.
     with mps_daemon(Path(a.scratch) / "vx-mps") if a.mps else contextlib.nullcontext():
         environment(a.out, a.device, mps=a.mps)
         for model in models:

@@ -58,3 +58,15 @@ def test_without_the_control_program_the_run_says_so(tmp_path: Path, monkeypatch
     monkeypatch.setenv("PATH", str(tmp_path))
     with pytest.raises(RuntimeError, match="nvidia-cuda-mps-control is not on PATH"), mps_daemon(tmp_path):
         pass
+
+
+def test_a_quit_that_hangs_is_reported_not_raised(
+    tmp_path: Path, fake_control: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # The real quit waits for every client; the run's results are written by then, so it must not fail.
+    script = next(p for p in os.environ["PATH"].split(os.pathsep) if p.endswith("bin"))
+    hanging = Path(script) / "nvidia-cuda-mps-control"
+    hanging.write_text(hanging.read_text().replace("read command;", "read command; sleep 5;"))
+    with mps_daemon(tmp_path / "mps", quit_timeout_s=0.5):
+        pass
+    assert "did not quit within 0.5 s" in capsys.readouterr().out
