@@ -2,8 +2,9 @@
 
 Why: the talker and the codec are two processes on one GPU. Without MPS their contexts take turns on the
 whole device (time slices), so a talker frame step waits behind a codec tick. Plain MPS lets their kernels
-run at once, but either may fill every SM (measured worse on the H200, issue 14). A per-process
-active-thread percentage caps the SMs a process's kernels may occupy, so each stage gets a literal slice.
+run at once, but either may fill every SM (no better than time slices on the H200, issue 14). A per-process
+active-thread percentage caps the SMs a process's kernels may occupy, so each stage gets a literal slice
+(measured in docs/benchmarks.md: better under load, slower for a lone stream; off by default).
 
 The CUDA driver reads ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`` when the process creates its context, so it is
 set before torch touches CUDA. Without a running MPS control daemon the variable does nothing, and a key

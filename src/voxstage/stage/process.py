@@ -17,7 +17,7 @@ import signal
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple, Protocol
 
 from voxstage.config.cli_args import add_deploy_options, load_from_args
 from voxstage.stage_tls import LinkTlsError, add_link_options, link_from_args
@@ -127,7 +127,7 @@ class StageSetup(NamedTuple):
 
 
 def load_stage_setup(
-    args: argparse.Namespace, logger: logging.Logger, *, cuda_default: str, role: str
+    args: argparse.Namespace, logger: logging.Logger, *, cuda_default: str, role: Literal["talker", "codec"]
 ) -> StageSetup:
     """The deploy file (its warnings logged on the stage's ``logger``), the device and dtype, and where the
     model comes from: ``--model``, else the file's ``model``. The ``role`` stage's MPS share is applied
