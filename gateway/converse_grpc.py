@@ -245,7 +245,10 @@ async def converse(
         if stalled is not None:
             raise stalled
         if reader.done() and not pump.done():
-            session.finish()  # half-close: a clean end once the buffered audio is out
+            # Half-close: a clean end once the buffered audio is out. A client that cancels reads the same
+            # at first (grpc.aio ends its request stream, then cancels this handler); close() below then
+            # cancels the codec stream if it has not ended.
+            session.finish()
         end = await pump
         conv.ended = True
         if not reader.done():

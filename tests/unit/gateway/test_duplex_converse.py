@@ -179,9 +179,17 @@ async def test_admission_and_stage_refusal_are_statuses(make_duplex_stack: MakeS
     assert metrics.DUPLEX_REFUSED.labels(reason="max_sessions")._value.get() == refused + 1
     first.send(append(tone(0.08)))
     await first.next("response_output_audio_delta")
-    first.call.cancel()  # the client vanishes mid-session: its codec stream is cancelled, its slot freed
+    first.call.cancel()  # the client vanishes mid-session: its codec stream ends at once, its slot is freed
     codec: FakeDuplexCodec = stack.codec  # type: ignore[assignment]
-    await wait_until(lambda: not stack.gateway.core.sessions.live and codec.cancels == 1 and not codec.active)
+    # grpc.aio ends a cancelled call's request stream (a half-close to the handler) before it cancels the
+    # handler, so the codec gets `cancel`, or `end_of_input` when that is out first: exactly one of them.
+    await wait_until(
+        lambda: (
+            not stack.gateway.core.sessions.live
+            and codec.cancels + codec.end_of_inputs == 1
+            and not codec.active
+        )
+    )
     codec.refuse = True  # the talker has no free slot: the refusal comes at the first audio
     third = Caller(stack)
     await third.next("session_created")
