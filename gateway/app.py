@@ -193,7 +193,10 @@ class GatewayServer:
         if self.core.ready:
             await self._set_health(True)
             await self._check_voice_aliases(True)
-        sock = socket.socket(socket.AF_INET6 if ":" in self.host else socket.AF_INET, socket.SOCK_STREAM)
+        # IPPROTO_TCP, not 0: asyncio sets TCP_NODELAY on accepted connections only for sockets whose proto
+        # says TCP, and with Nagle on, a kept-alive client's first audio chunk waited ~40 ms for its ACK.
+        family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((self.host, self._http_port))
         self.http_port = sock.getsockname()[1]

@@ -166,15 +166,18 @@ class TalkerEngine:
         seq.prepared.extend_text(text, complete)
         if max_frames is not None:
             seq.request.max_frames = max(max_frames, 1)
-        if seq.slot >= 0:
-            self._feed_text(seq)
-        else:
-            try:
-                self._check_fits(seq)
-            except RequestTooLarge as exc:
+        try:
+            self._check_fits(seq)
+        except RequestTooLarge:
+            # The request ends alone: a running one is freed at the next tick, a waiting one at once.
+            if seq.slot >= 0:
+                self._cancelled.append(seq)
+            else:
                 self._by_id.pop(request_id, None)
                 self._unqueue(seq)
-                raise exc
+            raise
+        if seq.slot >= 0:
+            self._feed_text(seq)
 
     def cancel(self, request_id: str) -> bool:
         seq = self._by_id.get(request_id)
@@ -227,10 +230,19 @@ class TalkerEngine:
     def _check_fits(self, seq: _Seq) -> None:
         # max_frames is a bound, not an expected length: a request is rejected only if its prompt cannot
         # fit with room for min_frames; otherwise it stops at max_model_len with that finish reason.
-        if seq.prepared.ready and seq.prepared.length + seq.request.min_frames > self.cfg.max_model_len:
+        p = seq.prepared
+        if p.ready and p.length + seq.request.min_frames > self.cfg.max_model_len:
             raise RequestTooLarge(
-                f"prompt is {seq.prepared.length} positions; with min_frames {seq.request.min_frames} it "
+                f"prompt is {p.length} positions; with min_frames {seq.request.min_frames} it "
                 f"exceeds max_model_len {self.cfg.max_model_len}"
+            )
+        # Each frame consumes one trailing text token, so text past max_model_len could never be spoken
+        # (and a slot's text queue is sized for that bound: more would not fit it).
+        trailing = len(p.trailing_ids)
+        if p.ready and p.length - 1 + trailing > self.cfg.max_model_len:
+            raise RequestTooLarge(
+                f"text: {trailing} tokens still to speak after a prompt of {p.length} positions exceed "
+                f"max_model_len {self.cfg.max_model_len}"
             )
 
     def _admit(self) -> None:

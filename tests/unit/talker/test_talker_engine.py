@@ -165,6 +165,34 @@ def test_rejections(tiny_custom_voice: Qwen3TTSTalker, tiny_tokenizer: QwenTextT
         eng.submit(request(3, text="hi", voice="nobody"))
 
 
+def test_streamed_text_past_the_window_ends_only_its_request(
+    tiny_custom_voice: Qwen3TTSTalker, tiny_tokenizer: QwenTextTokenizer
+) -> None:
+    """Issue 26: streamed text longer than a slot's text queue crashed the engine thread (exit 3) and
+    every request on it. Now the push is refused with RequestTooLarge, the request alone ends, and the
+    neighbour's frames equal its run alone."""
+    solo = make_engine(tiny_custom_voice, tiny_tokenizer, 2, max_model_len=64)
+    alone = drive(solo, [request(1, frames=12)])
+    eng = make_engine(tiny_custom_voice, tiny_tokenizer, 2, max_model_len=64)
+    streamed = request(0, text="hello there", text_complete=False, non_streaming=False, frames=60)
+    eng.submit(streamed)
+    eng.submit(request(1, frames=12))
+    outs: list[TalkerOutput] = []
+    for _ in range(3):
+        outs += eng.step()
+    assert eng.request_state("r0") in ("prefill", "decode")
+    with pytest.raises(RequestTooLarge, match="text: .* tokens"):
+        eng.push_text("r0", " 字" * 100, complete=False)
+    rest = drive(eng, [])
+    mine = [o for o in outs if o.request_id == "r0"] + rest["r0"]
+    assert mine[-1].finish is Finish.CANCELLED and eng.request_state("r0") == "absent"
+    neighbour = [o for o in outs if o.request_id == "r1"] + rest["r1"]
+    assert np.array_equal(frames_of(neighbour), frames_of(alone["r1"]))
+    # a waiting request whose text cannot fit is refused at submit
+    with pytest.raises(RequestTooLarge, match="max_model_len 64"):
+        eng.submit(request(2, text="字" * 200, non_streaming=False))
+
+
 def test_max_model_len_stops_with_reason(
     tiny_custom_voice: Qwen3TTSTalker, tiny_tokenizer: QwenTextTokenizer
 ) -> None:
