@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from tests.integration import tcpkit
 from tests.integration.deploykit import free_port
 from tests.integration.stagekit import ROOT, stage_env
 from voxstage.health_probe import check
@@ -202,6 +203,18 @@ def test_capacity_bad_input_and_a_vanished_client(stack: Stack) -> None:
             await ws.close()
 
     asyncio.run(main())
+
+
+def test_a_realtime_websocket_has_tcp_nodelay(stack: Stack) -> None:
+    """Issue 29: the gateway's accepted WebSocket connections run with TCP_NODELAY (Nagle delayed audio)."""
+    from websockets.sync.client import connect
+
+    port = int(stack.http.rsplit(":", 1)[1])
+    listener = next(c for c in tcpkit.connections() if c.local_port == port and c.state == tcpkit.LISTEN)
+    (gateway,) = tcpkit.pids_holding(listener.inode)  # the gateway process under `voxstage serve`
+    with connect(f"ws://{stack.http}/v1/realtime?model={MODEL}", open_timeout=10) as ws:
+        assert '"session.created"' in str(ws.recv(timeout=10))
+        assert tcpkit.accepted_nodelay(gateway, port, ws.socket.getsockname()[1]) == ""
 
 
 def test_a_voice_recording_instead_of_a_stored_voice(stack: Stack) -> None:

@@ -13,6 +13,7 @@ import io
 import json
 import re
 import shutil
+import socket
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,12 +25,14 @@ import pytest
 import soundfile as sf
 from openai import OpenAI
 
+from tests.integration import tcpkit
 from tests.integration.deploykit import ComposeStack, start_compose_stack
 from voxstage.client import AsyncSpeechClient, SpeechClient, SpeechError
 from voxstage.v1 import speech_pb2, speech_pb2_grpc
 
 SPF = 1920  # samples per 12.5 Hz frame at 24 kHz
 FRAMES = 6
+STAGES = ("talker", "codec")
 
 
 @pytest.fixture(scope="module")
@@ -173,6 +176,45 @@ def test_metrics_on_every_process(stack: ComposeStack) -> None:
         if promtool is not None:
             run = subprocess.run([promtool, "check", "metrics"], input=body, capture_output=True, text=True)
             assert run.returncode == 0, f"{stage}: {run.stdout}{run.stderr}"
+
+
+def test_tcp_nodelay_on_every_socket(stack: ComposeStack) -> None:
+    """Issue 29: with Nagle on, a kept-alive HTTP client's first audio waited ~40 ms for a delayed ACK. Every
+    socket the three processes listen on hands out connections with TCP_NODELAY, and so do their links."""
+    pids = {name: p.proc.pid for name, p in stack.procs.items()}
+    ports = stack.ports
+    listens = {s: {ports[s]["--port"]: "grpc", ports[s]["--metrics-port"]: "metrics"} for s in STAGES}
+    listens["gateway"] = {ports["gateway"]["--grpc-port"]: "grpc", ports["gateway"]["--http-port"]: "http"}
+    for name, pid in pids.items():
+        assert tcpkit.listening_ports(pid) == set(listens[name]), name  # nothing listens that is not tested
+    with SpeechClient(stack.grpc_addr) as client:  # the stage links carry a request
+        assert len(client.synthesize("Links.", encoding="pcm", max_frames=2).data) > 0
+    clients = []
+    problems = []
+    try:
+        for name, by_port in listens.items():
+            for port, kind in by_port.items():
+                if kind == "http":  # a kept-alive connection after a whole request, as a user's client has
+                    sock = tcpkit.http_get(port, "/health")
+                elif kind == "grpc":
+                    sock = tcpkit.h2_preface(port)
+                else:  # the metrics server is HTTP/1.0: an open connection whose request is still coming
+                    sock = socket.create_connection(("127.0.0.1", port), timeout=5)
+                clients.append(sock)
+                problems.append(tcpkit.accepted_nodelay(pids[name], port, sock.getsockname()[1]))
+        links = {name: [c.remote_port for c in tcpkit.established(pid)] for name, pid in pids.items()}
+        for name, pid in pids.items():
+            for conn in tcpkit.established(pid):
+                fd = tcpkit.socket_fds(pid).get(conn.inode)
+                if fd is not None and tcpkit.nodelay(pid, fd) is False:
+                    problems.append(f"{name}: {conn.local_port} -> {conn.remote_port} has Nagle on")
+    finally:
+        for sock in clients:
+            sock.close()
+    assert [p for p in problems if p] == []
+    # The links themselves were seen: gateway -> codec and talker, codec -> talker.
+    assert {ports["codec"]["--port"], ports["talker"]["--port"]} <= set(links["gateway"]), links
+    assert ports["talker"]["--port"] in links["codec"], links
 
 
 def test_logs_have_no_tracebacks(stack: ComposeStack) -> None:
