@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 # The CPU wheel of torch lies on this machine's disk; an unpinned torch would pull a multi-GB CUDA build.
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: install test lint demo protos clean promtool buf checkov
+.PHONY: install test lint demo protos clean promtool ffmpeg buf checkov
 
 # buf (from the npm registry) lints the protos (STANDARD rules); best effort, the test is skipped without it.
 BUF := $(CURDIR)/.tools/node_modules/.bin/buf
@@ -21,6 +21,14 @@ promtool:
 	@command -v promtool >/dev/null 2>&1 || ! command -v apt-get >/dev/null 2>&1 || \
 	  ( (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
 	    prometheus) >/dev/null 2>&1 || echo "note: promtool not installed; its checks will be skipped" )
+
+# ffmpeg (Debian's package) reads the README's curl example's WAV file as a third reader beside Python's
+# wave and soundfile (tests/integration/test_readme_examples.py); best effort like promtool. Skipped without
+# it locally; under CI (CI set) the test fails instead.
+ffmpeg:
+	@command -v ffmpeg >/dev/null 2>&1 || ! command -v apt-get >/dev/null 2>&1 || \
+	  ( (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+	    ffmpeg) >/dev/null 2>&1 || echo "note: ffmpeg not installed; the WAV check with ffmpeg will be skipped" )
 
 # checkov (PyPI) checks the Kubernetes manifests (tests/unit/test_k8s_manifests.py). It gets a virtualenv of
 # its own because it pins networkx and packaging below what the project's venv holds; pinned, so that a new
@@ -46,7 +54,7 @@ install: $(VENV)/.installed
 lint: install
 	$(BIN)/ruff check .
 
-test: install lint promtool buf checkov
+test: install lint promtool ffmpeg buf checkov
 	VOXSTAGE_BUF=$$(test -x $(BUF) && echo $(BUF)) VOXSTAGE_CHECKOV=$(CHECKOV) $(BIN)/python -m pytest -m "not gpu" -q
 
 protos: install

@@ -1,12 +1,13 @@
 """``POST /v1/audio/speech``: the request body, how its audio is delivered, and the response bodies.
 
-Delivery follows OpenAI's endpoint: audio is streamed (chunked transfer) as it is generated, in any format
-that can stream (``voxstage.formats``: everything but FLAC), and the official client's
+Delivery follows OpenAI's endpoint: audio is streamed (chunked transfer) as it is generated, in every format
+``voxstage.formats`` streams by default (all but WAV and FLAC), and the official client's
 ``with_streaming_response`` gets its first bytes while the rest is still being made. ``stream: false`` asks
-for the whole clip in one response (with a Content-Length); a format that cannot stream is sent whole unless
-``stream: true`` insists. ``stream_format: "sse"`` sends Server-Sent Events. A stream that fails before its
-first audio byte gets a normal error status; after that, raw audio is cut off (the chunked body never
-terminates cleanly) and SSE ends with an ``error`` event.
+for the whole clip in one response (with a Content-Length). WAV is sent whole with exact sizes unless
+``stream: true`` asks for its open-length stream (issue 29: a streamed WAV's 0xFFFFFFFF sizes made ``wave``
+read 89,478 s); FLAC cannot stream at all. ``stream_format: "sse"`` sends Server-Sent Events. A stream that
+fails before its first audio byte gets a normal error status; after that, raw audio is cut off (the chunked
+body never terminates cleanly) and SSE ends with an ``error`` event.
 """
 
 from __future__ import annotations
@@ -52,7 +53,7 @@ class SpeechRequest(BaseModel):
     instructions: str = ""
     response_format: str | None = None  # see Delivery
     speed: float = 1.0
-    stream: bool | None = None  # None: stream when the format can (OpenAI's behaviour)
+    stream: bool | None = None  # None: stream when the format streams by default (OpenAI's behaviour)
     stream_format: Literal["audio", "sse"] | None = None
     sample_rate: int | None = None
     seed: int | None = None
@@ -106,7 +107,7 @@ def delivery(body: SpeechRequest) -> Delivery:
             f"{'stream_format' if sse else 'stream'} to get it whole",
             reason="unsupported_format",
         )
-    return Delivery(fmt, streaming=insists or (body.stream is None and fmt.streamable), sse=sse)
+    return Delivery(fmt, streaming=insists or (body.stream is None and fmt.spec.streamed_by_default), sse=sse)
 
 
 def raw_request(body: SpeechRequest, fmt: AudioFormat) -> RawRequest:

@@ -28,10 +28,23 @@ class OutputFormat:
     rates: tuple[int, ...] | None = None  # None: every rate in limits.SAMPLE_RATE
     fallback_rate: int | None = None  # used when the model's native rate is not in ``rates``
     note: str = ""
+    # HTTP sends it whole unless the request says ``stream: true`` (a streamed WAV cannot state its sizes).
+    whole_by_default: bool = False
 
     @property
     def encoding_name(self) -> str:
         return speech_pb2.AudioEncoding.Name(self.encoding)
+
+    @property
+    def streamed_by_default(self) -> bool:
+        """Whether HTTP streams it when the request does not say (``stream`` unset)."""
+        return self.streams and not self.whole_by_default
+
+    def streams_text(self) -> str:
+        """docs/api.md's "streams" column."""
+        if not self.streams:
+            return "no"
+        return "with `stream: true`" if self.whole_by_default else "yes"
 
     def rates_text(self) -> str:
         if self.rates is None:
@@ -44,8 +57,8 @@ FORMATS: tuple[OutputFormat, ...] = (
                  note="headerless signed 16-bit little-endian mono (OpenAI's pcm)"),
     OutputFormat("pcm_f32", speech_pb2.AUDIO_ENCODING_PCM_F32LE, "audio/pcm", (".f32",), True,
                  note="headerless 32-bit float little-endian mono"),
-    OutputFormat("wav", speech_pb2.AUDIO_ENCODING_WAV, "audio/wav", (".wav",), True,
-                 note="16-bit; streamed with 0xFFFFFFFF (unknown) sizes in its header"),
+    OutputFormat("wav", speech_pb2.AUDIO_ENCODING_WAV, "audio/wav", (".wav",), True, whole_by_default=True,
+                 note="16-bit; whole clips state their sizes, a streamed one 0xFFFFFFFF (unknown)"),
     OutputFormat("mulaw", speech_pb2.AUDIO_ENCODING_MULAW, "audio/basic", (".ulaw", ".mulaw"), True,
                  note="G.711 µ-law, 8 bits per sample"),
     OutputFormat("alaw", speech_pb2.AUDIO_ENCODING_ALAW, "audio/x-alaw-basic", (".alaw",), True,

@@ -8,15 +8,19 @@ few seconds of audio.
 
 from __future__ import annotations
 
+import os
 import re
+import shutil
 import socket
 import subprocess
 import sys
 import time
+import wave
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import soundfile as sf
 
 from tests.integration.stagekit import MODEL, ROOT, SEED_DEPLOY, stage_env
 from voxstage.health_probe import check
@@ -81,7 +85,25 @@ def test_sdk_example(served: Path) -> None:
 def test_curl_example(served: Path) -> None:
     code = example("bash", "curl -s localhost:8000/v1/audio/speech")
     assert run(["bash", "-c", code], served) < LIMIT_S
-    assert (served / "hello.wav").read_bytes()[:4] == b"RIFF"
+    # Issue 29: the file is a whole WAV whose sizes are exact, so every reader agrees on its length.
+    path = served / "hello.wav"
+    data = path.read_bytes()
+    assert data[:4] == b"RIFF" and int.from_bytes(data[4:8], "little") == len(data) - 8
+    with wave.open(str(path)) as w:
+        frames = w.getnframes()
+        assert (w.getframerate(), w.getsampwidth(), w.getnchannels()) == (24_000, 2, 1)
+        assert frames == (len(data) - 44) // 2 > 0 and w.readframes(frames) == data[44:]
+    assert sf.info(str(path)).frames == frames
+    ffmpeg = shutil.which("ffmpeg")
+    if ffmpeg is None:
+        if os.environ.get("CI"):
+            pytest.fail("ffmpeg is not installed: `make ffmpeg` installs Debian's package")
+        pytest.skip("ffmpeg is not installed (`make ffmpeg`); wave and soundfile read the file")
+    decoded = subprocess.run(
+        [ffmpeg, "-v", "error", "-i", str(path), "-f", "s16le", "-"], capture_output=True, timeout=60
+    )
+    assert decoded.returncode == 0 and decoded.stderr == b"", decoded.stderr.decode()[-2000:]
+    assert decoded.stdout == data[44:]  # ffmpeg reads exactly the samples the header states
 
 
 def test_openai_example(served: Path) -> None:

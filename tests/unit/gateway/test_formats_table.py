@@ -53,7 +53,7 @@ def _doc_rows() -> list[str]:
 def test_the_api_doc_lists_the_table() -> None:
     expected = [
         f"| `{f.name}` | `{f.encoding_name}` | {', '.join(f'`{s}`' for s in f.suffixes)} | "
-        f"{'yes' if f.streams else 'no'} | {f.rates_text()} | `{f.content_type}` | {f.note} |"
+        f"{f.streams_text()} | {f.rates_text()} | `{f.content_type}` | {f.note} |"
         for f in formats.FORMATS
     ]
     assert _doc_rows() == expected

@@ -53,9 +53,12 @@ async def test_speech_raw_stream_and_sse(make_stack: MakeStack) -> None:
         body = {"input": text, "stream": True, "response_format": "wav", "voice": {"id": "ryan"}}
         async with http.stream("POST", "/v1/audio/speech", json=body) as r:
             assert r.status_code == 200 and r.headers["content-type"] == "audio/wav"
+            assert "content-length" not in r.headers  # chunked: sent as it is made
             pieces = [p async for p in r.aiter_raw()]
         data = b"".join(pieces)
         assert data[:4] == b"RIFF" and len(data) == 44 + 2 * expected_samples(text)
+        # stream: true is the open-length WAV (docs/api.md): both sizes say "unknown".
+        assert data[4:8] == data[40:44] == b"\xff\xff\xff\xff"
         assert stack.codec.opens[-1].voice == "ryan"
 
         body = {"input": text, "stream_format": "sse", "response_format": "pcm"}

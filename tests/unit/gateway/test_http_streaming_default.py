@@ -1,6 +1,7 @@
 """``POST /v1/audio/speech`` streams by default, as OpenAI's endpoint does: the official client's
 ``with_streaming_response`` gets its first bytes while the clip is still being made, in every format that
-can stream; ``stream: false`` still gets the whole clip in one response."""
+streams by default; ``stream: false`` still gets the whole clip in one response, and so does WAV unless the
+request says ``stream: true`` (issue 29: a streamed WAV cannot state its sizes)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import base64
 import io
 import json
 import time
+import wave
 
 import httpx
 import numpy as np
@@ -31,7 +33,7 @@ def _decode(data: bytes) -> np.ndarray:
     return pcm
 
 
-@pytest.mark.parametrize("fmt", [None, "mp3", "opus", "wav", "pcm"])
+@pytest.mark.parametrize("fmt", [None, "mp3", "opus", "pcm", "mulaw", "alaw"])
 async def test_openai_client_gets_first_bytes_before_the_clip_is_done(
     make_stack: MakeStack, fmt: str | None
 ) -> None:
@@ -57,11 +59,11 @@ async def test_openai_client_gets_first_bytes_before_the_clip_is_done(
     assert arrivals[0] < generation_s / 2, (arrivals[0], arrivals[-1])  # well before the clip ends
     assert arrivals[-1] > generation_s * 0.8
     data = b"".join(chunks)
-    if fmt == "pcm":
-        assert len(data) == 2 * expected_samples(TEXT)
+    if fmt in ("pcm", "mulaw", "alaw"):  # headerless: 2 or 1 bytes a sample
+        assert len(data) == (2 if fmt == "pcm" else 1) * expected_samples(TEXT)
         return
     pcm = _decode(data)
-    # mp3 adds the encoder's delay and one silent leading frame; opus and wav are exact.
+    # mp3 adds the encoder's delay and one silent leading frame; opus is exact.
     assert expected_samples(TEXT) <= len(pcm) <= expected_samples(TEXT) + 3000
 
 
@@ -71,6 +73,7 @@ async def test_stream_false_and_flac_get_the_whole_clip(make_stack: MakeStack) -
         for body in (
             {"input": TEXT, "stream": False},  # mp3, whole
             {"input": TEXT, "response_format": "flac"},  # cannot stream: sent whole by default
+            {"input": TEXT, "response_format": "wav"},  # streams only when asked: whole by default
         ):
             r = await http.post("/v1/audio/speech", json=body)
             assert r.status_code == 200, r.text
@@ -78,6 +81,9 @@ async def test_stream_false_and_flac_get_the_whole_clip(make_stack: MakeStack) -
             assert "x-request-id" in r.headers  # only a whole clip knows its id before its first byte
             pcm, rate = sf.read(io.BytesIO(r.content), dtype="float32")  # the header states the length
             assert rate == SAMPLE_RATE and abs(len(pcm) - expected_samples(TEXT)) < 2000
+        with wave.open(io.BytesIO(r.content)) as w:  # the WAV's RIFF and data sizes are exact
+            assert w.getnframes() == expected_samples(TEXT) == (len(r.content) - 44) // 2
+        assert int.from_bytes(r.content[4:8], "little") == len(r.content) - 8
         r = await http.post(
             "/v1/audio/speech", json={"input": TEXT, "stream": True, "response_format": "flac"}
         )
