@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import inspect
+import ipaddress
 import logging
 import signal
 import socket
@@ -46,6 +47,17 @@ from voxstage.v1 import speech_pb2
 log = logging.getLogger(__name__)
 
 SPEECH_SERVICE = "voxstage.v1.Speech"
+
+
+def reachable_from_elsewhere(host: str) -> bool:
+    """Whether a listen address takes connections from other hosts: anything but loopback (``0.0.0.0`` and
+    ``::`` are every interface; a host name other than ``localhost`` is taken to be one too)."""
+    if host.lower() == "localhost":
+        return False
+    try:
+        return not ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return True
 
 
 class _EmbeddedUvicorn(uvicorn.Server):
@@ -216,6 +228,13 @@ class GatewayServer:
             f"on: {len(check.keys)}" if check.enabled else "off",
             "on" if gw.reflection else "off", "public" if gw.public_metrics else "off",
         )  # fmt: skip
+        if not check.enabled and reachable_from_elsewhere(self.host):
+            log.warning(
+                "gateway: gRPC :%d and HTTP :%d listen on %s with no API keys: anyone who can reach this "
+                "host can synthesize on it. Set gateway.api_keys_file or gateway.api_keys_env, or listen on "
+                "127.0.0.1 (docs/operations.md, production profile)",
+                self.grpc_port, self.http_port, self.host,
+            )  # fmt: skip
 
     async def _check_voice_aliases(self, ready: bool) -> None:
         # Once per model: the voices are only known when a talker has reported what it serves.

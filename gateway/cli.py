@@ -97,6 +97,7 @@ def add_gateway(subparsers: argparse._SubParsersAction) -> None:  # type: ignore
         "$VOXSTAGE_CACHE)",
     )
     parser.add_argument("--grace", type=float, default=30.0, help="seconds admitted requests get on SIGTERM")
-    parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    levels = ["debug", "info", "warning", "error"]
+    parser.add_argument("--log-level", default="info", choices=levels, help="logging level (info)")
     add_deploy_options(parser)
     parser.set_defaults(handler=_run)

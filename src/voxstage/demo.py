@@ -27,10 +27,10 @@ def register(subparsers: Any) -> None:
     p.add_argument("--out", default="out/demo.wav", help="output WAV file")
     p.add_argument("--config", default="deploy/qwen3_tts.yaml", help="deploy YAML file")
     p.add_argument("--model", default="qwen3-tts-tiny", help="checkpoint directory or preset")
-    p.add_argument("--text", default=DEFAULT_TEXT)
-    p.add_argument("--voice", default="ryan")
+    p.add_argument("--text", default=DEFAULT_TEXT, help="what to say")
+    p.add_argument("--voice", default="ryan", help="a voice of the tiny model (ryan)")
     p.add_argument("--max-frames", type=int, default=120, help="cap on generated frames (random weights)")
-    p.add_argument("--start-timeout", type=float, default=300.0)
+    p.add_argument("--start-timeout", type=float, default=300.0, help="seconds the stack may take to start")
     p.set_defaults(handler=run)
 
 

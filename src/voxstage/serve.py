@@ -65,8 +65,14 @@ def register(subparsers: Any) -> None:
         help="talker gRPC port; replica k of several gets PORT+k (default: free ports)",
     )
     p.add_argument("--codec-port", type=int, default=0, help="codec gRPC port, as --talker-port")  # fmt: skip
-    p.add_argument("--talker-metrics-port", type=int, default=None)
-    p.add_argument("--codec-metrics-port", type=int, default=None)
+    p.add_argument(
+        "--talker-metrics-port", type=int, default=None, metavar="PORT",
+        help="serve the talker's Prometheus /metrics on --stage-host:PORT (replica k: PORT+k); default: off",
+    )  # fmt: skip
+    p.add_argument(
+        "--codec-metrics-port", type=int, default=None, metavar="PORT",
+        help="the codec's /metrics, as --talker-metrics-port",
+    )  # fmt: skip
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto", help="device of both stages")
     p.add_argument("--threads", type=int, default=None, help="torch intra-op threads per stage (CPU)")
     p.add_argument("--no-gateway", action="store_true", help="start talker and codec only")

@@ -205,6 +205,25 @@ def test_capacity_bad_input_and_a_vanished_client(stack: Stack) -> None:
     asyncio.run(main())
 
 
+def test_the_readme_talk_example(stack: Stack, tmp_path: Path) -> None:
+    """The README's `voxstage talk` line as written (issue 29: it named an input file nobody had), against
+    this PersonaPlex stack instead of the default port."""
+    import re
+    import wave
+
+    text = (ROOT / "README.md").read_text()
+    (line,) = [ln for ln in text.splitlines() if ln.startswith(".venv/bin/voxstage talk ")]
+    assert "--tone" in line and "--addr localhost:50051" in line
+    (tmp_path / ".venv").symlink_to(ROOT / ".venv")
+    out = re.search(r"-o (\S+)", line).group(1)  # type: ignore[union-attr]
+    command = line.replace("localhost:50051", stack.grpc)
+    done = subprocess.run(["bash", "-c", command], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert "s of agent audio for 5.00 s of input" in done.stderr, done.stderr
+    with wave.open(str(tmp_path / out)) as w:
+        assert w.getframerate() == RATE and w.getnframes() >= 4 * RATE  # the agent spoke alongside
+
+
 def test_a_realtime_websocket_has_tcp_nodelay(stack: Stack) -> None:
     """Issue 29: the gateway's accepted WebSocket connections run with TCP_NODELAY (Nagle delayed audio)."""
     from websockets.sync.client import connect

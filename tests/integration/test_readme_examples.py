@@ -76,6 +76,20 @@ def run(cmd: list[str], cwd: Path) -> float:
     return elapsed
 
 
+SERVED = f"server: voxstage serve deploy/qwen3_tts.yaml --model {MODEL}"  # what `served` runs
+
+
+def test_every_example_names_the_server_it_needs() -> None:
+    """Issue 29: followed in order, the README left a PersonaPlex server running when the TTS examples came
+    next. Every block that talks to a server says which one; the ones run here name the one they get."""
+    for lang in ("bash", "python"):
+        for block in blocks(lang):
+            if re.search(r"localhost:(50051|8000)", block):
+                assert "server: voxstage serve deploy/" in block, block
+    for lang, marker in (("python", "SpeechClient("), ("bash", "curl -s"), ("python", "speech.create(")):
+        assert SERVED in example(lang, marker)
+
+
 def test_sdk_example(served: Path) -> None:
     code = example("python", 'SpeechClient("localhost:50051")')
     assert run([sys.executable, "-c", code], served) < LIMIT_S

@@ -1,9 +1,10 @@
 """``voxstage talk IN.wav -o OUT.wav``: a full-duplex conversation with a running gateway, from a file.
 
 IN.wav (any rate, mono or stereo) is resampled to 24 kHz and streamed in real time, one 80 ms frame every
-80 ms, as a microphone would; the agent's audio is written to OUT.wav (24 kHz, 16-bit) and its transcript
-to stdout (or ``--transcript FILE``). After the last frame the session is closed cleanly, so the agent's
-answer to the end of the input still arrives.
+80 ms, as a microphone would; ``--tone SECONDS`` sends a 220 Hz tone of that length instead, for a first
+try without a recording. The agent's audio is written to OUT.wav (24 kHz, 16-bit) and its transcript to
+stdout (or ``--transcript FILE``). After the last frame the session is closed cleanly, so the agent's answer
+to the end of the input still arrives.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from voxstage.duplex_audio import FRAME_SAMPLES, FRAME_SECONDS, MODEL_RATE
 
 EXIT_FAILED = 1
 EXIT_INVALID = 2
+MAX_TONE_S = 600.0  # ten minutes of a test tone is already more than a try needs
 
 
 def load_input(path: Path) -> bytes:
@@ -33,6 +35,12 @@ def load_input(path: Path) -> bytes:
     pcm, rate = sf.read(str(path), dtype="float32", always_2d=True)
     mono = pcm.mean(axis=1) if pcm.shape[1] > 1 else pcm[:, 0]
     return float_to_s16(resample(np.ascontiguousarray(mono), int(rate), MODEL_RATE)).tobytes()
+
+
+def tone(seconds: float, hz: float = 220.0) -> bytes:
+    """A sine tone as 24 kHz mono 16-bit PCM bytes: input for a first try without a recording."""
+    t = np.arange(round(seconds * MODEL_RATE)) / MODEL_RATE
+    return (3000 * np.sin(2 * np.pi * hz * t)).astype("<i2").tobytes()
 
 
 def write_wav(path: Path, pcm16: bytes) -> None:
@@ -102,11 +110,22 @@ def _run(args: argparse.Namespace) -> int:
     if args.output.suffix.lower() != ".wav":
         print("voxstage talk: -o: write a .wav file", file=sys.stderr)
         return EXIT_INVALID
-    try:
-        data = load_input(args.input)
-    except Exception as exc:  # soundfile raises its own types for unreadable files
-        print(f"voxstage talk: {args.input}: cannot read audio ({exc})", file=sys.stderr)
-        return EXIT_INVALID
+    # libsndfile says "System error" for a file that is not there: name the problem before it is asked.
+    for path in (args.input, args.voice_audio):
+        if path is not None and not path.is_file():
+            print(f"voxstage talk: {path}: no such file", file=sys.stderr)
+            return EXIT_INVALID
+    if args.tone is not None:
+        if not 0 < args.tone <= MAX_TONE_S:
+            print(f"voxstage talk: --tone: seconds must be in (0, {MAX_TONE_S:g}]", file=sys.stderr)
+            return EXIT_INVALID
+        data = tone(args.tone)
+    else:
+        try:
+            data = load_input(args.input)
+        except Exception as exc:  # soundfile raises its own types for unreadable files
+            print(f"voxstage talk: {args.input}: cannot read audio ({exc})", file=sys.stderr)
+            return EXIT_INVALID
     if not data:
         print(f"voxstage talk: {args.input}: holds no audio", file=sys.stderr)
         return EXIT_INVALID
@@ -121,7 +140,11 @@ def add_talk(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     parser = subparsers.add_parser(
         "talk", help="converse (full duplex) with a running gateway from a WAV file", description=__doc__
     )
-    parser.add_argument("input", type=Path, metavar="IN.wav", help="what the user says (any rate)")
+    said = parser.add_mutually_exclusive_group(required=True)
+    said.add_argument("input", type=Path, nargs="?", metavar="IN.wav", help="what the user says (any rate)")
+    said.add_argument(
+        "--tone", type=float, metavar="SECONDS", help="say a 220 Hz tone of this length instead of IN.wav"
+    )
     parser.add_argument(
         "-o", "--output", type=Path, required=True, metavar="OUT.wav", help="the agent's audio"
     )

@@ -56,7 +56,9 @@ def add_stage_options(parser: argparse.ArgumentParser, *, default_port: int) -> 
     )  # fmt: skip
     parser.add_argument("--port", type=int, default=default_port, help=f"gRPC port (default {default_port})")
     parser.add_argument("--metrics-port", type=int, default=None, help="serve Prometheus /metrics here")
-    parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+    parser.add_argument(
+        "--device", choices=("auto", "cpu", "cuda"), default="auto", help="auto: cuda if visible"
+    )
     parser.add_argument(
         "--dtype", choices=("auto", "float32", "bfloat16", "float16"), default="auto",
         help="weights/compute dtype (auto: the stage's default for the device)",
@@ -65,7 +67,7 @@ def add_stage_options(parser: argparse.ArgumentParser, *, default_port: int) -> 
     parser.add_argument(
         "--drain-grace", type=float, default=30.0, help="seconds in-flight streams get after SIGTERM"
     )
-    parser.add_argument("--log-level", default="INFO")
+    parser.add_argument("--log-level", default="INFO", help="Python logging level (INFO)")
     add_deploy_options(parser)
 
 

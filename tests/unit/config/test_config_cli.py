@@ -85,3 +85,16 @@ def test_subcommands_register_through_small_functions() -> None:
 
     args = build_parser([_add_demo]).parse_args(["demo"])
     assert args.handler(args) == 0 and calls == ["demo"]
+
+
+def test_every_option_of_every_subcommand_says_what_it_does() -> None:
+    # Issue 29: --talker-metrics-port and --codec-metrics-port showed in `serve --help` with no word on them.
+    parser = build_parser()
+    (subs,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    silent = [
+        f"{name} {'/'.join(action.option_strings) or action.dest}"
+        for name, sub in subs.choices.items()
+        for action in sub._actions
+        if not action.help and not isinstance(action, argparse._HelpAction)
+    ]
+    assert silent == []

@@ -52,6 +52,7 @@ async def make_stack(cache: Path) -> AsyncIterator[MakeStack]:
         talkers: int = 1,
         overrides: Sequence[str] = (),
         probe_s: float = 0.2,
+        host: str = "127.0.0.1",
     ) -> Stack:
         doubles = [await start_codec(c) for c in (codecs or (FakeCodec(),))]
         talker_doubles = [await start_talker(talker if i == 0 else None) for i in range(talkers)]
@@ -61,7 +62,7 @@ async def make_stack(cache: Path) -> AsyncIterator[MakeStack]:
             config,
             [d.address for d in doubles],
             [t.address for t in talker_doubles],
-            host="127.0.0.1",
+            host=host,
             grpc_port=0,
             http_port=0,
             grace_s=1.0,

@@ -92,7 +92,9 @@ async def test_sync_session_in_a_thread_and_refusals(make_duplex_stack: MakeStac
             assert held.info is not None
 
 
-async def test_talk_cli(make_duplex_stack: MakeStack, tmp_path: Path) -> None:
+async def test_talk_cli(
+    make_duplex_stack: MakeStack, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     stack = await make_duplex_stack()
     rate = 16_000  # any input rate: the CLI resamples to 24 kHz
     t = np.arange(int(0.8 * rate)) / rate
@@ -108,4 +110,13 @@ async def test_talk_cli(make_duplex_stack: MakeStack, tmp_path: Path) -> None:
     assert transcript.read_text() == "".join(f"w{i} " for i in range(10))
     codec: FakeDuplexCodec = stack.codec  # type: ignore[assignment]
     assert codec.opens[-1].voice == "NATM0" and codec.opens[-1].instructions == "Be brief."
+    capsys.readouterr()
     assert await asyncio.to_thread(main, ["talk", str(tmp_path / "missing.wav"), "-o", str(out)]) == 2
+    assert f"{tmp_path / 'missing.wav'}: no such file" in capsys.readouterr().err  # not libsndfile's words
+    # The README's first try: a tone instead of a recording, streamed in real time all the same.
+    start = time.monotonic()
+    argv = ["talk", "--tone", "0.8", "-o", str(out), "--addr", stack.grpc_addr]
+    assert await asyncio.to_thread(main, argv) == 0
+    assert time.monotonic() - start >= 0.7
+    with wave.open(str(out)) as w:
+        assert w.getnframes() == 10 * 1920

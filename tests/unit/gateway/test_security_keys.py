@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import logging
 from pathlib import Path
 
 import grpc
@@ -18,6 +19,7 @@ from openai import AsyncOpenAI, AuthenticationError
 
 from voxstage.client import AsyncSpeechClient, RetryPolicy, SpeechError
 from voxstage.config import ConfigError, load_deploy_config
+from voxstage.gateway.app import reachable_from_elsewhere
 from voxstage.gateway.auth import KeyCheck, SecurityConfigError, load_api_keys
 from voxstage.v1 import speech_pb2
 
@@ -188,3 +190,24 @@ def test_tls_needs_both_files() -> None:
     for given, missing in (("tls_cert_file", "tls_key_file"), ("tls_key_file", "tls_cert_file")):
         with pytest.raises(ConfigError, match=f"gateway.{missing}"):
             load_deploy_config(seed, platform="cpu", overrides=[f"gateway.{given}=/x.pem"])
+
+
+async def test_an_open_gateway_without_keys_says_so_once_at_start(
+    make_stack: MakeStack, keys_env: list[str], caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 29: a public face on a non-loopback address with no API keys logs one clear warning."""
+    caplog.set_level(logging.WARNING, logger="voxstage.gateway.app")
+
+    def warnings() -> list[str]:
+        found = [r.getMessage() for r in caplog.records if "no API keys" in r.getMessage()]
+        caplog.clear()
+        return found
+
+    stack = await make_stack(host="0.0.0.0")
+    (line,) = warnings()
+    assert "0.0.0.0" in line and f":{stack.gateway.http_port}" in line and "gateway.api_keys_file" in line
+    await make_stack()  # loopback only: nobody else can reach it
+    await make_stack(host="0.0.0.0", overrides=keys_env)  # keys: nothing to warn about
+    assert warnings() == []
+    assert not any(map(reachable_from_elsewhere, ("127.0.0.1", "::1", "localhost", "127.0.0.2")))
+    assert all(map(reachable_from_elsewhere, ("0.0.0.0", "::", "[::]", "10.0.0.5", "gw.internal")))
