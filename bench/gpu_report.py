@@ -97,8 +97,9 @@ def model_summary(out: Path, tag: str) -> dict[str, Any]:
     if a := _agg(_load(out / f"ttfa_1rps_{tag}.json")):
         s["ttfa_1rps"] = {f"{p}_ms": _ms(a["ttfa_s"][p]) for p in ("p50", "p90", "p95", "p99")}
         s["ttfa_1rps"].update(underrun_rate=a["underrun_rate"], errors=a["errors_by_code"], n=a["requests"])
-    for key in ("c1", "c1_seed_schedule", "c1_http"):
-        if a := _agg(_load(out / f"{key}_{tag}.json")):
+    for key in ("c1", "c1_seed_schedule", "c1_http", "c1_openai"):
+        doc = _load(out / f"{key}_{tag}.json")
+        if a := _agg(doc):
             s[key] = {
                 "ttfa_p50_ms": _ms(a["ttfa_s"]["p50"]),
                 "ttfa_p95_ms": _ms(a["ttfa_s"]["p95"]),
@@ -108,8 +109,11 @@ def model_summary(out: Path, tag: str) -> dict[str, Any]:
                 "errors": a["errors_by_code"],
                 "n": a["requests"],
             }
+            if doc and "transport" in doc:  # the openai client's connections opened for its requests
+                s[key]["transport"] = doc["transport"]
     s["poisson_search"] = _search(_load(out / f"poisson_search_{tag}.json"))
     s["closed_search"] = _search(_load(out / f"closed_search_{tag}.json"))
+    s["closed_search_openai"] = _search(_load(out / f"closed_search_openai_{tag}.json"))
     s.update(llm_summary(out, tag))
     if eng := _load(out / f"engine_{tag}.json"):
         step = eng.get("talker_frame_step", {}).get("graph", {})
@@ -170,7 +174,7 @@ def markdown(summary: dict[str, Any]) -> str:
             _fmt(r.get("rtf"), 3),
         ]
         lines.append("| " + " | ".join(row) + " |")
-    return "\n".join(lines) + "\n" + llm_markdown(summary) + pairs_markdown(summary)
+    return "\n".join(lines) + "\n" + faces_markdown(summary) + llm_markdown(summary) + pairs_markdown(summary)
 
 
 def _best(search: dict[str, Any] | None, digits: int = 0) -> str:
@@ -179,6 +183,37 @@ def _best(search: dict[str, Any] | None, digits: int = 0) -> str:
     at = search.get("at_best") or {}
     ttfa = f", TTFA p50 {_fmt(at.get('ttfa_p50_ms'), 0)} ms" if at else ""
     return f"{_fmt(search.get('best'), digits)} ({search.get('limited_by', '–')}{ttfa})"
+
+
+def faces_markdown(summary: dict[str, Any]) -> str:
+    """c=1 first audio through each face (issue 29): gRPC, HTTP on a fresh connection per request, and the
+    official ``openai`` client on kept-alive connections, for every model with an ``openai`` phase."""
+    rows = []
+    for model, s in summary["models"].items():
+        oa = s.get("c1_openai")
+        if not oa:
+            continue
+        grpc, http = s.get("c1") or {}, s.get("c1_http") or {}
+        gap = None if grpc.get("ttfa_p50_ms") is None else oa["ttfa_p50_ms"] - grpc["ttfa_p50_ms"]
+        kept = oa.get("transport") or {}
+        rows.append(
+            [
+                model,
+                *(f"{_fmt(c.get('ttfa_p50_ms'))} / {_fmt(c.get('ttfa_p95_ms'))}" for c in (grpc, http, oa)),
+                "–" if gap is None else f"{gap:+.1f}",
+                f"{kept.get('connections_opened', '–')} / {kept.get('requests', '–')}",
+                f"{_best(s.get('closed_search'))}; {_best(s.get('closed_search_openai'))}",
+            ]
+        )
+    if not rows:
+        return ""
+    head = (
+        "\n| model | c=1 TTFA p50 / p95 ms: gRPC | HTTP, fresh connections | openai client, kept alive | "
+        "openai − gRPC p50 ms | openai connections / requests | max streams: gRPC; openai |\n"
+        + "|---" * 7
+        + "|\n"
+    )
+    return head + "".join("| " + " | ".join(r) + " |\n" for r in rows)
 
 
 def llm_markdown(summary: dict[str, Any]) -> str:

@@ -4,6 +4,7 @@
     python -m bench.loadgen --grpc 127.0.0.1:50051 --closed 1,8,32 --requests 64 --frames 100 --out c.json
     python -m bench.loadgen --grpc 127.0.0.1:50051 --search closed --frames 100 --out s.json --plots plots/
     python -m bench.loadgen --http 127.0.0.1:8000 --api http --closed 1 --requests 10 --out h.json
+    python -m bench.loadgen --http 127.0.0.1:8000 --api openai --closed 1 --requests 10 --out o.json
 
 Open loop (Nari): arrivals are a Poisson process independent of completions, so queueing shows up in TTFA
 instead of slowing the client down. Closed loop (vLLM-Omni): ``c`` workers each send their next request when
@@ -75,7 +76,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     ap.add_argument("--grpc", default="127.0.0.1:50051", help="gateway gRPC address (loopback)")
     ap.add_argument("--http", default="127.0.0.1:8000", help="gateway HTTP address (loopback)")
-    ap.add_argument("--api", choices=("grpc", "grpc-unary", "http"), default="grpc")
+    ap.add_argument(
+        "--api", choices=("grpc", "grpc-unary", "http", "openai"), default="grpc",
+        help="http: a fresh connection per request; openai: the official client, kept-alive connections",
+    )  # fmt: skip
     ap.add_argument("--grpc-channels", type=int, default=4, help="HTTP/2 connections, used round-robin")
     mode = ap.add_mutually_exclusive_group(required=True)
     mode.add_argument("--poisson", type=_levels, metavar="RATES", help="open loop: req/s levels, e.g. 1,2,4")
@@ -134,6 +138,10 @@ def make_client(args: argparse.Namespace) -> Client:
     if args.api == "http":
         host, port = require_loopback(args.http)
         return HttpStreamClient(host, port)
+    if args.api == "openai":
+        from bench.openai_client import OpenAIClient  # the openai package only where this API is measured
+
+        return OpenAIClient(*require_loopback(args.http))
     require_loopback(args.grpc)
     cls = GrpcStreamClient if args.api == "grpc" else GrpcUnaryClient
     return cls(args.grpc, channels=args.grpc_channels)
@@ -196,6 +204,8 @@ async def amain(args: argparse.Namespace) -> dict[str, Any]:
                 await asyncio.sleep(args.settle)
     finally:
         await client.aclose()
+    if hasattr(client, "transport"):
+        doc["transport"] = client.transport()
     return doc
 
 

@@ -1,8 +1,8 @@
 """The whole GPU benchmark of one host: serving latency and capacity, engine micro-benchmarks, the reference.
 
     python -m bench.run_gpu --out OUT [--models qwen3-tts-0.6b,qwen3-tts-1.7b] [--profile quick|full]
-        [--phases latency,poisson,closed,llm,llm_poisson,engine,reference,report] [--ref-env /tmp/refenv]
-        [--pairs 2]
+        [--phases latency,poisson,closed,openai,llm,llm_poisson,engine,reference,report]
+        [--ref-env /tmp/refenv] [--pairs 2]
 
 ``bench/run_gpu.sh OUT`` installs the carried wheels and runs this (see bench/README.md). Per model:
 
@@ -10,8 +10,10 @@
   stack (started once for all three; fixed length: EOS disabled for ``--frames`` frames): warm-up, TTFA at
   1 req/s Poisson, c=1 RTF (gRPC streaming; also the seed file's [1, 25] chunk schedule and the HTTP face),
   then searches for the highest sustained Poisson rate and concurrency (no error, no underrun, p95 TTFA
-  within the SLO); ``llm`` / ``llm_poisson`` repeat them with the text streamed as deltas at an LLM's rate
-  (bench/serve_gpu.py); ``--pairs N`` serves from N talker + codec pairs sharing the GPU;
+  within the SLO); ``openai`` measures c=1 and the closed search again through the official ``openai``
+  client on kept-alive HTTP connections; ``llm`` / ``llm_poisson`` repeat them with the text streamed as
+  deltas at an LLM's rate (bench/serve_gpu.py); ``--pairs N`` serves from N talker + codec pairs sharing
+  the GPU;
 * ``engine``: ``bench/engine_gpu.py`` (frame step and codec time at batch 1/8/32/64);
 * ``reference``: the preset's weights exported in the checkpoint layout, then ``bench/reference_qwen_tts.py``
   in the reference's own environment;

@@ -6,7 +6,8 @@
 #
 # The box has Python 3.12 and a CUDA torch but no internet, so everything else arrives as carried wheels
 # (bench/README.md: what to download and carry):
-#   build/bench_wheels     voxstage's runtime packages the box may lack (gateway included) -> $VX_SITE
+#   build/bench_wheels     voxstage's runtime packages the box may lack (gateway included), and the official
+#                          openai client that the `openai` phase measures the HTTP face with -> $VX_SITE
 #   build/ref_wheels       qwen-tts 0.1.1 + transformers 4.57.3 and their pure deps -> $REF_ENV, which is
 #                          on PYTHONPATH only for the reference process (never next to voxstage)
 # voxstage itself is installed from this checkout into $VX_PKG (not editable: the stage processes import it).

@@ -1,5 +1,11 @@
 """The serving phases of ``bench/run_gpu.py``: one ``voxstage serve`` stack per model (and pair count), then
-warm-up, ``latency``, ``poisson``, ``closed`` and the LLM-rate phases ``llm`` / ``llm_poisson`` against it.
+warm-up, ``latency``, ``poisson``, ``closed``, ``openai`` and the LLM-rate phases ``llm`` / ``llm_poisson``
+against it.
+
+``openai`` measures the HTTP face as users meet it (issue 29): the official ``openai`` client
+(bench/openai_client.py) on kept-alive connections, each response read to its end, at c=1
+(``c1_openai_<tag>.json``, as many requests as ``c1``) and in a closed search
+(``closed_search_openai_<tag>.json``, the same levels and gate as ``closed``).
 
 ``llm`` runs the same measurements as the whole-text phases with ``--text-mode llm`` (bench/llm_stream.py):
 TTFA at 1 req/s Poisson, c=1, and the closed-loop search (from ``Profile.llm_conc_start`` streams up to
@@ -26,7 +32,7 @@ from bench.stack import Stack, StackSpec
 if TYPE_CHECKING:
     from bench.run_gpu import Family, Profile
 
-SERVE_PHASES = ("latency", "poisson", "closed", "llm", "llm_poisson")
+SERVE_PHASES = ("latency", "poisson", "closed", "openai", "llm", "llm_poisson")
 
 
 def run_loadgen(out: Path, name: str, args: list[str], log: list[dict]) -> dict:
@@ -111,6 +117,13 @@ def serve_phases(
             args = [*common, *level, "--search", "closed", "--search-start", str(min(prof.conc_start, top))]
             run_loadgen(out, f"closed_search_{tag}", [*args, "--search-max", str(top)], runs)
             stack.scrape(out / f"metrics_{tag}_3closed")
+        if "openai" in phases:
+            oa = [*common, "--api", "openai"]
+            c1 = [*oa, "--closed", "1", "--duration", "600", "--requests", str(prof.c1_requests)]
+            run_loadgen(out, f"c1_openai_{tag}", c1, runs)
+            args = [*oa, *level, "--search", "closed", "--search-start", str(min(prof.conc_start, top))]
+            run_loadgen(out, f"closed_search_openai_{tag}", [*args, "--search-max", str(top)], runs)
+            stack.scrape(out / f"metrics_{tag}_5openai")
         if "llm" in phases or "llm_poisson" in phases:
             meta["llm"] = {"tokens_per_s": a.llm_tokens_per_s, "search_max": a.llm_search_max}
             meta["llm"]["segment_frames"] = a.llm_segment_frames or "frames / sentences"

@@ -1,6 +1,7 @@
 """CPU smoke tests of ``bench/run_gpu.py``'s new serving runs on the tiny preset: the LLM-rate phase (text as
-deltas, a flush per sentence) and the closed search against two talker + codec pairs. CPU timing is not a
-benchmark: only the files, their shapes and the counts are checked."""
+deltas, a flush per sentence), the official ``openai`` client on kept-alive connections (on the same stack)
+and the closed search against two talker + codec pairs. CPU timing is not a benchmark: only the files, their
+shapes and the counts are checked."""
 
 from __future__ import annotations
 
@@ -29,12 +30,11 @@ def load(path: Path) -> dict:
     return json.loads(path.read_text())
 
 
-def test_llm_phase_streams_deltas_and_reports_them(tmp_path: Path, cache: None) -> None:
+def test_llm_and_openai_phases_measure_and_report(tmp_path: Path, cache: None) -> None:
     # 300 tokens/s keeps a CPU request near a second; the schedule logic is the same as at 30.
-    assert (
-        run_gpu.main(["--out", str(tmp_path), *BASE, "--phases", "llm,report", "--llm-tokens-per-s", "300"])
-        == 0
-    )
+    phases = ["--phases", "openai,llm,report", "--llm-tokens-per-s", "300"]
+    assert run_gpu.main(["--out", str(tmp_path), *BASE, *phases]) == 0
+    check_openai_phase(tmp_path)
     sentences = 10  # every answer in prompts/llm_answers.txt
     budget = segment_budget(FRAMES, sentences)
     assert budget == 2
@@ -66,6 +66,27 @@ def test_llm_phase_streams_deltas_and_reports_them(tmp_path: Path, cache: None) 
     assert summary["c1_llm"]["n"] == 1 and summary["ttfa_1rps_llm"]["p50_ms"] > 0
     assert summary["closed_search_llm"]["levels"]
     assert "LLM deltas" in (tmp_path / "summary.md").read_text()
+
+
+def check_openai_phase(out: Path) -> None:
+    """Issue 29: the official client at c=1 and in a closed search, every response read to its end, on
+    connections it kept alive: one connection (opened before the clock) carried every c=1 request."""
+    c1, search = load(out / "c1_openai_tiny.json"), load(out / "closed_search_openai_tiny.json")
+    assert c1["config"]["api"] == "openai" and [lv["level"] for lv in c1["levels"]] == [1]
+    assert c1["transport"] == {"connections_opened": 1, "requests": 2}
+    assert search["search"]["kind"] == "closed" and search["levels"]
+    # A closed level of c streams keeps c connections; the search's levels top out at the 2 slots.
+    assert 1 <= search["transport"]["connections_opened"] <= 2 < search["transport"]["requests"]
+    for doc in (c1, search):
+        for level in doc["levels"]:
+            assert level["aggregate"]["errors"] == 0, level["aggregate"]["errors_by_code"]
+            for r in level["records"]:
+                assert r["api"] == "openai" and r["ok"] and r["length_ok"] is True, r
+                assert r["samples"] == FRAMES * SPF and 0 < r["ttfa_s"] <= r["e2e_s"] < 60
+    summary = load(out / "summary.json")["models"]["qwen3-tts-tiny"]
+    assert summary["c1_openai"]["transport"]["connections_opened"] == 1
+    assert summary["c1_openai"]["ttfa_p50_ms"] > 0 and summary["closed_search_openai"]["levels"]
+    assert "openai client, kept alive" in (out / "summary.md").read_text()
 
 
 def test_closed_search_against_two_pairs_sharing_the_device(tmp_path: Path, cache: None) -> None:
