@@ -5,7 +5,12 @@
 # The base image brings CUDA and a CUDA build of torch; pip then installs voxstage with the dependencies
 # listed in pyproject.toml's [project] table (torch is already satisfied), which is what `voxstage serve`
 # and each stage import. No dev tools, tests or build outputs go in (see .dockerignore).
-FROM pytorch/pytorch:2.6.0-cuda12.4-cudnn9-runtime
+#
+# The base is the torch every GPU number and GPU test ran on (PyTorch 2.11.0 built for CUDA 13.0, with
+# Triton 3.6: the H200 runs of docs/benchmarks.md). tests/gpu/test_image_pin.py reads this line and fails
+# when the torch under test is older, so the image and the GPU evidence cannot drift apart. CUDA 13.0 needs an
+# NVIDIA driver >= 580 on the host. docs/deploy.md names the tag and when it was checked.
+FROM pytorch/pytorch:2.11.0-cuda13.0-cudnn9-runtime
 
 ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \

@@ -1,7 +1,9 @@
 """Run the deployment's own commands (docker-compose.yml, Dockerfile) as local processes.
 
-Compose service names and container ports are rewritten to 127.0.0.1 and free ports, ``/models`` to a temp
-directory and ``${VAR:-default}`` to its default; everything else is the command exactly as the file has it.
+Compose service names and container ports are rewritten to 127.0.0.1 and free ports, ``/models`` (and paths
+under it) to a temp directory and ``${VAR:-default}`` to the variable's value where the caller sets one (as a
+shell's environment would for ``docker compose up``), else its default; everything else is the command
+exactly as the file has it.
 """
 
 from __future__ import annotations
@@ -29,8 +31,9 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def expand(arg: str) -> str:
-    return re.sub(r"\$\{\w+:-([^}]*)\}", r"\1", arg)
+def expand(arg: str, values: dict[str, str] | None = None) -> str:
+    values = values or {}
+    return re.sub(r"\$\{(\w+):-([^}]*)\}", lambda m: values.get(m.group(1)) or m.group(2), arg)
 
 
 @dataclass
@@ -98,11 +101,19 @@ class ComposeStack:
         }
 
 
-def start_compose_stack(tmp: Path, *, limit_s: float = 600.0) -> ComposeStack:
-    """Start talker, codec and gateway in compose's order, each once the previous one's healthcheck passes."""
+def start_compose_stack(
+    tmp: Path, *, limit_s: float = 600.0, compose_env: dict[str, str] | None = None
+) -> ComposeStack:
+    """Start talker, codec and gateway in compose's order, each once the previous one's healthcheck passes.
+    ``compose_env`` is what ``VAR=value docker compose up`` would set (``VOXSTAGE_MODEL``, ...); the
+    ``models`` volume is ``tmp/models``."""
     services = yaml.safe_load((REPO / "docker-compose.yml").read_text())["services"]
     models = tmp / "models"
     models.mkdir(exist_ok=True)
+
+    def local(arg: str) -> str:  # /models inside the containers is the volume: tmp/models here
+        return str(models) + arg[len("/models") :] if arg == "/models" or arg.startswith("/models/") else arg
+
     ports = {name: {flag: free_port() for flag in PORT_FLAGS} for name in ("talker", "codec", "gateway")}
     hosts = {}
     for name in ("talker", "codec"):
@@ -113,17 +124,13 @@ def start_compose_stack(tmp: Path, *, limit_s: float = 600.0) -> ComposeStack:
         for name in ("talker", "codec", "gateway"):
             svc = services[name]
             env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-            env.update(
-                {k: expand(str(v)).replace("/models", str(models)) for k, v in svc["environment"].items()}
-            )
-            command = [expand(a) for a in svc["command"]]
+            env.update({k: local(expand(str(v), compose_env)) for k, v in svc["environment"].items()})
+            command = [local(expand(a, compose_env)) for a in svc["command"]]
             for i, arg in enumerate(command[:-1]):
                 if arg in PORT_FLAGS:
                     command[i + 1] = str(ports[name][arg])
                 elif arg in ("--codec", "--talker", "--allowed-talkers"):
                     command[i + 1] = ",".join(hosts[a] for a in command[i + 1].split(","))
-                elif command[i + 1] == "/models":
-                    command[i + 1] = str(models)
             assert command[0] == "python"
             command[0] = sys.executable  # `python` in the image is this venv's interpreter here
             port = ports[name]["--grpc-port" if name == "gateway" else "--port"]
@@ -139,6 +146,22 @@ def start_compose_stack(tmp: Path, *, limit_s: float = 600.0) -> ComposeStack:
         stack.stop()
         raise
     return stack
+
+
+@dataclass(frozen=True)
+class BaseImage:
+    """The Dockerfile's ``FROM pytorch/pytorch:<torch>-cuda<cuda>-cudnn<n>-<flavour>``."""
+
+    image: str
+    torch: str
+    cuda: str
+
+
+def dockerfile_base() -> BaseImage:
+    text = (REPO / "Dockerfile").read_text()
+    match = re.search(r"^FROM (pytorch/pytorch:(\d+\.\d+\.\d+)-cuda(\d+\.\d+)-cudnn\d+-\w+)$", text, re.M)
+    assert match is not None, "Dockerfile: FROM is not pytorch/pytorch:<torch>-cuda<x.y>-cudnn<n>-<flavour>"
+    return BaseImage(*match.groups())
 
 
 def dockerfile_cmd() -> list[str]:
