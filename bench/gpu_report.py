@@ -205,15 +205,17 @@ def faces_markdown(summary: dict[str, Any]) -> str:
                 f"{_best(s.get('closed_search'))}; {_best(s.get('closed_search_openai'))}",
             ]
         )
+    head = ["model", "c=1 TTFA p50 / p95 ms: gRPC", "HTTP, fresh connections", "openai client, kept alive"]
+    head += ["openai − gRPC p50 ms", "openai connections / requests", "max streams: gRPC; openai"]
+    return _table(head, rows)
+
+
+def _table(head: list[str], rows: list[list[str]]) -> str:
+    """A markdown table after a blank line, or nothing without rows."""
     if not rows:
         return ""
-    head = (
-        "\n| model | c=1 TTFA p50 / p95 ms: gRPC | HTTP, fresh connections | openai client, kept alive | "
-        "openai − gRPC p50 ms | openai connections / requests | max streams: gRPC; openai |\n"
-        + "|---" * 7
-        + "|\n"
-    )
-    return head + "".join("| " + " | ".join(r) + " |\n" for r in rows)
+    lines = [head, ["---"] * len(head), *rows]
+    return "\n" + "".join("| " + " | ".join(r) + " |\n" for r in lines)
 
 
 def llm_markdown(summary: dict[str, Any]) -> str:
@@ -237,15 +239,9 @@ def llm_markdown(summary: dict[str, Any]) -> str:
                     _best(s.get(f"poisson_search{sfx}"), 1),
                 ]
             )
-    if not rows:
-        return ""
-    head = (
-        "\n| model | text | TTFA @1 rps p50 / p95 / p99 ms | underrun rate @1 rps | first audio before "
-        "last delta @1 rps | c=1 TTFA p50 ms | max streams (closed) | max rate req/s (Poisson) |\n"
-        + "|---" * 8
-        + "|\n"
-    )
-    return head + "".join("| " + " | ".join(r) + " |\n" for r in rows)
+    head = ["model", "text", "TTFA @1 rps p50 / p95 / p99 ms", "underrun rate @1 rps"]
+    head += ["first audio before last delta @1 rps", "c=1 TTFA p50 ms", "max streams (closed)"]
+    return _table([*head, "max rate req/s (Poisson)"], rows)
 
 
 def pairs_markdown(summary: dict[str, Any]) -> str:
@@ -270,13 +266,8 @@ def pairs_markdown(summary: dict[str, Any]) -> str:
                     _fmt(at.get("audio_s_per_s")),
                 ]
             )
-    if not rows:
-        return ""
-    head = (
-        "\n| model | pairs on the GPU | max gap-free streams (closed) | TTFA @1 rps p50 ms | at best: TTFA "
-        "p50 / p95 ms | at best: RTF p50 | at best: audio s per s |\n" + "|---" * 7 + "|\n"
-    )
-    return head + "".join("| " + " | ".join(r) + " |\n" for r in rows)
+    head = ["model", "pairs on the GPU", "max gap-free streams (closed)", "TTFA @1 rps p50 ms"]
+    return _table([*head, "at best: TTFA p50 / p95 ms", "at best: RTF p50", "at best: audio s per s"], rows)
 
 
 def write_report(out: Path) -> dict[str, Any]:
