@@ -146,9 +146,13 @@ def write_kv(
     """Scatter the rows' ``k``/``v [B, T, kv_heads, hd]`` into one layer's pools ``[slots, kv_heads,
     positions, hd]`` at ``write`` (from ``write_index``), quantized by ``scales`` for an fp8 pool."""
     rows, cols = write  # (slot [B, 1], :, position [B, T]) addresses a [B, T, kv_heads, hd] block
-    k_scale, v_scale = (None, None) if scales is None else (s.view(-1, 1) for s in scales)
-    k_pool[rows, :, cols] = kv_fp8.store(k, k_pool.dtype, k_scale)
-    v_pool[rows, :, cols] = kv_fp8.store(v, v_pool.dtype, v_scale)
+    if scales is None:
+        k_pool[rows, :, cols] = k.to(k_pool.dtype)
+        v_pool[rows, :, cols] = v.to(v_pool.dtype)
+        return
+    k_scale, v_scale = (s.view(-1, 1) for s in scales)
+    kv_fp8.as_bytes(k_pool)[rows, :, cols] = kv_fp8.as_bytes(kv_fp8.quantize(k, k_scale))
+    kv_fp8.as_bytes(v_pool)[rows, :, cols] = kv_fp8.as_bytes(kv_fp8.quantize(v, v_scale))
 
 
 def attend_pool(
@@ -176,8 +180,10 @@ def attend_pool(
     group = nh // nkv
     if slot_ids is None:  # a view, not a gather
         keys, values = k_pool[:b, :, :attn_len], v_pool[:b, :, :attn_len]
-    else:
+    elif scales is None:
         keys, values = k_pool[slot_ids, :, :attn_len], v_pool[slot_ids, :, :attn_len]
+    else:  # gathered as bytes (fp8 indexing is not on every device)
+        keys, values = (kv_fp8.as_bytes(p)[slot_ids, :, :attn_len].view(p.dtype) for p in (k_pool, v_pool))
     # GQA without repeating K/V: each KV head's query group is folded into the query-length axis, so the
     # call is plain multi-head SDPA over kv_heads (query head j uses KV head j // group, as the references;
     # any backend that takes a mask can run it).

@@ -5,6 +5,8 @@ same kernel checks run on CPU through the Triton interpreter in tests/unit/talke
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import pytest
 import torch
@@ -41,6 +43,19 @@ def _bits(x: torch.Tensor) -> torch.Tensor:
     return x.view(torch.uint8)
 
 
+def _kernels_then_fallback(
+    shape: tuple[int, ...], write: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+    """``(q, k, v)`` of ``write(k, v)`` into fresh fp8 pools of ``shape``, the kernels on, then off."""
+    out = []
+    for enabled in (True, False):
+        fused.set_triton(enabled)
+        k = torch.zeros(shape, device="cuda", dtype=kv_fp8.FP8)
+        v = torch.zeros_like(k)
+        out.append((write(k, v), k, v))
+    return out
+
+
 def _scales(heads: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
     exps = torch.randint(-8, 0, (2, heads), generator=g).float()
@@ -58,13 +73,9 @@ def test_qkv_into_cache_fp8_stores_the_fallbacks_bytes(dtype: torch.dtype) -> No
     rope = (angles.cos(), angles.sin())
     index = torch.randint(0, positions, (b,), device="cuda", generator=g)
     scales = _scales(heads, 1)
-    out = []
-    for enabled in (True, False):
-        fused.set_triton(enabled)
-        k = torch.zeros(b, heads, positions, hd, device="cuda", dtype=kv_fp8.FP8)
-        v = torch.zeros_like(k)
-        out.append((fused.qkv_into_cache(qkv, heads, k, v, index, rope, scales), k, v))
-    (q1, k1, v1), (q0, k0, v0) = out
+    (q1, k1, v1), (q0, k0, v0) = _kernels_then_fallback(
+        (b, heads, positions, hd), lambda k, v: fused.qkv_into_cache(qkv, heads, k, v, index, rope, scales)
+    )
     tol = 1e-2 if dtype == torch.bfloat16 else 1e-5  # as tests/gpu/test_fused_ops.py: FMA contraction
     torch.testing.assert_close(q1, q0, rtol=tol, atol=tol)
     assert torch.equal(_bits(v1), _bits(v0))
@@ -90,14 +101,10 @@ def test_qk_norm_rope_into_cache_fp8_equals_fallback() -> None:
     pos = torch.randperm(max_len, device="cuda", generator=g)[:n]
     cos, sin = rope_cos_sin(pos, rope_inv_freq(hd, 1e6, "cuda"), torch.bfloat16)
     scales = _scales(nkv, 3)
-    out = []
-    for enabled in (True, False):
-        fused.set_triton(enabled)
-        k_pool = torch.zeros(slots, nkv, max_len, hd, device="cuda", dtype=kv_fp8.FP8)
-        v_pool = torch.zeros_like(k_pool)
-        q = fused.qk_norm_rope_into_cache(qkv, nh, nkv, *norms, cos, sin, k_pool, v_pool, slot, pos, scales)
-        out.append((q, k_pool, v_pool))
-    (q1, k1, v1), (q0, k0, v0) = out
+    (q1, k1, v1), (q0, k0, v0) = _kernels_then_fallback(
+        (slots, nkv, max_len, hd),
+        lambda k, v: fused.qk_norm_rope_into_cache(qkv, nh, nkv, *norms, cos, sin, k, v, slot, pos, scales),
+    )
     torch.testing.assert_close(q1.float(), q0.float(), rtol=2e-2, atol=2e-2)
     assert torch.equal(_bits(v1), _bits(v0))
     k_scale = scales[0].view(-1, 1, 1)

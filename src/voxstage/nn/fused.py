@@ -131,8 +131,9 @@ def qkv_into_cache(
             k_cache[rows, :, index] = k
             v_cache[rows, :, index] = v
         else:
-            k_cache[rows, :, index] = kv_fp8.quantize(k, scales[0].view(-1, 1))
-            v_cache[rows, :, index] = kv_fp8.quantize(v, scales[1].view(-1, 1))
+            k8, v8 = kv_fp8.quantize(k, scales[0].view(-1, 1)), kv_fp8.quantize(v, scales[1].view(-1, 1))
+            kv_fp8.as_bytes(k_cache)[rows, :, index] = kv_fp8.as_bytes(k8)
+            kv_fp8.as_bytes(v_cache)[rows, :, index] = kv_fp8.as_bytes(v8)
         return q
     if index.shape != (b,):
         raise ValueError(f"qkv_into_cache: index must be [B] = [{b}], got {list(index.shape)}")
@@ -177,9 +178,13 @@ def qk_norm_rope_into_cache(
         q, k = apply_rope(torch.cat([q, k], dim=1), cos.unsqueeze(1), sin.unsqueeze(1)).split(
             [heads, kv_heads], dim=1
         )
-        k_scale, v_scale = (None, None) if scales is None else (s.view(-1, 1) for s in scales)
-        k_pool[slot, :, pos] = kv_fp8.store(k, k_pool.dtype, k_scale)
-        v_pool[slot, :, pos] = kv_fp8.store(v, v_pool.dtype, v_scale)
+        if scales is None:
+            k_pool[slot, :, pos] = k.to(k_pool.dtype)
+            v_pool[slot, :, pos] = v.to(v_pool.dtype)
+        else:
+            k8, v8 = kv_fp8.quantize(k, scales[0].view(-1, 1)), kv_fp8.quantize(v, scales[1].view(-1, 1))
+            kv_fp8.as_bytes(k_pool)[slot, :, pos] = kv_fp8.as_bytes(k8)
+            kv_fp8.as_bytes(v_pool)[slot, :, pos] = kv_fp8.as_bytes(v8)
         return q
     if slot.shape != (n,) or pos.shape != (n,):
         raise ValueError(f"qk_norm_rope_into_cache: slot and pos must be [N] = [{n}] (any stride)")

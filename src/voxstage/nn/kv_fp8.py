@@ -30,6 +30,12 @@ def is_fp8(dtype: torch.dtype) -> bool:
     return dtype == FP8
 
 
+def as_bytes(x: torch.Tensor) -> torch.Tensor:
+    """An fp8 tensor as its raw bytes (a view), anything else as is: gathers and scatters by index run on
+    the bytes, which every device supports for every dtype."""
+    return x.view(torch.uint8) if is_fp8(x.dtype) else x
+
+
 def pow2_scale(bound: torch.Tensor) -> torch.Tensor:
     """The smallest power of two ``s`` with ``bound / s <= FP8_MAX`` (fp32, elementwise)."""
     b = bound.float().clamp(min=torch.finfo(torch.float32).tiny)
