@@ -50,6 +50,11 @@ class TalkerAdapter(Protocol):
     num_groups: int
     codebook_size: int  # every emitted code lies in [0, codebook_size) (EOS rows carry no codes)
 
+    def use_kv_cache_dtype(self, name: str) -> None:
+        """The deploy's ``kv_cache_dtype`` (``auto`` or ``fp8``), before ``allocate`` and
+        ``kv_bytes_per_token``; raises ValueError, with the reason, for a value the family cannot store."""
+        ...
+
     def kv_bytes_per_token(self) -> int: ...
 
     def allocate(self, num_slots: int, max_len: int) -> None:

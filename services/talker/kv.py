@@ -15,6 +15,10 @@ in-kernel; elsewhere (CPU, prefill, kernels switched off) the gather + mask + SD
 Only the family-independent part lives here: projections, q/k norms and the rotary flavour (rotate-half
 in fp32 for Qwen3, interleaved on a bf16 table for Audio8) stay with each family, so sharing this changes
 no numbers.
+
+With ``kv_cache_dtype: fp8`` the pool holds float8 e4m3 and carries static per-layer, per-KV-head scales
+(``voxstage.nn.kv_fp8``, which says why static); every write quantizes and every read dequantizes, passing
+a layer's ``scales`` (``KVPool.layer_scales``) along with its pools. Without scales nothing changes.
 """
 
 from __future__ import annotations
@@ -26,15 +30,20 @@ from typing import Self
 import torch
 import torch.nn.functional as F
 
-from voxstage.nn import fused
+from voxstage.nn import fused, kv_fp8
+
+Scales = tuple[torch.Tensor, torch.Tensor] | None  # one layer's (k_scale, v_scale) [kv_heads] fp32, or None
 
 
 @dataclass
 class KVPool:
-    """Static K/V: ``k``/``v`` are ``[layers, slots, kv_heads, positions, head_dim]``."""
+    """Static K/V: ``k``/``v`` are ``[layers, slots, kv_heads, positions, head_dim]``; with an fp8 pool,
+    ``k_scale``/``v_scale [layers, kv_heads]`` (fp32 powers of two) say what one stored unit is worth."""
 
     k: torch.Tensor
     v: torch.Tensor
+    k_scale: torch.Tensor | None = None
+    v_scale: torch.Tensor | None = None
 
     @classmethod
     def zeros(
@@ -46,13 +55,20 @@ class KVPool:
         head_dim: int,
         device: torch.device | str,
         dtype: torch.dtype,
+        scales: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> Self:
+        """A zeroed pool of ``dtype``; ``scales`` ``(k_scale, v_scale) [layers, kv_heads]`` make it an fp8
+        pool (``dtype`` is then the fp8 storage type)."""
         if num_slots <= 0 or max_len <= 0:
             raise ValueError(f"a KV pool needs num_slots > 0 and max_len > 0, got {num_slots}, {max_len}")
+        if (scales is not None) != kv_fp8.is_fp8(dtype):
+            raise ValueError(f"an fp8 pool needs its scales and only an fp8 pool has them (dtype {dtype})")
         shape = (num_layers, num_slots, kv_heads, max_len, head_dim)
-        return cls(
-            torch.zeros(shape, device=device, dtype=dtype), torch.zeros(shape, device=device, dtype=dtype)
-        )
+        k, v = (torch.zeros(shape, device=device, dtype=dtype) for _ in range(2))
+        if scales is None:
+            return cls(k, v)
+        k_scale, v_scale = (s.to(device, torch.float32).reshape(num_layers, kv_heads) for s in scales)
+        return cls(k, v, k_scale, v_scale)
 
     @property
     def num_slots(self) -> int:
@@ -62,15 +78,33 @@ class KVPool:
     def max_len(self) -> int:
         return self.k.shape[3]
 
+    def layer_scales(self, layer: int) -> Scales:
+        """Layer ``layer``'s ``(k_scale, v_scale)`` for the write and read calls, None for a plain pool."""
+        if self.k_scale is None or self.v_scale is None:
+            return None
+        return self.k_scale[layer], self.v_scale[layer]
+
     def copy_slot(self, src: int, dst: int, n: int) -> None:
-        """Positions ``[0, n)`` of slot ``src`` into slot ``dst`` (slot compaction when a request leaves)."""
+        """Positions ``[0, n)`` of slot ``src`` into slot ``dst`` (slot compaction when a request leaves).
+        A byte copy in either storage: the fp8 scales are the same for every slot."""
         if n:
             self.k[:, dst, :, :n] = self.k[:, src, :, :n]
             self.v[:, dst, :, :n] = self.v[:, src, :, :n]
 
 
+KV_CACHE_DTYPES = ("auto", "fp8")  # the deploy key's values once its spellings are read (config/stage.py)
+
+
+def kv_cache_fp8(name: str) -> bool:
+    """Whether ``kv_cache_dtype`` ``name`` asks for an fp8 pool (a family that supports both values)."""
+    if name not in KV_CACHE_DTYPES:
+        raise ValueError(f"kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)}, got {name!r}")
+    return name == "fp8"
+
+
 def kv_bytes_per_token(num_layers: int, kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
-    """K+V bytes one position of one slot occupies across all layers (memory-budget admission)."""
+    """K+V bytes one position of one slot occupies across all layers (memory-budget admission); ``dtype`` is
+    the pool's storage type (fp8: one byte; its per-head scales are a few KiB per pool, not per slot)."""
     return 2 * num_layers * kv_heads * head_dim * torch.empty((), dtype=dtype).element_size()
 
 
@@ -107,12 +141,18 @@ def write_kv(
     k_pool: torch.Tensor,
     v_pool: torch.Tensor,
     write: tuple[torch.Tensor, torch.Tensor],
+    scales: Scales = None,
 ) -> None:
     """Scatter the rows' ``k``/``v [B, T, kv_heads, hd]`` into one layer's pools ``[slots, kv_heads,
-    positions, hd]`` at ``write`` (from ``write_index``)."""
+    positions, hd]`` at ``write`` (from ``write_index``), quantized by ``scales`` for an fp8 pool."""
     rows, cols = write  # (slot [B, 1], :, position [B, T]) addresses a [B, T, kv_heads, hd] block
-    k_pool[rows, :, cols] = k.to(k_pool.dtype)
-    v_pool[rows, :, cols] = v.to(v_pool.dtype)
+    if scales is None:
+        k_pool[rows, :, cols] = k.to(k_pool.dtype)
+        v_pool[rows, :, cols] = v.to(v_pool.dtype)
+        return
+    k_scale, v_scale = (s.view(-1, 1) for s in scales)
+    kv_fp8.as_bytes(k_pool)[rows, :, cols] = kv_fp8.as_bytes(kv_fp8.quantize(k, k_scale))
+    kv_fp8.as_bytes(v_pool)[rows, :, cols] = kv_fp8.as_bytes(kv_fp8.quantize(v, v_scale))
 
 
 def attend_pool(
@@ -123,28 +163,34 @@ def attend_pool(
     attn_len: int,
     mask: torch.Tensor,
     positions: torch.Tensor,
+    scales: Scales = None,
 ) -> torch.Tensor:
     """Attend ``q [B, T, heads, hd]`` (rotated) over positions ``[0, attn_len)`` of the rows' slots in one
     layer's pools (read only); returns ``[B, T, heads * hd]`` (before the output projection).
 
     ``mask`` (``grouped_causal_mask``) and ``positions [B, T]`` state the same ``key <= query`` rule: the
     PyTorch path reads the mask, the Triton decode kernel (CUDA, ``T <= MAX_KERNEL_TOKENS``) the positions,
-    reading K/V from the pool by slot instead of gathering them first."""
+    reading K/V from the pool by slot instead of gathering them first. ``scales``: an fp8 pool's (the
+    kernel folds them into q.k and the output; the PyTorch path dequantizes what it gathered)."""
     b, t, nh, hd = q.shape
     kernel = _pool_kernel(q)
     if kernel is not None:
-        return kernel.pool_attention(q, k_pool, v_pool, slot_ids, positions, attn_len)
+        return kernel.pool_attention(q, k_pool, v_pool, slot_ids, positions, attn_len, scales=scales)
     nkv = k_pool.shape[1]
     group = nh // nkv
     if slot_ids is None:  # a view, not a gather
         keys, values = k_pool[:b, :, :attn_len], v_pool[:b, :, :attn_len]
-    else:
+    elif scales is None:
         keys, values = k_pool[slot_ids, :, :attn_len], v_pool[slot_ids, :, :attn_len]
+    else:  # gathered as bytes (fp8 indexing is not on every device)
+        keys, values = (kv_fp8.as_bytes(p)[slot_ids, :, :attn_len].view(p.dtype) for p in (k_pool, v_pool))
     # GQA without repeating K/V: each KV head's query group is folded into the query-length axis, so the
     # call is plain multi-head SDPA over kv_heads (query head j uses KV head j // group, as the references;
     # any backend that takes a mask can run it).
     qg = q.reshape(b, t, nkv, group, hd).permute(0, 2, 3, 1, 4).reshape(b, nkv, group * t, hd)
-    out = F.scaled_dot_product_attention(qg, keys.to(q.dtype), values.to(q.dtype), attn_mask=mask)
+    k_scale, v_scale = (None, None) if scales is None else (s.view(-1, 1, 1) for s in scales)
+    keys, values = kv_fp8.load(keys, q.dtype, k_scale), kv_fp8.load(values, q.dtype, v_scale)
+    out = F.scaled_dot_product_attention(qg, keys, values, attn_mask=mask)
     return out.view(b, nkv, group, t, hd).permute(0, 3, 1, 2, 4).reshape(b, t, nh * hd)
 
 
@@ -158,12 +204,13 @@ def attend(
     slot_ids: torch.Tensor | None,
     attn_len: int,
     mask: torch.Tensor,
+    scales: Scales = None,
 ) -> torch.Tensor:
     """``write_kv`` then ``attend_pool``: write the rows' ``k``/``v [B, T, kv_heads, hd]`` at ``write``, then
     attend ``q [B, T, heads, hd]`` over the rows' slots; returns ``[B, T, heads * hd]``. ``write``'s second
     element is the call's ``positions [B, T]`` (``write_index``), which the decode kernel masks by."""
-    write_kv(k, v, k_pool, v_pool, write)
-    return attend_pool(q, k_pool, v_pool, slot_ids, attn_len, mask, write[1])
+    write_kv(k, v, k_pool, v_pool, write, scales)
+    return attend_pool(q, k_pool, v_pool, slot_ids, attn_len, mask, write[1], scales)
 
 
 # Above this many tokens per row (chunked prefill) the call stays on SDPA: the kernel holds all of a KV

@@ -46,6 +46,7 @@ def build(args: argparse.Namespace) -> StageParts:
     config, device, dtype, source = load_stage_setup(args, log, cuda_default="bfloat16", role="talker")
     stage = config.talker
     adapter, info = load_talker(source, device=device, dtype=dtype)
+    use_kv_cache_dtype(adapter, stage.kv_cache_dtype)
     if info.family == "personaplex":
         return _build_duplex(config, device, adapter, info)
     limit, xvector_dim = _family_limits(adapter, info.family)
@@ -62,7 +63,8 @@ def build(args: argparse.Namespace) -> StageParts:
             "lower max_num_seqs or max_model_len, or raise gpu_memory_utilization",
         )
         prefix_bytes = min(prefix_bytes, max(budget.available - kv, 0))
-        log.info("talker: memory budget %s; KV %.2f GiB", budget.describe(), kv / (1 << 30))
+        gib = kv / (1 << 30)
+        log.info("talker: memory budget %s; KV %.2f GiB (%s)", budget.describe(), gib, stage.kv_cache_dtype)
     graphs = device == "cuda" and not stage.enforce_eager
     enable_graphs = getattr(adapter, "enable_cuda_graphs", None)
     if graphs and enable_graphs is None:
@@ -112,6 +114,15 @@ def build(args: argparse.Namespace) -> StageParts:
     return stage_parts("talker", binding, servicer, worker, lambda: worker.warm_up(warm), writer)
 
 
+def use_kv_cache_dtype(adapter: Any, name: str) -> None:
+    """``stages[0].kv_cache_dtype`` onto the loaded family, before its KV is sized or allocated; a family
+    that cannot store it refuses with its reason (a key that is accepted must do something)."""
+    try:
+        adapter.use_kv_cache_dtype(name)
+    except ValueError as exc:
+        raise StageStartError(f"stages[0].kv_cache_dtype: {exc}") from None
+
+
 def _family_limits(adapter: Any, family: str) -> tuple[int, int]:
     """(context limit in positions, speaker-embedding width) of the loaded checkpoint. The only
     family-specific facts start-up needs beyond ``TalkerInfo``."""
@@ -149,7 +160,8 @@ def _build_duplex(config: Any, device: str, adapter: Any, info: Any) -> StagePar
             f"talker KV rings (max_num_seqs {stage.max_num_seqs} sessions x {window} positions)",
             "lower max_num_seqs or max_model_len, or raise gpu_memory_utilization",
         )
-        log.info("talker: memory budget %s; KV %.2f GiB", budget.describe(), kv / (1 << 30))
+        gib = kv / (1 << 30)
+        log.info("talker: memory budget %s; KV %.2f GiB (%s)", budget.describe(), gib, stage.kv_cache_dtype)
     if stage.enable_prefix_caching:
         log.warning("talker: enable_prefix_caching has no effect on duplex sessions (prompts are prefilled)")
     if stage.async_scheduling:

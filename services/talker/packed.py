@@ -1,7 +1,7 @@
 """Frame-step plumbing shared by the talker adapters whose step is one graphed ``decode_core(b, attn_len)``
 over packed slots, with prompts written by the shared prefill runner (Qwen3-TTS, Audio8-TTS).
 
-``PackedDecodeAdapter`` is a mixin: the family's ``__init__`` sets ``num_groups``, ``device``,
+``PackedDecodeAdapter`` is a mixin: the family's ``__init__`` sets ``num_groups``, ``device``, ``dtype``,
 ``min_attn_bucket`` and ``graphs = None``, its ``allocate`` ends with ``allocate_launch``, and it provides
 ``decode_core`` and ``step_io``. The mixin then launches and collects steps through the pinned ``HostRing``
 (``voxstage.talker.launch``) and captures CUDA graphs per (batch, context) decode bucket and per (rows,
@@ -23,6 +23,7 @@ from voxstage.talker.prefill import KVPoolLike, Prefill, PrefillModel
 class PackedDecodeAdapter:
     num_groups: int
     device: torch.device
+    dtype: torch.dtype  # the model's (activations); the KV pool may store fp8
     min_attn_bucket: int
     graphs: GraphCache | None
     # Set by ``allocate_launch``.
@@ -54,7 +55,9 @@ class PackedDecodeAdapter:
         """The launch ring and the prefill runner over ``kv``, once the slots' device state exists."""
         self.num_slots, self.max_len = num_slots, max_len
         self.host = HostRing(num_slots, self.num_groups, self.device)
-        self.prefill_runner = Prefill(model, kv, max_len=max_len, min_attn_bucket=self.min_attn_bucket)
+        self.prefill_runner = Prefill(
+            model, kv, max_len=max_len, min_attn_bucket=self.min_attn_bucket, dtype=self.dtype
+        )
         if self.graphs is not None:  # graphs were enabled before the slots existed (the stage's order)
             self.prefill_runner.enable_cuda_graphs()
 

@@ -80,12 +80,21 @@ class PrefillChunk:
 class Prefill:
     """Static input buffers, the graph cache and the grouping of chunks into forwards."""
 
-    def __init__(self, model: PrefillModel, kv: KVPoolLike, *, max_len: int, min_attn_bucket: int) -> None:
+    def __init__(
+        self,
+        model: PrefillModel,
+        kv: KVPoolLike,
+        *,
+        max_len: int,
+        min_attn_bucket: int,
+        dtype: torch.dtype | None = None,
+    ) -> None:
+        """``dtype``: the activations' (the model's); the pool's when None, which an fp8 pool is not."""
         self.model, self.kv = model, kv
         self.max_len, self.min_attn_bucket = max_len, min_attn_bucket
         self.max_tokens = MAX_TOKENS  # rows x padded length of one graphed forward
         self.max_length = min(max_len, MAX_LENGTH)  # padded length of one row
-        dev, dtype = kv.k.device, kv.k.dtype
+        dev, dtype = kv.k.device, dtype or kv.k.dtype
         self._x = torch.zeros(MAX_ROWS, self.max_length, model.hidden_size, device=dev, dtype=dtype)
         self._pos = torch.zeros(MAX_ROWS, self.max_length, device=dev, dtype=torch.int64)
         self._steps = torch.arange(self.max_length, device=dev, dtype=torch.int64)

@@ -272,6 +272,14 @@ def check_stage_settings(cfg: DeployView) -> list[Issue]:
                         "prompt KV cache",
                     )
                 )
+            if stage.kv_cache_dtype != "auto":
+                out.append(
+                    _error(
+                        ("stages", i, "kv_cache_dtype"),
+                        f"belongs to the talker stage (stage_id {TALKER_STAGE_ID}): the codec's caches "
+                        "are small, per-session state kept in the model dtype",
+                    )
+                )
     return out
 
 

@@ -28,6 +28,17 @@ DEFAULT_CODEC_BATCHED_TOKENS = 65536
 
 _DEVICES = re.compile(r"^\s*\d+\s*(,\s*\d+\s*)*$")
 
+# kv_cache_dtype: vLLM's spellings that mean what voxstage does, and the canonical value each one reads as.
+KV_CACHE_DTYPES: dict[str, str] = {"auto": "auto", "fp8": "fp8", "fp8_e4m3": "fp8"}
+# vLLM spellings voxstage refuses, each with the reason (a key that is accepted must do something).
+_KV_CACHE_REFUSED: dict[str, str] = {
+    "fp8_e5m2": "e5m2 keeps 2 mantissa bits where e4m3 keeps 3; voxstage stores e4m3 (fp8, fp8_e4m3)",
+    "fp8_inc": "is Intel Gaudi's fp8 cache; voxstage stores e4m3 (fp8, fp8_e4m3)",
+    "fp8_ds_mla": "is DeepSeek MLA's latent-cache layout; these models have no MLA",
+    "bfloat16": "is what auto does in a bfloat16 deploy; auto always stores the model dtype",
+    "float16": "is what auto does in a float16 deploy; auto always stores the model dtype",
+}
+
 
 class StageRole(StrEnum):
     TALKER = "talker"
@@ -119,6 +130,8 @@ class StageConfig(StrictModel):
     mps_active_thread_percentage: int | None = Field(default=None, ge=1, le=100)
     max_model_len: int | None = Field(default=None, ge=1)
     max_num_batched_tokens: int | None = Field(default=None, ge=1)
+    # Talker only: the KV cache's storage, "auto" (the model dtype) or "fp8" (e4m3, per-head scales).
+    kv_cache_dtype: str = "auto"
     devices: str = "0"
     input_connectors: dict[str, str] = Field(default_factory=dict)
     output_connectors: dict[str, str] = Field(default_factory=dict)
@@ -134,6 +147,16 @@ class StageConfig(StrictModel):
     @classmethod
     def _devices_from_int(cls, value: Any) -> Any:
         return _int_as_devices(value)
+
+    @field_validator("kv_cache_dtype")
+    @classmethod
+    def _kv_cache_dtype(cls, value: str) -> str:
+        spelled = value.strip().lower()
+        if spelled in KV_CACHE_DTYPES:
+            return KV_CACHE_DTYPES[spelled]
+        if spelled in _KV_CACHE_REFUSED:
+            raise ValueError(f"{value!r} is not supported: it {_KV_CACHE_REFUSED[spelled]}")
+        raise ValueError(f"must be one of {', '.join(KV_CACHE_DTYPES)}, got {value!r}")
 
     @field_validator("replica_devices", mode="before")
     @classmethod

@@ -15,6 +15,7 @@ from types import ModuleType
 import torch
 from torch.nn import functional as F
 
+from voxstage.nn import kv_fp8
 from voxstage.nn.layers import RMSNorm, apply_rope
 
 _enabled = True
@@ -113,10 +114,12 @@ def qkv_into_cache(
     v_cache: torch.Tensor,
     index: torch.Tensor,
     rope: tuple[torch.Tensor, torch.Tensor] | None,
+    scales: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """Split ``qkv [B, 3*H*hd]`` (one token per row), rotate q and k by interleaved RoPE (``rope`` = cos,
     sin ``[B, hd/2]`` fp32; None: no rotation), write k and v into row b's cache at ``index[b]``
-    (caches ``[>=B, H, positions, hd]``) and return q ``[B, H, hd]``."""
+    (caches ``[>=B, H, positions, hd]``) and return q ``[B, H, hd]``. ``scales`` ``(k_scale, v_scale)
+    [H]``: the caches are fp8 and take ``k / k_scale``, ``v / v_scale`` (``voxstage.nn.kv_fp8``)."""
     b = qkv.shape[0]
     kernels = _kernels_for(qkv)
     if kernels is None:
@@ -124,19 +127,25 @@ def qkv_into_cache(
         if rope is not None:
             q, k = rope_rotate(q, *rope), rope_rotate(k, *rope)
         rows = torch.arange(b, device=qkv.device)
-        k_cache[rows, :, index] = k
-        v_cache[rows, :, index] = v
+        if scales is None:
+            k_cache[rows, :, index] = k
+            v_cache[rows, :, index] = v
+        else:
+            k8, v8 = kv_fp8.quantize(k, scales[0].view(-1, 1)), kv_fp8.quantize(v, scales[1].view(-1, 1))
+            kv_fp8.as_bytes(k_cache)[rows, :, index] = kv_fp8.as_bytes(k8)
+            kv_fp8.as_bytes(v_cache)[rows, :, index] = kv_fp8.as_bytes(v8)
         return q
     if index.shape != (b,):
         raise ValueError(f"qkv_into_cache: index must be [B] = [{b}], got {list(index.shape)}")
     head_dim = qkv.shape[1] // (3 * heads)
     q = torch.empty(b, heads, head_dim, device=qkv.device, dtype=qkv.dtype)
     cos, sin = rope if rope is not None else (qkv, qkv)  # unused without RoPE
+    k_scale, v_scale = scales if scales is not None else (qkv, qkv)  # unused without fp8
     kernels.rope_kv_kernel[(b, heads)](
-        qkv, cos, sin, index, q, k_cache, v_cache,
+        qkv, cos, sin, index, q, k_cache, v_cache, k_scale, v_scale,
         qkv.stride(0), heads * head_dim, index.stride(0), cos.stride(0), q.stride(0), q.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        HALF=head_dim // 2, ROPE=rope is not None,
+        HALF=head_dim // 2, ROPE=rope is not None, FP8=scales is not None, FP8_MAX=kv_fp8.FP8_MAX,
     )  # fmt: skip
     return q
 
@@ -153,11 +162,13 @@ def qk_norm_rope_into_cache(
     v_pool: torch.Tensor,
     slot: torch.Tensor,
     pos: torch.Tensor,
+    scales: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """Qwen3 attention's input side for tokens ``qkv [N, (heads + 2 * kv_heads) * hd]``: per-head q/k
     RMSNorm, rotate-half RoPE by ``cos``/``sin [N, hd]`` (activation dtype), k and v written into one layer's
     pools ``[slots, kv_heads, positions, hd]`` at ``(slot[n], :, pos[n])``; returns q ``[N, heads, hd]``.
-    The fallback is the unfused module code (RMSNorm modules, ``apply_rope``, index_put)."""
+    The fallback is the unfused module code (RMSNorm modules, ``apply_rope``, index_put). ``scales``
+    ``(k_scale, v_scale) [kv_heads]``: the pools are fp8 (``voxstage.nn.kv_fp8``)."""
     n = qkv.shape[0]
     hd = qkv.shape[1] // (heads + 2 * kv_heads)
     kernels = _kernels_for(qkv)
@@ -167,8 +178,13 @@ def qk_norm_rope_into_cache(
         q, k = apply_rope(torch.cat([q, k], dim=1), cos.unsqueeze(1), sin.unsqueeze(1)).split(
             [heads, kv_heads], dim=1
         )
-        k_pool[slot, :, pos] = k.to(k_pool.dtype)
-        v_pool[slot, :, pos] = v.to(v_pool.dtype)
+        if scales is None:
+            k_pool[slot, :, pos] = k.to(k_pool.dtype)
+            v_pool[slot, :, pos] = v.to(v_pool.dtype)
+        else:
+            k8, v8 = kv_fp8.quantize(k, scales[0].view(-1, 1)), kv_fp8.quantize(v, scales[1].view(-1, 1))
+            kv_fp8.as_bytes(k_pool)[slot, :, pos] = kv_fp8.as_bytes(k8)
+            kv_fp8.as_bytes(v_pool)[slot, :, pos] = kv_fp8.as_bytes(v8)
         return q
     if slot.shape != (n,) or pos.shape != (n,):
         raise ValueError(f"qk_norm_rope_into_cache: slot and pos must be [N] = [{n}] (any stride)")
@@ -182,11 +198,13 @@ def qk_norm_rope_into_cache(
     ):
         raise ValueError("qk_norm_rope_into_cache: rows must be dense, the pools alike, the norms' eps equal")
     q = torch.empty(n, heads, hd, device=qkv.device, dtype=qkv.dtype)
+    k_scale, v_scale = scales if scales is not None else (qkv, qkv)  # unused without fp8
     kernels.qk_norm_rope_kv_kernel[(n, heads + kv_heads)](
-        qkv, q_norm.weight, k_norm.weight, cos, sin, slot, pos, q, k_pool, v_pool,
+        qkv, q_norm.weight, k_norm.weight, cos, sin, slot, pos, q, k_pool, v_pool, k_scale, v_scale,
         qkv.stride(0), slot.stride(0), pos.stride(0), cos.stride(0), q.stride(0), q.stride(1),
         k_pool.stride(0), k_pool.stride(1), k_pool.stride(2), q_norm.eps,
-        NH=heads, NKV=kv_heads, HALF=hd // 2, BLOCK=_pow2(hd // 2),
+        NH=heads, NKV=kv_heads, HALF=hd // 2, BLOCK=_pow2(hd // 2), FP8=scales is not None,
+        FP8_MAX=kv_fp8.FP8_MAX,
     )  # fmt: skip
     return q
 

@@ -14,6 +14,10 @@ cache, so the key range is split across programs (flash-decoding): each writes a
 ``attn_len``, a Python int fixed per captured graph, so the grid is static and nothing syncs with the host
 (CUDA-graph capturable). Each program stops at its row's furthest query position (a device-side loop bound),
 so a short row in a long bucket reads only its own prefix.
+
+An fp8 pool (``kv_cache_dtype: fp8``) is read as is: each tile is converted to the query's dtype (exact for
+e4m3) and the KV head's power-of-two scales are folded into the logit scale (K) and into the accumulator
+(V), which is exactly dequantizing first; the bytes read per key halve.
 """
 
 from __future__ import annotations
@@ -45,6 +49,8 @@ def pool_attention_kernel(
     q_ptr,
     k_ptr,
     v_ptr,
+    k_scale_ptr,
+    v_scale_ptr,
     slot_ptr,
     pos_ptr,
     out_ptr,
@@ -78,6 +84,7 @@ def pool_attention_kernel(
     HAS_SLOTS: tl.constexpr,
     SPLIT: tl.constexpr,
     IEEE: tl.constexpr,
+    FP8: tl.constexpr,
 ):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -95,6 +102,8 @@ def pool_attention_kernel(
         slot = b.to(tl.int64)
     k_base = k_ptr + slot * stride_ks + kvh * stride_kh
     v_base = v_ptr + slot * stride_vs + kvh * stride_vh
+    if FP8:  # stored K is k / k_scale: q.k = (q . stored) * k_scale, exactly (a power of two)
+        qk_scale = qk_scale * tl.load(k_scale_ptr + kvh)
 
     start = split * keys_per_split
     # No key beyond the row's furthest query position can be unmasked: stop there (a device-side loop
@@ -128,6 +137,8 @@ def pool_attention_kernel(
             pv = tl.dot(p.to(v.dtype), v)
         acc = acc * alpha[:, None] + pv
         m_i = m_new
+    if FP8:  # stored V is v / v_scale; the output (and every split's partial) is linear in V
+        acc = acc * tl.load(v_scale_ptr + kvh)
 
     if SPLIT:
         n_splits = tl.num_programs(2)
@@ -204,10 +215,12 @@ def pool_attention(
     positions: torch.Tensor,
     attn_len: int,
     num_splits: int | None = None,
+    scales: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """``q [B, T, heads, hd]`` over positions ``[0, attn_len)`` of slots ``slot_ids [B]`` (None: rows
     ``0..B-1``) of one layer's pools ``[slots, kv_heads, positions, hd]``, keys at most ``positions [B, T]``;
-    returns ``[B, T, heads * hd]`` in q's dtype. ``num_splits`` overrides the key-range split (tests)."""
+    returns ``[B, T, heads * hd]`` in q's dtype. ``num_splits`` overrides the key-range split (tests);
+    ``scales`` ``(k_scale, v_scale) [kv_heads]`` fp32: the pools are fp8 (``voxstage.nn.kv_fp8``)."""
     b, t, nh, hd = q.shape
     nkv = k_pool.shape[1]
     group = nh // nkv
@@ -225,13 +238,14 @@ def pool_attention(
     else:
         part_acc = part_ml = out  # unused
     slots = slot_ids if slot_ids is not None else positions  # unused without slots
+    k_scale, v_scale = scales if scales is not None else (out, out)  # unused without fp8
     pool_attention_kernel[(b, nkv, splits)](
-        q, k_pool, v_pool, slots, positions, out, part_acc, part_ml,
+        q, k_pool, v_pool, k_scale, v_scale, slots, positions, out, part_acc, part_ml,
         *q.stride(), *k_pool.stride(), *v_pool.stride(), *positions.stride(), out.stride(0), out.stride(1),
         t, attn_len, per_split * BLOCK_N, LOG2E / hd**0.5,
         GROUP=group, HEAD_DIM=hd, BLOCK_M=block_m, BLOCK_N=BLOCK_N, BLOCK_D=block_d,
         HAS_SLOTS=slot_ids is not None, SPLIT=splits > 1, IEEE=q.dtype == torch.float32,
-        num_warps=4,
+        FP8=scales is not None, num_warps=4,
     )  # fmt: skip
     if splits > 1:
         pool_attention_merge_kernel[(b, nkv)](

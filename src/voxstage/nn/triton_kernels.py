@@ -5,6 +5,10 @@ sets the time: the residual add and RMSNorm that follow every block, the gated u
 RoPE on q/k (after Qwen3's per-head q/k norm) with the K/V write into a cache slot. They compute in fp32 and
 round where the unfused PyTorch code rounds, so they agree with it to the last bf16 bit in most elements
 (tested on the GPU).
+
+With an fp8 cache (``FP8``) the K/V writes store ``fp8(clamp(x / scale))`` of the activation-dtype value
+``x`` the plain cache would hold, with one power-of-two scale per KV head (``voxstage.nn.kv_fp8``): the
+same single rounding the PyTorch fallback does.
 """
 
 from __future__ import annotations
@@ -60,6 +64,15 @@ def silu_mul_kernel(y_ptr, out_ptr, stride_y, stride_out, hidden, BLOCK: tl.cons
 
 
 @triton.jit
+def _fp8_units(x, inv_scale, FP8_MAX: tl.constexpr):
+    """``x`` (already rounded to the activation dtype, as the plain cache stores it) in fp8 units: times
+    the power-of-two ``1 / scale`` (exact), clamped to the finite range; the store's conversion then rounds
+    to nearest even, once."""
+    y = x.to(tl.float32) * inv_scale
+    return tl.minimum(tl.maximum(y, -FP8_MAX), FP8_MAX)
+
+
+@triton.jit
 def rope_kv_kernel(
     qkv_ptr,
     cos_ptr,
@@ -68,6 +81,8 @@ def rope_kv_kernel(
     q_ptr,
     k_cache_ptr,
     v_cache_ptr,
+    k_scale_ptr,
+    v_scale_ptr,
     stride_qkv_row,
     stride_qkv_part,
     stride_index,
@@ -79,9 +94,11 @@ def rope_kv_kernel(
     stride_c_pos,
     HALF: tl.constexpr,
     ROPE: tl.constexpr,
+    FP8: tl.constexpr,
+    FP8_MAX: tl.constexpr,
 ):
     """One (row, head): q and k rotated by interleaved RoPE (fp32), q stored, k and v stored at the
-    row's cache index."""
+    row's cache index (fp8 caches: divided by the head's scale, clamped, converted)."""
     row = tl.program_id(0)
     head = tl.program_id(1)
     i = tl.arange(0, HALF)
@@ -104,6 +121,13 @@ def rope_kv_kernel(
     slot = tl.load(index_ptr + row * stride_index)
     offset = row * stride_c_row + head * stride_c_head + slot * stride_c_pos
     cache_ty = k_cache_ptr.dtype.element_ty
+    if FP8:
+        k_inv = 1.0 / tl.load(k_scale_ptr + head)
+        v_inv = 1.0 / tl.load(v_scale_ptr + head)
+        k_re = _fp8_units(k_re.to(out_ty), k_inv, FP8_MAX)
+        k_im = _fp8_units(k_im.to(out_ty), k_inv, FP8_MAX)
+        v_re = _fp8_units(v_re, v_inv, FP8_MAX)
+        v_im = _fp8_units(v_im, v_inv, FP8_MAX)
     tl.store(k_cache_ptr + offset + 2 * i, k_re.to(cache_ty))
     tl.store(k_cache_ptr + offset + 2 * i + 1, k_im.to(cache_ty))
     tl.store(v_cache_ptr + offset + 2 * i, v_re.to(cache_ty))
@@ -122,6 +146,8 @@ def qk_norm_rope_kv_kernel(
     q_ptr,
     k_pool_ptr,
     v_pool_ptr,
+    k_scale_ptr,
+    v_scale_ptr,
     stride_qkv,
     stride_slot,
     stride_pos,
@@ -136,11 +162,13 @@ def qk_norm_rope_kv_kernel(
     NKV: tl.constexpr,
     HALF: tl.constexpr,
     BLOCK: tl.constexpr,
+    FP8: tl.constexpr,
+    FP8_MAX: tl.constexpr,
 ):
     """One (row, head) of Qwen3 attention's input: heads ``[0, NH)`` are q heads, ``[NH, NH + NKV)`` k heads
     (which also carry their v head). Per-head RMSNorm (fp32, rounded to the activation dtype as the norm's
     output is), rotate-half RoPE in fp32 rounded once; q is stored, k and v go to the pools at the row's
-    (slot, position)."""
+    (slot, position), fp8 pools through the KV head's scales."""
     row = tl.program_id(0)
     head = tl.program_id(1)
     i = tl.arange(0, BLOCK)
@@ -176,10 +204,17 @@ def qk_norm_rope_kv_kernel(
         pos = tl.load(pos_ptr + row * stride_pos)
         offset = slot * stride_p_slot + (head - NH) * stride_p_head + pos * stride_p_pos
         pool_ty = k_pool_ptr.dtype.element_ty
-        tl.store(k_pool_ptr + offset + i, o1.to(pool_ty), mask=m)
-        tl.store(k_pool_ptr + offset + HALF + i, o2.to(pool_ty), mask=m)
         v_src = src + NKV * (2 * HALF)  # the v head sits NKV heads after its k head
         v1 = tl.load(v_src + i, mask=m, other=0.0)
         v2 = tl.load(v_src + HALF + i, mask=m, other=0.0)
+        if FP8:
+            k_inv = 1.0 / tl.load(k_scale_ptr + head - NH)
+            v_inv = 1.0 / tl.load(v_scale_ptr + head - NH)
+            o1 = _fp8_units(o1, k_inv, FP8_MAX)
+            o2 = _fp8_units(o2, k_inv, FP8_MAX)
+            v1 = _fp8_units(v1, v_inv, FP8_MAX)
+            v2 = _fp8_units(v2, v_inv, FP8_MAX)
+        tl.store(k_pool_ptr + offset + i, o1.to(pool_ty), mask=m)
+        tl.store(k_pool_ptr + offset + HALF + i, o2.to(pool_ty), mask=m)
         tl.store(v_pool_ptr + offset + i, v1.to(pool_ty), mask=m)
         tl.store(v_pool_ptr + offset + HALF + i, v2.to(pool_ty), mask=m)

@@ -37,6 +37,7 @@ import numpy as np
 import torch
 
 from voxstage.cudagraphs import GraphCache
+from voxstage.talker.kv import kv_cache_fp8
 from voxstage.talker.packed import PackedDecodeAdapter
 from voxstage.talker.prefill import PrefillChunk
 from voxstage.talker.sampling import SamplingParams
@@ -159,6 +160,16 @@ class ArkTTSAdapter(PackedDecodeAdapter):
         self.ras = RasParams(window=c.ras_window_size, temperature=c.ras_temperature, top_p=c.ras_top_p)
         self.graphs: GraphCache | None = None
         model.refresh_head()  # the compact head follows whatever weights the model holds now
+
+    def use_kv_cache_dtype(self, name: str) -> None:
+        """Only ``auto``: the slow AR keeps 12 KiB of bf16 K/V per position at 0.6B size (2 KV heads of 64
+        over 24 layers), 24 MiB per 2048-position slot, so an fp8 cache would free no memory that bounds
+        its sessions, and with its reference unrunnable here its error could not be bounded either."""
+        if kv_cache_fp8(name):
+            raise ValueError(
+                "fp8 is not supported by Audio8-TTS: its KV cache is 12 KiB per position (24 MiB per "
+                "2048-position slot in bf16), too small to bound its sessions, so use auto"
+            )
 
     def kv_bytes_per_token(self) -> int:
         return self.model.kv_bytes_per_token()

@@ -21,7 +21,9 @@ from torch import nn
 from torch.nn import functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from voxstage.nn import kv_fp8
 from voxstage.nn.fused import add_rmsnorm, qkv_into_cache, rope_rotate, silu_mul
+from voxstage.talker.kv import attend_pool
 
 from .config import ZERO_TOKEN, LMConfig
 from .layers import Gating, RMSNorm, rope_tables
@@ -30,17 +32,29 @@ from .layers import Gating, RMSNorm, rope_tables
 @dataclass
 class RingKV:
     """K/V of every slot: ``[layers, slots, heads, window, head_dim]``. Position p of a slot lives at ring
-    index ``p % window``; once the ring wraps, the oldest entry is overwritten (the window slides)."""
+    index ``p % window``; once the ring wraps, the oldest entry is overwritten (the window slides).
+
+    An fp8 ring (``kv_cache_dtype: fp8``) stores e4m3 with static scales ``k_scale``/``v_scale [layers,
+    heads]`` (``voxstage.nn.kv_fp8``); being the same for every slot and position, they make slot moves and
+    the ring's overwrites plain byte copies."""
 
     k: torch.Tensor
     v: torch.Tensor
+    k_scale: torch.Tensor | None = None
+    v_scale: torch.Tensor | None = None
 
     @property
     def window(self) -> int:
         return self.k.shape[3]
 
+    def layer_scales(self, layer: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+        if self.k_scale is None or self.v_scale is None:
+            return None
+        return self.k_scale[layer], self.v_scale[layer]
+
     @staticmethod
     def bytes_per_position(config: LMConfig, dtype: torch.dtype) -> int:
+        """K+V bytes of one position of one slot over all layers, ``dtype`` the ring's storage type."""
         return 2 * config.num_layers * config.dim * torch.empty((), dtype=dtype).element_size()
 
 
@@ -110,14 +124,39 @@ class Temporal(nn.Module):
         filled = torch.clamp(positions + 1, max=kv.window)
         mask = (torch.arange(attn_len, device=x.device).unsqueeze(0) < filled.unsqueeze(1))[:, None, None, :]
 
+        # fp8: the talker's pool attention reads the ring by row (on CUDA the Triton kernel reads fp8 as
+        # stored; elsewhere it dequantizes). Ring entries [0, filled) hold positions, a prefix, so the pool's
+        # key <= query rule at "query" filled - 1 is this mask (which is also the pool's mask layout).
+        last = (filled - 1).unsqueeze(1) if kv.k_scale is not None else filled
+
         def attend(i: int, layer: nn.Module, normed: torch.Tensor) -> torch.Tensor:
             qkv = F.linear(normed, layer.self_attn.in_proj_weight)
-            q = qkv_into_cache(qkv, c.num_heads, kv.k[i], kv.v[i], index, rope)
+            scales = kv.layer_scales(i)
+            q = qkv_into_cache(qkv, c.num_heads, kv.k[i], kv.v[i], index, rope, scales)
+            if scales is not None:
+                attn = attend_pool(q.unsqueeze(1), kv.k[i], kv.v[i], None, attn_len, mask, last, scales)
+                return layer.self_attn.out_proj(attn.reshape(b, -1))
             keys, values = kv.k[i, :b, :, :attn_len], kv.v[i, :b, :, :attn_len]
             attn = F.scaled_dot_product_attention(q.unsqueeze(2), keys, values, attn_mask=mask)
             return layer.self_attn.out_proj(attn.reshape(b, -1))
 
         return _blocks(list(self.layers), x, out_norm, attend)
+
+    def kv_fp8_scales(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Static fp8 scales ``(k_scale, v_scale) [layers, heads]`` from the weights alone
+        (``voxstage.nn.kv_fp8``): K and V rows of ``in_proj`` over the RMS-normalised input scaled by
+        ``norm1``; K's interleaved RoPE turns a pair into at most its length."""
+        c = self.config
+        k_scales, v_scales = [], []
+        with torch.no_grad():
+            for layer in self.layers:
+                w = layer.self_attn.in_proj_weight
+                alpha = layer.norm1.alpha.reshape(-1)
+                k_bounds = kv_fp8.linear_bounds(w[c.dim : 2 * c.dim], alpha)
+                k_bounds = kv_fp8.rope_pair_bounds(k_bounds.view(c.num_heads, -1), interleaved=True)
+                k_scales.append(kv_fp8.head_scales(k_bounds, c.num_heads))
+                v_scales.append(kv_fp8.head_scales(kv_fp8.linear_bounds(w[2 * c.dim :], alpha), c.num_heads))
+        return torch.stack(k_scales), torch.stack(v_scales)
 
     def prefill(self, x: torch.Tensor, slot: int, start: int, kv: RingKV) -> None:
         """Write K/V of positions ``[start, start + T)`` of ``slot`` from inputs ``x [T, D]`` (the prompt
@@ -139,11 +178,14 @@ class Temporal(nn.Module):
                 F.linear(normed, layer.self_attn.in_proj_weight).unflatten(-1, (3, c.num_heads, -1)).unbind(1)
             )
             q, k = rope_rotate(q, cos, sin), rope_rotate(k, cos, sin)  # [T, H, hd]
-            kv.k[i, slot, :, start:end] = k.transpose(0, 1)
-            kv.v[i, slot, :, start:end] = v.transpose(0, 1)
+            scales = kv.layer_scales(i)
+            k_scale, v_scale = (None, None) if scales is None else (s.view(-1, 1, 1) for s in scales)
+            kv.k[i, slot, :, start:end] = kv_fp8.store(k.transpose(0, 1), kv.k.dtype, k_scale)
+            kv.v[i, slot, :, start:end] = kv_fp8.store(v.transpose(0, 1), kv.v.dtype, v_scale)
             if i == last:
                 return None  # the last layer's output feeds nothing
             keys, values = kv.k[i, slot : slot + 1, :, :end], kv.v[i, slot : slot + 1, :, :end]
+            keys, values = kv_fp8.load(keys, q.dtype, k_scale), kv_fp8.load(values, q.dtype, v_scale)
             with _prefill_attention(x.device):
                 attn = F.scaled_dot_product_attention(
                     q.transpose(0, 1).unsqueeze(0), keys, values, attn_mask=mask

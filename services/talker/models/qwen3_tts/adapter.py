@@ -18,6 +18,8 @@ import numpy as np
 import torch
 
 from voxstage.cudagraphs import GraphCache
+from voxstage.nn.kv_fp8 import FP8
+from voxstage.talker.kv import kv_cache_fp8
 from voxstage.talker.packed import PackedDecodeAdapter
 from voxstage.talker.sampling import Sampler, SamplingParams
 from voxstage.talker.spec import SpeechSpec
@@ -169,13 +171,20 @@ class Qwen3TTSAdapter(PackedDecodeAdapter):
         self.min_attn_bucket = min_attn_bucket
         self._prefixes: OrderedDict[str, _PrefixEntry] = OrderedDict()
         self.graphs: GraphCache | None = None
+        self.kv_fp8 = False
+
+    def use_kv_cache_dtype(self, name: str) -> None:
+        """``kv_cache_dtype`` (before ``allocate``): ``auto`` keeps the talker's pool in the model dtype,
+        ``fp8`` stores it as e4m3 with static per-head scales. The code predictor's frame-local cache stays
+        in the model dtype: it is 16 positions per slot, under 1 % of the pool (docs/models.md)."""
+        self.kv_fp8 = kv_cache_fp8(name)
 
     def kv_bytes_per_token(self) -> int:
-        return KVCache.bytes_per_token(self.config.talker.backbone, self.dtype)
+        return KVCache.bytes_per_token(self.config.talker.backbone, FP8 if self.kv_fp8 else self.dtype)
 
     def allocate(self, num_slots: int, max_len: int) -> None:
         m, dev = self.model, self.device
-        self.kv = m.allocate_kv_cache(num_slots, max_len)
+        self.kv = m.allocate_kv_cache(num_slots, max_len, fp8=self.kv_fp8)
         self.cp_cache = m.allocate_predictor_cache(num_slots)
         self.state = FrameState.allocate(m, num_slots, max_text=max_len + 1)
         self.next_input = torch.zeros(num_slots, m.hidden_size, device=dev, dtype=self.dtype)

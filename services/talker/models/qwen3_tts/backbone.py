@@ -24,10 +24,11 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from voxstage.nn import fused
+from voxstage.nn import fused, kv_fp8
 from voxstage.nn.layers import FusedLinears, RMSNorm, SwiGLU, apply_rope, rope_cos_sin, rope_inv_freq
 from voxstage.talker.kv import (
     KVPool,
+    Scales,
     attend,
     attend_pool,
     check_call,
@@ -50,8 +51,12 @@ class KVCache(KVPool):
         max_len: int,
         device: torch.device | str = "cpu",
         dtype: torch.dtype = torch.float32,
+        scales: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> KVCache:
-        return cls.zeros(cfg.num_layers, num_slots, cfg.num_kv_heads, max_len, cfg.head_dim, device, dtype)
+        """``dtype`` is the storage type: the model's, or fp8 with ``scales`` (``kv_fp8_scales``)."""
+        return cls.zeros(
+            cfg.num_layers, num_slots, cfg.num_kv_heads, max_len, cfg.head_dim, device, dtype, scales
+        )
 
     @staticmethod
     def bytes_per_token(cfg: BackboneConfig, dtype: torch.dtype) -> int:
@@ -100,6 +105,7 @@ class Qwen3Attention(nn.Module):
         slot_ids: torch.Tensor | None,
         attn_len: int,
         mask: torch.Tensor,
+        scales: Scales = None,
     ) -> torch.Tensor:
         b, t, _ = x.shape
         nh, nkv = self.num_heads, self.num_kv_heads
@@ -114,7 +120,7 @@ class Qwen3Attention(nn.Module):
         v = v.view(b, t, nkv, self.head_dim)
         # One rotary pass over q and k together (it is elementwise per head): half the kernels.
         q, k = apply_rope(torch.cat([q, k], dim=2), cos, sin).split([nh, nkv], dim=2)
-        out = attend(q, k, v, k_pool, v_pool, write_index, slot_ids, attn_len, mask)
+        out = attend(q, k, v, k_pool, v_pool, write_index, slot_ids, attn_len, mask, scales)
         return self.o_proj(out)
 
     def forward_fused(
@@ -126,6 +132,7 @@ class Qwen3Attention(nn.Module):
         call: StackCall,
         slot_ids: torch.Tensor | None,
         attn_len: int,
+        scales: Scales = None,
     ) -> torch.Tensor:
         """The kernel path on normalised rows ``h [B*T, H]``; returns the output projection ``[B*T, H]``."""
         nh, nkv, hd = self.num_heads, self.num_kv_heads, self.head_dim
@@ -137,10 +144,11 @@ class Qwen3Attention(nn.Module):
             qkv = nn.functional.linear(h, fused_w)
         cos, sin = call.cos.reshape(n, hd), call.sin.reshape(n, hd)
         q = fused.qk_norm_rope_into_cache(
-            qkv, nh, nkv, self.q_norm, self.k_norm, cos, sin, k_pool, v_pool, call.token_slot, call.token_pos
+            qkv, nh, nkv, self.q_norm, self.k_norm, cos, sin, k_pool, v_pool, call.token_slot, call.token_pos,
+            scales,
         )
         q = q.reshape(batch, n // batch, nh, hd)
-        out = attend_pool(q, k_pool, v_pool, slot_ids, attn_len, call.mask, call.positions)
+        out = attend_pool(q, k_pool, v_pool, slot_ids, attn_len, call.mask, call.positions, scales)
         return self.o_proj(out.reshape(n, nh * hd))
 
 
@@ -163,9 +171,10 @@ class Qwen3DecoderLayer(nn.Module):
         slot_ids: torch.Tensor | None,
         attn_len: int,
         mask: torch.Tensor,
+        scales: Scales = None,
     ) -> torch.Tensor:
         x = x + self.self_attn(
-            self.input_layernorm(x), cos, sin, k_pool, v_pool, write_index, slot_ids, attn_len, mask
+            self.input_layernorm(x), cos, sin, k_pool, v_pool, write_index, slot_ids, attn_len, mask, scales
         )
         return x + self.mlp(self.post_attention_layernorm(x))
 
@@ -218,7 +227,8 @@ class Qwen3Backbone(nn.Module):
             return self._forward_fused(x, cache, call, slot_ids, attn_len)
         cos, sin, mask = call.cos, call.sin, call.mask
         for i, layer in enumerate(self.layers):
-            x = layer(x, cos, sin, cache.k[i], cache.v[i], call.write, slot_ids, attn_len, mask)
+            scales = cache.layer_scales(i)
+            x = layer(x, cos, sin, cache.k[i], cache.v[i], call.write, slot_ids, attn_len, mask, scales)
         return self.norm(x)
 
     def _forward_fused(
@@ -231,11 +241,31 @@ class Qwen3Backbone(nn.Module):
         first = self.layers[0].input_layernorm
         s, h = fused.add_rmsnorm(x.reshape(b * t, d).contiguous(), None, first.weight, first.eps)
         for i, (layer, nxt) in enumerate(zip(self.layers, following, strict=True)):
-            a = layer.self_attn.forward_fused(h, b, cache.k[i], cache.v[i], call, slot_ids, attn_len)
+            a = layer.self_attn.forward_fused(
+                h, b, cache.k[i], cache.v[i], call, slot_ids, attn_len, cache.layer_scales(i)
+            )
             post = layer.post_attention_layernorm
             s, h = fused.add_rmsnorm(s, a, post.weight, post.eps)
             s, h = fused.add_rmsnorm(s, layer.mlp_fused(h), nxt.weight, nxt.eps)
         return h.view(b, t, d)
+
+    def kv_fp8_scales(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Static fp8 scales ``(k_scale, v_scale) [layers, kv_heads]`` from the weights alone
+        (``voxstage.nn.kv_fp8``). K is the output of the per-head RMSNorm: an RMS-normalised head vector
+        has elements of at most ``sqrt(hd)``, times the norm's weight, and RoPE turns a rotate-half pair
+        into at most its length. V is ``v_proj`` of the RMS-normalised layer input."""
+        cfg = self.cfg
+        hd, nkv = cfg.head_dim, cfg.num_kv_heads
+        k_scales, v_scales = [], []
+        with torch.no_grad():
+            for layer in self.layers:
+                attn = layer.self_attn
+                k_elem = attn.k_norm.weight.float().abs() * hd**0.5
+                k_bounds = kv_fp8.rope_pair_bounds(k_elem, interleaved=False).repeat(nkv)
+                k_scales.append(kv_fp8.head_scales(k_bounds, nkv))
+                v_bounds = kv_fp8.linear_bounds(attn.v_proj.weight, layer.input_layernorm.weight)
+                v_scales.append(kv_fp8.head_scales(v_bounds, nkv))
+        return torch.stack(k_scales), torch.stack(v_scales)
 
     def call_tables(
         self, positions: torch.Tensor, slot_ids: torch.Tensor | None, attn_len: int, dtype: torch.dtype

@@ -8,6 +8,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from voxstage.nn import kv_fp8
+
 from .backbone import KVCache, Qwen3Backbone
 from .config import CodePredictorConfig, Qwen3TTSConfig, TalkerConfig
 
@@ -129,11 +131,14 @@ class Qwen3TTSTalker(nn.Module):
         max_len: int,
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
+        fp8: bool = False,
     ) -> KVCache:
+        """The talker's pool, in the model dtype (or ``dtype``), or fp8 with the weights' static scales."""
         ref = self.codec_head.weight
-        return KVCache.allocate(
-            self.config.talker.backbone, num_slots, max_len, device or ref.device, dtype or ref.dtype
-        )
+        cfg, device = self.config.talker.backbone, device or ref.device
+        if fp8:
+            return KVCache.allocate(cfg, num_slots, max_len, device, kv_fp8.FP8, self.model.kv_fp8_scales())
+        return KVCache.allocate(cfg, num_slots, max_len, device, dtype or ref.dtype)
 
     def allocate_predictor_cache(
         self, max_batch: int, device: torch.device | str | None = None, dtype: torch.dtype | None = None
