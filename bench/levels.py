@@ -6,6 +6,7 @@ Used by ``bench.loadgen`` (the CLI); see its docstring for the load models and b
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -15,6 +16,7 @@ import numpy as np
 from bench.clients import Client, Synthesis
 from bench.llm_stream import llm_tokens, segment_budget, sentence_count
 from bench.playback import percentile, poisson_arrivals
+from bench.procsample import Sampler
 from bench.records import (
     FRAME_RATE_HZ,
     Gate,
@@ -48,6 +50,8 @@ class RunConfig:
     # (bench/llm_stream.py), ``frames`` then split evenly over the sentences.
     text_mode: str = "whole"
     segment_frames: int = 0  # LLM mode: per-segment max_frames; 0 = ceil(frames / sentences)
+    # Process groups whose CPU (and the GPU's busy share) each level samples (bench/procsample.py).
+    sample: dict[str, list[int]] | None = None
 
     def frame_budget(self, text: str) -> tuple[int | None, int | None]:
         """(``max_frames`` to send, sentences the client flushes): per segment in LLM mode."""
@@ -195,12 +199,15 @@ async def run_level(
     client: Client, cfg: RunConfig, kind: str, value: float, duration_s: float, max_requests: int
 ) -> dict[str, Any]:
     level = Level(client, cfg, kind, value)
-    with LagProbe() as lag:
+    sampler = Sampler(cfg.sample) if cfg.sample is not None else None
+    with LagProbe() as lag, sampler or contextlib.nullcontext():
         if kind == "poisson":
             await level.open_loop(value, duration_s, max_requests)
         else:
             await level.closed_loop(int(value), duration_s, max_requests)
     report = level.report(lag, duration_s)
+    if sampler is not None:
+        report["processes"] = sampler.summary()
     _print_level(report)
     return report
 

@@ -40,6 +40,7 @@ from typing import Any
 from bench.clients import Client, GrpcStreamClient, GrpcUnaryClient, HttpStreamClient
 from bench.levels import RunConfig, run_level, search
 from bench.llm_stream import ANSWERS, GrpcLlmClient
+from bench.procsample import parse_groups
 from bench.records import Gate
 
 PROMPTS = Path(__file__).resolve().parent / "prompts" / "en_sentences.txt"
@@ -124,6 +125,11 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--ttfa-slo-ms", type=float, default=1000.0, help="gate: p95 TTFA bound; 0 = none")
     ap.add_argument("--underrun-tolerance-ms", type=float, default=0.0)
     ap.add_argument("--label", default="", help="series name in plots (e.g. the model)")
+    ap.add_argument(
+        "--sample-pids", type=parse_groups, default=None, metavar="NAME=PID[+PID],...",
+        help="per level: these processes' CPU %% and the GPU's busy %%, sampled every second (the level's "
+        "'processes'), e.g. talker=11,codec=12,gateway=13",
+    )  # fmt: skip
     ap.add_argument("--out", type=Path, required=True, help="JSON output file")
     ap.add_argument("--plots", type=Path, default=None, help="directory for PNG plots")
     return ap
@@ -169,6 +175,7 @@ async def amain(args: argparse.Namespace) -> dict[str, Any]:
         gate=Gate(args.ttfa_slo_ms / 1e3 if args.ttfa_slo_ms > 0 else None),
         text_mode=args.text_mode,
         segment_frames=args.segment_frames,
+        sample=args.sample_pids,
     )
     client = make_client(args)
     doc: dict[str, Any] = {

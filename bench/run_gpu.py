@@ -39,12 +39,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from bench import capacity_phases
 from bench.mps import mps_daemon
 from bench.serve_gpu import SERVE_PHASES, serve_phases
 from bench.stack import REPO
 
-ALL_PHASES = (*SERVE_PHASES, "engine", "reference", "report")
-DEFAULT_PHASES = tuple(p for p in ALL_PHASES if p != "llm_poisson")  # that one only when asked for
+ALL_PHASES = (*SERVE_PHASES, *capacity_phases.PHASES, "engine", "reference", "report")
+# llm_poisson, realtime and timeline only when asked for.
+DEFAULT_PHASES = tuple(p for p in ALL_PHASES if p not in ("llm_poisson", *capacity_phases.PHASES))
 
 
 @dataclass(frozen=True)
@@ -59,6 +61,7 @@ class Family:
     frame_rate_hz: float
     engine_script: str
     has_reference: bool  # an official reference implementation the `reference` phase can run
+    duplex: bool = False  # a full-duplex model: only the `realtime` and `timeline` phases serve it
 
 
 FAMILIES = {
@@ -68,6 +71,10 @@ FAMILIES = {
     # Audio8 has no preset speakers and reads the text's language; its reference is remote code only.
     "audio8-tts-": Family(
         REPO / "deploy" / "audio8_tts.yaml", "4,25", "", "", 44100 / 2048, "audio8_gpu.py", False
+    ),
+    # Duplex sessions through /v1/realtime (capacity_phases); its frame step is bench/personaplex_gpu.py.
+    "personaplex-": Family(
+        REPO / "deploy" / "personaplex.yaml", "1,5", "NATF0", "", 12.5, "personaplex_gpu.py", False, True
     ),
 }
 
@@ -257,6 +264,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--llm-segment-frames", type=int, default=0, help="llm: frames per segment (0: frames / sentences)"
     )
+    capacity_phases.add_arguments(ap)
     ap.add_argument("--engine-args", default="", help="extra engine_gpu.py arguments, e.g. '--batches 1,64'")
     ap.add_argument("--ref-env", default=None, help="--target folder of the reference's packages")
     ap.add_argument("--ref-python", default=None, help="interpreter for the reference (default: this one)")
@@ -293,15 +301,20 @@ def main(argv: list[str] | None = None) -> int:
     with mps_daemon(Path(a.scratch) / "vx-mps") if a.mps else contextlib.nullcontext():
         environment(a.out, a.device, mps=a.mps)
         for model in models:
-            if any(p in SERVE_PHASES for p in phases):
-                tag = serve_tag(model, a.pairs)
+            tag = serve_tag(model, a.pairs)
+            here = capacity_phases.phases_for(model, family_of(model), phases)  # duplex: realtime, timeline
+            if any(p in SERVE_PHASES for p in here):
                 guarded(
                     f"serve {model}",
                     lambda m=model, t=tag: serve_phases(a, m, t, family_of(m), phases, a.out, prof),
                 )
-            if "engine" in phases:
+            for name in (p for p in capacity_phases.PHASES if p in here):
+                guarded(
+                    f"{name} {model}", lambda n=name, m=model, t=tag: capacity_phases.run(n, a, m, t, a.out)
+                )
+            if "engine" in here:
                 guarded(f"engine {model}", lambda m=model: engine_phase(a, m, a.out, prof))
-            if "reference" in phases:
+            if "reference" in here:
                 guarded(f"reference {model}", lambda m=model: reference_phase(a, m, a.out, prof))
     if "report" in phases:
         from bench.gpu_report import write_report

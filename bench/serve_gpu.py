@@ -22,11 +22,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from bench import loadgen
+from bench.procsample import format_groups
 from bench.stack import Stack, StackSpec
 
 if TYPE_CHECKING:
@@ -46,21 +48,25 @@ def run_loadgen(out: Path, name: str, args: list[str], log: list[dict]) -> dict:
     return json.loads(path.read_text())
 
 
-def start_stack(
-    a: argparse.Namespace, model: str, tag: str, fam: Family, out: Path
-) -> tuple[Stack | None, int | None]:
-    """The stack and its total slot count; a stack that cannot start is retried with half the slots."""
+def stack_spec(a: argparse.Namespace, model: str, fam: Family, slots: int | None) -> StackSpec:
+    """The serving stack of ``run_gpu.py``'s options for ``model`` with ``slots`` slots in all."""
     chunks = None
     if a.chunk_schedule:
         initial, steady = (int(x) for x in a.chunk_schedule.split(","))
         chunks = (initial, steady)
+    return StackSpec(
+        model, a.device, a.frames, slots, a.max_model_len, chunks, a.threads, tuple(a.set), fam.deploy,
+        pairs=a.pairs, pair_memory_fraction=a.pair_memory_fraction,
+    )  # fmt: skip
+
+
+def start_stack(
+    a: argparse.Namespace, model: str, tag: str, fam: Family, out: Path
+) -> tuple[Stack | None, int | None]:
+    """The stack and its total slot count; a stack that cannot start is retried with half the slots."""
     slots = a.slots
     for _ in range(3):
-        spec = StackSpec(
-            model, a.device, a.frames, slots, a.max_model_len, chunks, a.threads, tuple(a.set), fam.deploy,
-            pairs=a.pairs, pair_memory_fraction=a.pair_memory_fraction,
-        )  # fmt: skip
-        stack = Stack(spec, out / f"serve_{tag}.log")
+        stack = Stack(stack_spec(a, model, fam, slots), out / f"serve_{tag}.log")
         if stack.start():
             return stack, slots
         print(f"stack for {model} with {slots} slots did not start:\n{stack.tail()}", flush=True)
@@ -88,6 +94,8 @@ def serve_phases(
     common = ["--grpc", stack.grpc, "--http", stack.http, "--frames", str(a.frames), "--label", label]
     common += ["--voice", fam.voice, "--language", fam.language, "--frame-rate-hz", str(fam.frame_rate_hz)]
     common += ["--ttfa-slo-ms", str(a.ttfa_slo_ms), "--settle", "1" if a.profile == "smoke" else "3"]
+    # Every level samples the stack's processes' CPU and the GPU's busy share (bench/procsample.py).
+    common += ["--sample-pids", format_groups({**stack.process_groups(), "client": [os.getpid()]})]
     level = ["--duration", str(prof.level_s), "--warmup", str(prof.level_warmup_s)]
     level += ["--search-refine", str(prof.refine)]
     top = min(prof.conc_max, float(slots)) if slots else prof.conc_max

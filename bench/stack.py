@@ -13,6 +13,7 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
+from bench.procsample import stack_processes
 from voxstage.health_probe import check
 
 REPO = Path(__file__).resolve().parents[1]
@@ -174,6 +175,14 @@ class Stack:
                     Path(f"{prefix}_{name}.prom").write_bytes(r.read())
             except (urllib.error.URLError, OSError) as exc:
                 Path(f"{prefix}_{name}.prom").write_text(f"# scrape failed: {exc}\n")
+
+    def processes(self) -> dict[str, int]:
+        """The pid of each stage process (``talker``, ``codec``, ``gateway``; replicas ``talker-1``...)."""
+        return {} if self.proc is None else stack_processes(self.proc.pid)
+
+    def process_groups(self) -> dict[str, list[int]]:
+        """``processes()`` as ``bench.procsample.Sampler`` groups."""
+        return {name: [pid] for name, pid in self.processes().items()}
 
     def tail(self, lines: int = 30) -> str:
         return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])

@@ -99,6 +99,11 @@ def test_closed_search_against_two_pairs_sharing_the_device(tmp_path: Path, cach
         assert item in meta["command"]
     doc = load(tmp_path / "closed_search_tiny_2pairs.json")
     assert doc["search"]["kind"] == "closed" and doc["levels"]
+    # Every level samples each process's CPU (issue 28): both pairs' stages by name, the gateway, the client.
+    names = {"talker", "talker-1", "codec", "codec-1", "gateway", "client"}
+    for level in doc["levels"]:
+        procs = level["processes"]["processes"]
+        assert set(procs) == names and all(procs[n]["cpu_pct"]["mean"] is not None for n in names)
     for level in doc["levels"]:
         assert level["aggregate"]["errors"] == 0
         for r in level["records"]:

@@ -15,6 +15,8 @@ import threading
 from collections.abc import Callable
 from typing import Any, Generic, Protocol, TypeVar
 
+from voxstage.stage import torch_profile
+
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
@@ -97,13 +99,18 @@ class EngineThread(Generic[O]):
                 return
 
     def _run(self) -> None:
+        profile = torch_profile.CAPTURE  # None unless VOXSTAGE_TORCH_PROFILE armed this process
+        name = self._thread.name
         while not self._stopping.is_set():
             try:
                 busy = self.engine.has_work()
                 # Idle: sleep on the command queue (no busy polling); busy: just pick up what arrived.
                 self._drain(block=not busy)
+                if profile is not None:
+                    profile.poll()
                 if self.engine.has_work():
-                    outputs = self.engine.step()
+                    with profile.tick(name) if profile is not None else torch_profile.NO_SCOPE:
+                        outputs = self.engine.step()
                     if outputs:
                         self._sink(outputs)
             except BaseException as exc:  # noqa: BLE001 - a dead engine thread must be reported, not silent

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple, Protocol
 
 from voxstage.config.cli_args import add_deploy_options, load_from_args
+from voxstage.stage import torch_profile
 from voxstage.stage_tls import LinkTlsError, add_link_options, link_from_args
 
 if TYPE_CHECKING:
@@ -113,6 +114,7 @@ def run_stage(
         logger.error("%s: cannot start: %s", role, exc)
         return EXIT_USAGE
     try:
+        torch_profile.arm(role)  # only where VOXSTAGE_TORCH_PROFILE is set
         parts = build(args)
     except Exception as exc:  # noqa: BLE001 - any start-up failure ends the process with its reason
         logger.error("%s: cannot start: %s", role, exc)
@@ -152,6 +154,7 @@ def load_stage_setup(
         except MpsUnavailableError as exc:
             raise StageStartError(str(exc)) from None
     device = select_device(args.device, args.threads)
+    torch_profile.prepare(device)  # armed stages only: after the MPS share, before any graph capture
     dtype = select_dtype(args.dtype, device, cuda_default=cuda_default)
     return StageSetup(config, device, dtype, resolve_model(spec))
 

@@ -1,0 +1,65 @@
+"""Prometheus text snapshots of a stack's processes, diffed over a load level: counters and histogram
+quantiles of what happened during the level only.
+
+Histogram quantiles are bucket upper bounds (as Prometheus' ``histogram_quantile`` would bound them): a tick
+p99 of 0.06 means "at most 60 ms", to the resolution of ``voxstage.metrics``' buckets.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from bench.stack import Stack
+
+QUANTILES = (0.5, 0.95, 0.99)
+
+
+def parse_prom(text: str) -> dict[str, float]:
+    """``{'name{labels}': value}`` of every sample line (comments and unparsable values skipped)."""
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            key, _, value = line.rpartition(" ")
+            try:
+                out[key] = float(value)
+            except ValueError:
+                continue
+    return out
+
+
+def diff(after: dict[str, float], before: dict[str, float]) -> dict[str, float]:
+    return {k: v - before.get(k, 0.0) for k, v in after.items()}
+
+
+def hist_quantiles(d: dict[str, float], name: str, labels: str = "") -> dict[str, float | None]:
+    """``count`` and p50/p95/p99 (upper bucket bounds) of a histogram's bucket diffs whose labels contain
+    ``labels`` (e.g. ``'stage="talker"'``)."""
+    buckets = []
+    for key, count in d.items():
+        if key.startswith(name + "_bucket{") and labels in key:
+            le = key.split('le="')[1].split('"')[0]
+            buckets.append((math.inf if le == "+Inf" else float(le), count))
+    buckets.sort()
+    total = buckets[-1][1] if buckets else 0
+    result: dict[str, float | None] = {"count": total}
+    for q in QUANTILES:
+        bound = next((le for le, c in buckets if total and c >= q * total), None)
+        result[f"p{round(q * 100)}"] = bound
+    return result
+
+
+def counter(d: dict[str, float], name: str) -> float:
+    """A counter's total over all its label sets."""
+    return sum(v for k, v in d.items() if k == name + "_total" or k.startswith(name + "_total{"))
+
+
+def scrape(stack: Stack, tag: str, folder: Path) -> dict[str, dict[str, float]]:
+    """Every process's /metrics now, kept as ``<folder>/<tag>_<process>.prom`` and parsed."""
+    stack.scrape(folder / tag)
+    return {
+        path.name.removeprefix(f"{tag}_").removesuffix(".prom"): parse_prom(path.read_text())
+        for path in sorted(folder.glob(f"{tag}_*.prom"))
+    }

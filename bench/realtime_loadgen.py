@@ -1,0 +1,118 @@
+"""Realtime load generator (issue 27): N concurrent full-duplex sessions through the gateway's
+``/v1/realtime`` WebSocket, each driven by the official ``openai`` client as a user's program would drive it.
+
+Each session ``client.realtime.connect(model=...)``, takes ``session.created``, sends ``session.update``
+(persona, voice), then one ``input_audio_buffer.append`` of 80 ms of 24 kHz pcm16 every 80 ms on an absolute
+schedule for ``--seconds`` (the client's lateness against that schedule is kept per frame), and records every
+``response.output_audio.delta`` as it arrives. After the last frame and a short grace it closes the socket.
+Errors: ``error`` events by their ``code``, and a socket the server closed with anything but 1000 as
+``WS_CLOSE_<code>``, or ``WS_CLOSED_EARLY`` when it closed normally before the user was done.
+
+The level loop, the playback as heard and the row are ``bench/duplex_levels.py``'s (shared with gRPC
+``Converse``'s ``bench/duplex_loadgen.py``): late frames, stalls and the worst stall, first agent audio,
+response latency, tick p50/p95/p99 per stage, per-process CPU and GPU busy.
+
+    python -m bench.realtime_loadgen --out rt.json --model personaplex-7b --device cuda --levels 32,64 \
+        --seconds 60 --client-procs 4 --set stages.0.gpu_memory_utilization=0.86 \
+        --set stages.1.gpu_memory_utilization=0.1 --set stages.1.enforce_eager=false
+    python -m bench.realtime_loadgen --out smoke.json --model personaplex-tiny --device cpu --levels 2 \
+        --seconds 3
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import time
+
+from openai import AsyncOpenAI
+from websockets.exceptions import ConnectionClosed
+
+from bench.duplex_levels import (
+    SessionOptions,
+    SessionRecord,
+    paced,
+    run_cli,
+    user_frames,
+)
+
+CLOSE_NORMAL = 1000
+SESSION_SLACK_S = 60.0  # a session's hard deadline: its audio plus this (connect, joins, the last answers)
+
+
+def b64_samples(delta: str) -> int:
+    """pcm16 samples in a base64 ``delta`` without decoding it (the client only counts)."""
+    nbytes = len(delta) // 4 * 3 - (2 if delta.endswith("==") else 1 if delta.endswith("=") else 0)
+    return nbytes // 2
+
+
+async def realtime_session(target: str, seconds: float, seed: int, opts: SessionOptions) -> SessionRecord:
+    """One session against ``target`` (the gateway's HTTP host:port)."""
+    rec = SessionRecord(time.monotonic())
+    frames = [base64.b64encode(f).decode("ascii") for f in user_frames(seconds, seed)]
+    # max_retries=0: a refusal is a result here, not something to retry.
+    client = AsyncOpenAI(base_url=f"http://{target}/v1", api_key="unused", max_retries=0)
+    update = {"type": "realtime", "instructions": opts.persona, "audio": {"output": {"voice": opts.voice}}}
+    done = asyncio.Event()
+    try:
+        deadline = asyncio.timeout(seconds + SESSION_SLACK_S)
+        async with deadline, client.realtime.connect(model=opts.model) as conn:
+
+            async def send_all() -> None:
+                try:
+                    await conn.session.update(session=update)  # type: ignore[arg-type]
+                    await paced(frames, rec, lambda audio: conn.input_audio_buffer.append(audio=audio))
+                    await asyncio.sleep(opts.grace_s)  # the last answers
+                finally:
+                    done.set()
+
+            sender: asyncio.Task[None] | None = None
+            closer: asyncio.Task[None] | None = None
+            try:
+                async for event in conn:
+                    now = time.monotonic()
+                    kind = event.type
+                    if kind == "response.output_audio.delta":
+                        rec.audio.append((now, b64_samples(event.delta)))
+                    elif kind == "response.output_audio_transcript.delta":
+                        rec.transcript_chars += len(event.delta)
+                    elif kind == "session.created" and sender is None:
+                        rec.opened_at = now
+                        sender = asyncio.create_task(send_all())
+                        closer = asyncio.create_task(_close_when(done, conn))
+                    elif kind == "error":
+                        err = event.error
+                        rec.error(err.code or err.type or "error", err.message)
+            except ConnectionClosed as exc:
+                code = exc.rcvd.code if exc.rcvd is not None else 1006
+                rec.error(f"WS_CLOSE_{code}", exc.rcvd.reason if exc.rcvd is not None else "no close frame")
+            else:
+                if not done.is_set():
+                    rec.error("WS_CLOSED_EARLY", f"closed after {rec.frames_sent} of {len(frames)} frames")
+            finally:
+                for task in (sender, closer):
+                    if task is not None:
+                        task.cancel()
+                        with contextlib.suppress(asyncio.CancelledError, Exception):
+                            await task  # its failure is the socket's, recorded above
+    except TimeoutError:
+        rec.error("TIMEOUT", f"session not over {seconds + SESSION_SLACK_S:.0f} s after it started")
+    except Exception as exc:  # noqa: BLE001 - a failed session is a record with its error, not a crash
+        rec.error(type(exc).__name__, str(exc))
+    finally:
+        await client.close()
+    return rec
+
+
+async def _close_when(done: asyncio.Event, conn: object) -> None:
+    await done.wait()
+    await conn.close()  # type: ignore[attr-defined]  # ends the receive loop (1000, as a user hangs up)
+
+
+def main() -> None:
+    run_cli(__doc__, "32,64", "bench.realtime_loadgen", "realtime_session", "http")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,69 @@
+"""``bench/procsample.py``: per-process CPU % from /proc, by group, and the stack's processes by role."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+import pytest
+
+from bench.procsample import Sampler, children, cpu_seconds, format_groups, parse_groups, stack_processes
+
+BUSY = "import time\nt = time.time()\nwhile time.time() - t < 30: pass"
+IDLE = "import time; time.sleep(30)"
+
+
+def test_busy_and_idle_processes_are_told_apart() -> None:
+    busy = subprocess.Popen([sys.executable, "-c", BUSY])
+    idle = subprocess.Popen([sys.executable, "-c", IDLE])
+    try:
+        with Sampler({"busy": [busy.pid], "idle": [idle.pid], "gone": [2**22 + 7]}, interval_s=0.25) as s:
+            time.sleep(1.3)
+        summary = s.summary()
+    finally:
+        for p in (busy, idle):
+            p.kill()
+            p.wait()
+    procs = summary["processes"]
+    assert summary["samples"] >= 4
+    # One spinning thread is at most one core (100 %, plus a tick of rounding per interval); a shared CI
+    # machine may give it much less, but never as little as a sleeping process gets.
+    busy_pct, idle_pct = procs["busy"]["cpu_pct"], procs["idle"]["cpu_pct"]
+    assert busy_pct["max"] <= 110 and idle_pct["max"] < 10
+    assert busy_pct["mean"] > 15 and busy_pct["mean"] > 5 * (idle_pct["mean"] + 1)
+    assert procs["gone"]["cpu_pct"]["mean"] is None  # a pid that never existed: no samples, no crash
+    if summary["gpu"] is None:
+        assert summary["gpu_unavailable"]  # why there is no GPU number (no NVML, no driver, no GPU)
+
+
+def test_children_and_stage_roles() -> None:
+    # A stand-in launcher whose children carry the stage roles in their argv, as `voxstage serve` starts them.
+    code = (
+        "import subprocess, sys, time\n"
+        "cmd = [sys.executable, '-c', 'import time; time.sleep(30)']\n"
+        "ps = [subprocess.Popen(cmd + [role]) for role in ('talker', 'codec', 'talker', 'gateway')]\n"
+        "print(' '.join(str(p.pid) for p in ps), flush=True)\n"
+        "time.sleep(30)\n"
+    )
+    launcher = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        assert launcher.stdout is not None
+        pids = [int(p) for p in launcher.stdout.readline().split()]
+        assert children(launcher.pid) == sorted(pids)
+        assert stack_processes(launcher.pid) == {
+            "talker": pids[0], "codec": pids[1], "talker-1": pids[2], "gateway": pids[3]
+        }  # fmt: skip
+        assert cpu_seconds(pids[0]) is not None
+    finally:
+        for pid in children(launcher.pid):
+            subprocess.run(["kill", str(pid)], check=False)
+        launcher.kill()
+        launcher.wait()
+
+
+def test_groups_round_trip() -> None:
+    groups = {"talker": [11], "client": [7, 8]}
+    assert parse_groups(format_groups(groups)) == groups
+    with pytest.raises(ValueError, match="NAME=PID"):
+        parse_groups("talker")
