@@ -107,9 +107,13 @@ def test_qk_norm_rope_into_cache_fp8_equals_fallback() -> None:
     )
     torch.testing.assert_close(q1.float(), q0.float(), rtol=2e-2, atol=2e-2)
     assert torch.equal(_bits(v1), _bits(v0))
+    # K is a difference of products (rotation) rounded to bf16 before fp8: where it nearly cancels, an FMA
+    # in the kernel moves the bf16 result by a step of the operands (|x| < 4: 2^-6), seen as one element in
+    # 393,216 off by 2^-9 (rel 0.5) on the H200. Nearly all bytes are equal; the rest within that step.
+    assert (_bits(k1) != _bits(k0)).float().mean() < 1e-2
     k_scale = scales[0].view(-1, 1, 1)
     got, want = (kv_fp8.dequantize(k, k_scale, torch.float32) for k in (k1, k0))
-    torch.testing.assert_close(got, want, rtol=0.25, atol=float(scales[0].max()) * 2.0**-9)
+    torch.testing.assert_close(got, want, rtol=0.25, atol=2.0**-6)
 
 
 @pytest.mark.parametrize(("heads", "kv_heads", "hd"), [(32, 32, 128), (16, 8, 128)])

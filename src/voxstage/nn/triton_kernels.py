@@ -207,14 +207,18 @@ def qk_norm_rope_kv_kernel(
         v_src = src + NKV * (2 * HALF)  # the v head sits NKV heads after its k head
         v1 = tl.load(v_src + i, mask=m, other=0.0)
         v2 = tl.load(v_src + HALF + i, mask=m, other=0.0)
+        # New names under the runtime `if head < NH`: Triton refuses a variable whose type differs between
+        # the branches (o1 is the activation dtype above; fp8 units are fp32).
         if FP8:
             k_inv = 1.0 / tl.load(k_scale_ptr + head - NH)
             v_inv = 1.0 / tl.load(v_scale_ptr + head - NH)
-            o1 = _fp8_units(o1, k_inv, FP8_MAX)
-            o2 = _fp8_units(o2, k_inv, FP8_MAX)
-            v1 = _fp8_units(v1, v_inv, FP8_MAX)
-            v2 = _fp8_units(v2, v_inv, FP8_MAX)
-        tl.store(k_pool_ptr + offset + i, o1.to(pool_ty), mask=m)
-        tl.store(k_pool_ptr + offset + HALF + i, o2.to(pool_ty), mask=m)
-        tl.store(v_pool_ptr + offset + i, v1.to(pool_ty), mask=m)
-        tl.store(v_pool_ptr + offset + HALF + i, v2.to(pool_ty), mask=m)
+            ks1 = _fp8_units(o1, k_inv, FP8_MAX)
+            ks2 = _fp8_units(o2, k_inv, FP8_MAX)
+            vs1 = _fp8_units(v1, v_inv, FP8_MAX)
+            vs2 = _fp8_units(v2, v_inv, FP8_MAX)
+        else:
+            ks1, ks2, vs1, vs2 = o1, o2, v1, v2
+        tl.store(k_pool_ptr + offset + i, ks1.to(pool_ty), mask=m)
+        tl.store(k_pool_ptr + offset + HALF + i, ks2.to(pool_ty), mask=m)
+        tl.store(v_pool_ptr + offset + i, vs1.to(pool_ty), mask=m)
+        tl.store(v_pool_ptr + offset + HALF + i, vs2.to(pool_ty), mask=m)
