@@ -12,10 +12,11 @@ import secrets
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
+from voxstage.stage.faults import is_device_error, one_line
 from voxstage.stage.worker import StageWorker
 from voxstage.stage_errors import StageFailure
 from voxstage.talker.duplex import DuplexAdmissionError, DuplexEngine, DuplexOutput, DuplexRequest
@@ -33,6 +34,8 @@ class DuplexListener(Protocol):
         ...
 
     def on_engine_failed(self, message: str) -> None: ...
+
+    def on_request_failed(self, message: str) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -64,6 +67,9 @@ class _Tracked:
 
     def idle_timeout(self) -> float | None:
         return self.engine.idle_timeout()
+
+    def recover(self, exc: Exception) -> tuple[list[str], list[Any]]:
+        return self.engine.recover(exc)
 
     def step(self) -> list[DuplexOutput]:
         outputs = self.engine.step()
@@ -192,9 +198,14 @@ class DuplexWorker(StageWorker[DuplexOutput, DuplexListener]):
         """Run a session command on the engine thread; a bad one fails that session only."""
         try:
             fn()
-        except (ValueError, KeyError) as exc:
-            code = "INVALID_ARGUMENT" if isinstance(exc, ValueError) else "FAILED_PRECONDITION"
-            message = str(exc.args[0] if exc.args else exc)
+        except Exception as exc:  # noqa: BLE001 - whatever one session's command raises is that session's
+            if is_device_error(exc):
+                raise
+            if isinstance(exc, ValueError | KeyError):
+                code = "INVALID_ARGUMENT" if isinstance(exc, ValueError) else "FAILED_PRECONDITION"
+                message = str(exc.args[0] if exc.args else exc)
+            else:
+                code, message = "INTERNAL", f"{self.role}: {one_line(exc)}"
             self.engine.cancel(key)
             listener = self._listeners.get(key)
             if listener is not None and self._loop is not None:

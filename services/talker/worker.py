@@ -123,6 +123,8 @@ class OutputListener(Protocol):
 
     def on_engine_failed(self, message: str) -> None: ...
 
+    def on_request_failed(self, message: str) -> None: ...
+
 
 @dataclass(frozen=True)
 class RequestSnapshot:
@@ -167,6 +169,9 @@ class _TrackedEngine:
 
     def slot_of(self, key: str) -> int:
         return self.engine.slot_of(key)
+
+    def recover(self, exc: Exception) -> tuple[list[str], list[Any]]:
+        return self.engine.recover(exc)
 
 
 class TalkerWorker(StageWorker[TalkerOutput, OutputListener]):
