@@ -144,8 +144,9 @@ async def _json(send: Any, status: int, body: dict[str, Any], extra: Sequence[tu
 
 
 class PublicHttpGuard:
-    """ASGI middleware in front of the HTTP face: API keys on every route but the open ones, and
-    ``/metrics`` hidden (404) when ``gateway.public_metrics`` is off."""
+    """ASGI middleware in front of the HTTP face: API keys on every route but the open ones. With
+    ``gateway.public_metrics`` off, ``/metrics`` needs a key like every other route, and is hidden (404)
+    when no key is configured (nobody could be told apart from the public)."""
 
     def __init__(self, app: ASGIApp, check: KeyCheck, *, public_metrics: bool = True) -> None:
         self.app = app
@@ -159,7 +160,7 @@ class PublicHttpGuard:
             await self.app(scope, receive, send)
             return
         path = scope.get("path", "")
-        if path == "/metrics" and not self.public_metrics:
+        if path == "/metrics" and not self.public_metrics and not self.check.enabled:
             if kind == "http":
                 body = openai_error("not found (gateway.public_metrics is off)", status=404, code="http_404")
                 await _json(send, 404, body)

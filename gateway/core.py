@@ -75,7 +75,7 @@ class GatewayCore:
         self.model_dirs = list(model_dirs)
         self.probe_interval_s = probe_interval_s
         self._model: ModelInfo | None = None
-        self._model_key: tuple[str, str, int] | None = None
+        self._model_key: tuple[str, str, int, tuple[int, int]] | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._on_readiness: list[Callable[[bool], Awaitable[None]]] = []
         self._ready = False  # the readiness last announced to the callbacks (gRPC health)
@@ -125,7 +125,8 @@ class GatewayCore:
         talker = self.talkers.ready_status()
         codec = self.codecs.ready_status()
         if talker is not None:
-            key = (talker.model, talker.family, codec.sample_rate_hz if codec is not None else 0)
+            limits = (talker.max_model_len, talker.text_token_limit)  # a restarted talker may differ
+            key = (talker.model, talker.family, codec.sample_rate_hz if codec is not None else 0, limits)
             if key != self._model_key and (codec is not None or self._model is None):
                 self._model = build_model_info(talker, codec, model_dirs=self.model_dirs)
                 self._model_key = key

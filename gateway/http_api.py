@@ -22,12 +22,20 @@ from starlette.requests import ClientDisconnect
 from voxstage import metrics
 from voxstage.gateway.accounting import RequestAccounting
 from voxstage.gateway.core import GatewayCore
-from voxstage.gateway.errors import GatewayError, not_found, openai_body, openai_error, retry_after_header
-from voxstage.gateway.grpc_api import as_gateway_error, voices_of
+from voxstage.gateway.errors import (
+    GatewayError,
+    as_gateway_error,
+    not_found,
+    openai_body,
+    openai_error,
+    retry_after_header,
+)
+from voxstage.gateway.grpc_api import voices_of
 from voxstage.gateway.http_speech import delivery, parse_speech, raw_request, stream, whole_clip
 from voxstage.gateway.realtime_ws import register_realtime
 from voxstage.gateway.request import HTTP_FIELDS, build_job, check_text
 from voxstage.gateway.synthesis import whole_text
+from voxstage.quote import quoted
 
 # Reference audio is capped at 10 MiB; base64 inflates it by 4/3, plus room for the other fields.
 MAX_BODY_BYTES = 14 * 1024 * 1024
@@ -97,6 +105,8 @@ def build_app(core: GatewayCore) -> FastAPI:
                 HTTP_FIELDS,
                 max_text_chars=gw.max_text_chars,
                 voice_aliases=gw.voice_aliases,
+                text=body.input,
+                max_frames_limit=core.config.max_frames_limit,
             )
             events = core.synth.run(job, whole_text(body.input), acct, text_field="input")
             if plan.streaming:
@@ -135,7 +145,7 @@ def build_app(core: GatewayCore) -> FastAPI:
             return _error_response(
                 not_found(
                     "model",
-                    f"model {model!r} is not served here; served: {current.name}",
+                    f"model {quoted(model)} is not served here; served: {current.name}",
                     reason="model_not_found",
                 )
             )

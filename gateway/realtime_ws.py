@@ -46,6 +46,7 @@ from voxstage.gateway.realtime_events import (
     settings_update,
 )
 from voxstage.gateway.request import resolve_model
+from voxstage.quote import quoted
 
 log = logging.getLogger(__name__)
 
@@ -215,7 +216,7 @@ class RealtimeConnection:
         elif kind in UNSUPPORTED:
             raise invalid("type", f"{kind} is not supported: {UNSUPPORTED[kind]}", reason="unsupported_event")
         else:
-            raise invalid("type", f"unknown client event {kind!r}", reason="unknown_event")
+            raise invalid("type", f"unknown client event {quoted(kind)}", reason="unknown_event")
 
     # -- gateway -> client ------------------------------------------------------------------------------
 

@@ -16,9 +16,11 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from voxstage.quote import quoted
 from voxstage.stage.faults import is_device_error, one_line
 from voxstage.stage.worker import StageWorker
 from voxstage.stage_errors import StageFailure
+from voxstage.talker.budget import RequestBudget
 from voxstage.talker.duplex import DuplexAdmissionError, DuplexEngine, DuplexOutput, DuplexRequest
 from voxstage.talker.models import TalkerInfo
 from voxstage.talker.worker import MAX_SEED, RequestParams, TalkerDefaults, apply_overrides
@@ -93,6 +95,7 @@ class DuplexWorker(StageWorker[DuplexOutput, DuplexListener]):
         self.defaults = defaults
         self._tracked = _Tracked(engine)
         self._admitted: dict[str, float] = {}
+        self.budget: RequestBudget | None = None  # measured at warm-up
         super().__init__(self._tracked)
 
     async def warm_up(self) -> float:
@@ -103,6 +106,8 @@ class DuplexWorker(StageWorker[DuplexOutput, DuplexListener]):
             t0 = time.perf_counter()
             e = self.engine
             d = self.defaults
+            # A session's whole prompt must fit its window (DuplexEngine.open); then it slides.
+            self.budget = RequestBudget.of(e.adapter, self.info, e.cfg.window, reserve=0)
             voice = self.info.voices[0] if self.info.voices else None
             e.open(DuplexRequest("__warmup__", "Warm up.", voice, None, 0, d.sampling, d.subtalker))
             silence = np.zeros((1, self.info.num_code_groups), np.int64)
@@ -127,7 +132,7 @@ class DuplexWorker(StageWorker[DuplexOutput, DuplexListener]):
         voices = self.info.voices
         if params.voice and params.voice not in voices:
             known = ", ".join(voices) or "none"
-            raise StageFailure("NOT_FOUND", f"voice: {params.voice!r} is not a stored voice ({known})")
+            raise StageFailure("NOT_FOUND", f"voice: {quoted(params.voice)} is not a stored voice ({known})")
 
     def build_request(self, key: str, params: RequestParams) -> DuplexRequest:
         d = self.defaults

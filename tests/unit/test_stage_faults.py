@@ -1,4 +1,4 @@
-"""Which failures may end a stage (``voxstage.stage.faults``): a broken device, never a request's own error."""
+"""Which failures may end a stage (``voxstage.stage.faults``): a broken device, not a request's error."""
 
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ def test_device_failures_end_the_stage(exc: BaseException) -> None:
     [
         ValueError("text queue overflow (5000 > max_text 4097)"),
         IndexError("index 4096 is out of bounds for dimension 0 with size 4096"),
-        RuntimeError("The size of tensor a (3) must match the size of tensor b (4) at non-singleton dimension 1"),
+        RuntimeError("The size of tensor a (3) must match the size of tensor b (4) at dimension 1"),
         KeyError("no running talker request 'r1'"),
         MemoryError(),
         TypeError("unsupported operand"),

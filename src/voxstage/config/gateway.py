@@ -24,6 +24,9 @@ class GatewayConfig(StrictModel):
     max_queue: int = Field(default=64, ge=0)
     queue_timeout_s: float = Field(default=30.0, gt=0.0)
     max_text_chars: int = Field(default=4096, ge=1)
+    # The most frames one take may be asked for (a request's max_frames); unset: the talker stage's
+    # default_sampling_params.max_tokens. A request may lower its text-derived cap, never lift it past this.
+    max_frames_limit: int | None = Field(default=None, ge=1, lt=2**32)
     # StreamingSynthesize: "sentence" also flushes wherever a sentence ends in the client's deltas
     # (voxstage.segments.SentenceFlusher); "off" leaves segment boundaries to the client's flushes.
     auto_flush: Literal["off", "sentence"] = "off"

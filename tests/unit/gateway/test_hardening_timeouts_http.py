@@ -14,6 +14,7 @@ import logging
 import math
 import socket
 import time
+from collections.abc import Iterator
 
 import httpx
 import pytest
@@ -121,8 +122,30 @@ def released(stack: Stack) -> bool:
     return stack.codec.active == 0 and core.admission.active == 0
 
 
+class UvicornErrors(logging.Handler):
+    """What uvicorn logs at ERROR: its loggers do not propagate to the root, where caplog listens."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.ERROR)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())
+
+
+@pytest.fixture
+def uvicorn_errors() -> Iterator[UvicornErrors]:
+    handler = UvicornErrors()
+    logger = logging.getLogger("uvicorn.error")
+    logger.addHandler(handler)
+    try:
+        yield handler
+    finally:
+        logger.removeHandler(handler)
+
+
 async def test_a_streamed_response_nobody_reads_frees_its_slot(
-    make_stack: MakeStack, caplog: pytest.LogCaptureFixture
+    make_stack: MakeStack, caplog: pytest.LogCaptureFixture, uvicorn_errors: UvicornErrors
 ) -> None:
     # About 30 MB of float PCM, far more than the socket buffers hold: uvicorn's writes stall for good.
     stack = await make_stack(FakeCodec(frames_per_char=10), overrides=["gateway.stream_idle_timeout_s=0.5"])
@@ -143,9 +166,13 @@ async def test_a_streamed_response_nobody_reads_frees_its_slot(
     # Freed from inside the request's own generators, as for a client that left: no generator left to the
     # garbage collector, whose concurrent closes log "already running" tracebacks.
     assert not [r.getMessage() for r in caplog.records if r.exc_info or r.levelno >= logging.ERROR]
+    # Issue 26: the cut is the gateway's own doing, not an app that forgot its response.
+    assert not uvicorn_errors.lines, uvicorn_errors.lines
 
 
-async def test_lifetime_limit_ends_http_requests(make_stack: MakeStack) -> None:
+async def test_lifetime_limit_ends_http_requests(
+    make_stack: MakeStack, uvicorn_errors: UvicornErrors
+) -> None:
     stack = await make_stack(FakeCodec(frame_delay_s=0.05), overrides=["gateway.max_stream_lifetime_s=0.8"])
     text = "w" * 60  # 3 s of generation
     async with httpx.AsyncClient(base_url=stack.http_url, timeout=10) as http:
@@ -163,3 +190,4 @@ async def test_lifetime_limit_ends_http_requests(make_stack: MakeStack) -> None:
         )
     assert whole.status_code == 504 and "gateway.max_stream_lifetime_s" in whole.json()["error"]["message"]
     await until(lambda: stack.codec.cancels == 2 and released(stack))
+    assert not uvicorn_errors.lines, uvicorn_errors.lines  # issue 26: no "returned without completing"
