@@ -19,6 +19,7 @@ import inspect
 import logging
 import signal
 import socket
+import traceback
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -37,6 +38,8 @@ from voxstage.gateway.errors import GatewayError, abort, invalid
 from voxstage.gateway.grpc_api import SpeechServicer
 from voxstage.gateway.http_api import build_app
 from voxstage.gateway.http_limits import http_config
+from voxstage.gateway.memory import TRIMMER, tune_allocator
+from voxstage.gateway.message_limits import grpc_max_receive_bytes
 from voxstage.gateway.reflection_v1 import SERVICE_NAME as REFLECTION_V1
 from voxstage.gateway.reflection_v1 import reflection_v1_binding
 from voxstage.gateway.voice_aliases import log_broken_aliases
@@ -69,6 +72,7 @@ def _parser(message: Any) -> Callable[[bytes], Any]:
     name = message.DESCRIPTOR.full_name
 
     def parse(data: bytes) -> Any:
+        TRIMMER.seen(len(data))
         try:
             return message.FromString(data)
         except DecodeError:
@@ -87,6 +91,19 @@ async def _checked(requests: AsyncIterator[Any], seen: list[GatewayError]) -> As
         yield request
 
 
+def _forget_frames(exc: BaseException) -> None:
+    """Drop the locals of the finished frames an RPC's exception carries. grpc.aio keeps the exception that
+    ended the last RPC (the AbortError of a refusal, its context the GatewayError) until the next one, and
+    with it every frame it passed through: the refused request, megabytes of reference audio, stayed alive
+    (issue 26's memory probe)."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        traceback.clear_frames(current.__traceback__)
+        current = current.__cause__ or current.__context__
+
+
 def _guarded(behavior: Callable[..., Any], client_streaming: bool) -> Callable[..., Any]:
     async def request_of(request: Any, context: Any) -> Any:
         if isinstance(request, _Undecodable):
@@ -94,21 +111,32 @@ def _guarded(behavior: Callable[..., Any], client_streaming: bool) -> Callable[.
         return request
 
     async def coroutine(request: Any, context: Any) -> Any:
-        if client_streaming:
-            # Converse reads in a task and takes any end of its input as a half-close: the status is set here.
-            seen: list[GatewayError] = []
-            result = await behavior(_checked(request, seen), context)
-            if seen:
-                await abort(context, seen[0])
-            return result
-        return await behavior(await request_of(request, context), context)
+        try:
+            if client_streaming:
+                # Converse reads in a task and takes any end of its input as a half-close: the status is set
+                # here.
+                seen: list[GatewayError] = []
+                result = await behavior(_checked(request, seen), context)
+                if seen:
+                    await abort(context, seen[0])
+                return result
+            return await behavior(await request_of(request, context), context)
+        except BaseException as exc:
+            _forget_frames(exc)
+            request = seen = None  # noqa: F841 - this frame stays in the traceback: it must not keep the request
+            raise
 
     async def generator_(request: Any, context: Any) -> AsyncIterator[Any]:
         # StreamingSynthesize turns an error raised by its input into its status itself.
-        request = _checked(request, []) if client_streaming else await request_of(request, context)
-        async with contextlib.aclosing(behavior(request, context)) as responses:
-            async for response in responses:
-                yield response
+        try:
+            request = _checked(request, []) if client_streaming else await request_of(request, context)
+            async with contextlib.aclosing(behavior(request, context)) as responses:
+                async for response in responses:
+                    yield response
+        except BaseException as exc:
+            _forget_frames(exc)
+            request = None  # noqa: F841 - this frame stays in the traceback: it must not keep the request
+            raise
 
     return generator_ if inspect.isasyncgenfunction(behavior) else coroutine
 
@@ -136,9 +164,11 @@ async def start_public_grpc(
     check: KeyCheck,
     tls: tuple[bytes, bytes] | None,
     reflection_on: bool,
+    max_receive_bytes: int | None = None,
 ) -> StageServer:
     """``voxstage.server.start_stage_server`` for the public port: with the API-key interceptor, TLS
-    credentials and reflection as configured. Health is NOT_SERVING until ``set_ready``."""
+    credentials, reflection and the message-size bound (``message_limits``) as configured. Health is
+    NOT_SERVING until ``set_ready``."""
     return await start_stage_server(
         bindings,
         host=host,
@@ -146,6 +176,7 @@ async def start_public_grpc(
         interceptors=[ApiKeyInterceptor(check)] if check.enabled else [],
         credentials=None if tls is None else grpc.ssl_server_credentials([(tls[1], tls[0])]),
         reflection_on=reflection_on,
+        max_receive_bytes=max_receive_bytes,
     )
 
 
@@ -184,9 +215,12 @@ class GatewayServer:
             listed = (SPEECH_SERVICE, REFLECTION_V1, health.SERVICE_NAME, reflection.SERVICE_NAME)
             bindings.append(reflection_v1_binding(listed))
         self.stage = await start_public_grpc(
-            bindings, host=self.host, port=self._grpc_port, check=check, tls=tls, reflection_on=gw.reflection
-        )
+            bindings, host=self.host, port=self._grpc_port, check=check, tls=tls, reflection_on=gw.reflection,
+            max_receive_bytes=grpc_max_receive_bytes(gw.max_text_chars),
+        )  # fmt: skip
         self.grpc_port = self.stage.port
+        tune_allocator()
+        TRIMMER.start()
         self.core.on_readiness(self._set_health)
         self.core.on_readiness(self._check_voice_aliases)
         await self.core.start()
@@ -243,6 +277,7 @@ class GatewayServer:
         if self._http_task is not None:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._http_task
+        await TRIMMER.stop()
         await self.core.stop()
 
     async def serve_forever(self) -> None:

@@ -32,13 +32,13 @@ from voxstage.gateway.errors import (
 )
 from voxstage.gateway.grpc_api import voices_of
 from voxstage.gateway.http_speech import delivery, parse_speech, raw_request, stream, whole_clip
+from voxstage.gateway.memory import TRIMMER
+from voxstage.gateway.message_limits import http_max_body_bytes
 from voxstage.gateway.realtime_ws import register_realtime
 from voxstage.gateway.request import HTTP_FIELDS, build_job, check_text
 from voxstage.gateway.synthesis import whole_text
 from voxstage.quote import quoted
 
-# Reference audio is capped at 10 MiB; base64 inflates it by 4/3, plus room for the other fields.
-MAX_BODY_BYTES = 14 * 1024 * 1024
 log = logging.getLogger(__name__)
 
 
@@ -52,17 +52,18 @@ def _too_large(message: str) -> GatewayError:
     )
 
 
-async def _read_body(request: Request) -> bytes:
+async def _read_body(request: Request, limit: int) -> bytes:
+    """The body, refused (413) as soon as it is larger than the largest valid request (message_limits)."""
     declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > MAX_BODY_BYTES:
-        raise _too_large(f"request body of {declared} bytes exceeds the limit of {MAX_BODY_BYTES} bytes")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise _too_large(f"request body of {quoted(declared)} bytes exceeds the limit of {limit} bytes")
     chunks: list[bytes] = []
     size = 0
     try:
         async for chunk in request.stream():
             size += len(chunk)
-            if size > MAX_BODY_BYTES:
-                raise _too_large(f"request body exceeds the limit of {MAX_BODY_BYTES} bytes")
+            if size > limit:
+                raise _too_large(f"request body exceeds the limit of {limit} bytes")
             chunks.append(chunk)
     except ClientDisconnect:
         # Routine on a public port (a body shorter than its Content-Length, a client that gave up): one line,
@@ -72,11 +73,13 @@ async def _read_body(request: Request) -> bytes:
         raise GatewayError(
             grpc.StatusCode.CANCELLED, gone, field="body", reason="client_disconnected"
         ) from None
+    TRIMMER.seen(size)
     return b"".join(chunks)
 
 
 def build_app(core: GatewayCore) -> FastAPI:
     app = FastAPI(title="voxstage", docs_url=None, redoc_url=None, openapi_url=None)
+    body_limit = http_max_body_bytes(core.config.gateway.max_text_chars)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
@@ -90,7 +93,7 @@ def build_app(core: GatewayCore) -> FastAPI:
         acct = RequestAccounting("http_speech")
         acct.deadline = acct.arrival + gw.max_stream_lifetime_s
         try:
-            body = parse_speech(await _read_body(request))
+            body = parse_speech(await _read_body(request, body_limit))
             plan = delivery(body)
             acct = RequestAccounting(
                 "http_speech_stream" if plan.streaming else "http_speech",

@@ -26,6 +26,7 @@ from uvicorn.server import ServerState
 
 from voxstage.config import GatewayConfig
 from voxstage.gateway.errors import GatewayError, openai_body
+from voxstage.gateway.message_limits import ws_max_frame_bytes
 
 log = logging.getLogger(__name__)
 
@@ -298,6 +299,7 @@ def http_config(app: Any, gw: GatewayConfig, *, grace_s: float) -> _HttpConfig:
         http=GuardedH11,  # h11, never httptools: the head size limit is h11's
         h11_max_incomplete_event_size=gw.http_max_header_bytes,
         timeout_keep_alive=gw.http_keep_alive_timeout_s,
+        ws_max_size=ws_max_frame_bytes(),
         log_level="warning",
         access_log=False,
         lifespan="off",

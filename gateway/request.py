@@ -347,6 +347,13 @@ def _check_job(
         )
     if raw.reference is not None:
         _check_reference(raw.reference)
+        if len(raw.reference.text) > max_text_chars:
+            raise invalid(
+                names.ref_text,
+                f"{len(raw.reference.text)} characters exceeds the limit of {max_text_chars} "
+                "(gateway.max_text_chars)",
+                reason="text_too_long",
+            )
     if raw.seed is not None:
         check_number(limits.SEED, raw.seed, names.seed)  # the talker's own range and words: [0, 2**63)
     check_sampling(raw.sampling, names.sampling)

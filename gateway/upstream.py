@@ -37,6 +37,7 @@ from voxstage.transport.shm_layout import InvalidShmReference, ShmRef, StaleShmR
 from voxstage.transport.shm_reader import ShmReader
 
 log = logging.getLogger(__name__)
+STAGE_FULL_RETRY_S = 1.0
 
 CANCEL_GRACE_S = 0.1  # §6: after `cancel`, wait one tick plus this long for the terminal
 
@@ -295,7 +296,11 @@ class CodecStream:
         origin = err.origin or "codec"
         if code is grpc.StatusCode.UNAVAILABLE and origin == "talker":
             log.warning("talker unavailable behind codec %s: %s", self.replica.address, err.message)
-        return GatewayError(code, f"{err.message} (from {origin})", reason=f"{origin}_{code.name.lower()}")
+        # A stage with no free slot is worth retrying shortly (the SDK retries RESOURCE_EXHAUSTED only with
+        # a hint); anything else it refused is the request's own.
+        retry = STAGE_FULL_RETRY_S if code is grpc.StatusCode.RESOURCE_EXHAUSTED else None
+        reason = f"{origin}_{code.name.lower()}"
+        return GatewayError(code, f"{err.message} (from {origin})", reason=reason, retry_after_s=retry)
 
     async def cancel(self, reason: str) -> None:
         """§6: send ``cancel``, give the codec one tick plus 100 ms to answer, then cancel the call."""
