@@ -154,10 +154,17 @@ class RealtimeConnection:
         count_stalled(session.id, "/v1/realtime", self.send_timeout_s)
         event = error_json(stalled.error, None)
         event["event_id"] = f"event_{self._tag}_{next(self._ids)}"
-        with contextlib.suppress(TimeoutError, WebSocketDisconnect, RuntimeError):
+        try:
             async with asyncio.timeout(NOTIFY_GRACE_S):
                 await self.ws.send_text(json.dumps(event))
                 await self.ws.close(CLOSE_POLICY, stalled.error.reason)
+        except TimeoutError:
+            # The client still reads nothing: the connection is dropped now. Left to the server, its closing
+            # handshake and keepalive pings held it open for another 40 s, which the client then saw as
+            # 1006 with nothing said (issue 26).
+            drop_connection(self.ws)
+        except (WebSocketDisconnect, RuntimeError):
+            pass
 
     # -- client -> gateway ------------------------------------------------------------------------------
 
@@ -247,6 +254,15 @@ class RealtimeConnection:
             response = response_json(self._response[0], session.settings, end.status, end)
             await self.send({"type": "response.done", "response": response})
         await self.ws.close(close_code(end), (end.error.reason if end.error is not None else "session ended"))
+
+
+def drop_connection(ws: WebSocket) -> None:
+    """Abort the connection under ``ws`` (no closing handshake): uvicorn's WebSocket protocol is the
+    owner of the ``send`` Starlette wraps, and its transport is the TCP connection."""
+    protocol = getattr(getattr(ws, "_send", None), "__self__", None)
+    transport = getattr(protocol, "transport", None)
+    if transport is not None and hasattr(transport, "abort"):
+        transport.abort()
 
 
 def register_realtime(app: FastAPI, core: GatewayCore) -> None:
