@@ -31,7 +31,14 @@ from grpc_health.v1 import health, health_pb2
 from grpc_reflection.v1alpha import reflection
 
 from voxstage.config import DeployConfig
-from voxstage.gateway.auth import ApiKeyInterceptor, KeyCheck, PublicHttpGuard, load_api_keys, read_tls
+from voxstage.gateway.auth import (
+    ApiKeyInterceptor,
+    KeyCheck,
+    PublicHttpGuard,
+    load_api_keys,
+    load_key_limits,
+    read_tls,
+)
 from voxstage.gateway.catalog import ModelInfo
 from voxstage.gateway.core import GatewayCore
 from voxstage.gateway.errors import GatewayError, abort, invalid
@@ -40,6 +47,7 @@ from voxstage.gateway.http_api import build_app
 from voxstage.gateway.http_limits import http_config
 from voxstage.gateway.memory import TRIMMER, tune_allocator
 from voxstage.gateway.message_limits import grpc_max_receive_bytes
+from voxstage.gateway.quotas import Quotas
 from voxstage.gateway.reflection_v1 import SERVICE_NAME as REFLECTION_V1
 from voxstage.gateway.reflection_v1 import reflection_v1_binding
 from voxstage.gateway.voice_aliases import log_broken_aliases
@@ -213,6 +221,12 @@ class GatewayServer:
     async def start(self) -> None:
         gw = self.core.config.gateway
         check = KeyCheck(load_api_keys(gw))  # read before anything binds: a bad setting fails fast
+        if check.enabled:
+            self.core.quotas = Quotas(load_key_limits(gw), match=check.match)
+            for key in sorted({"connection_max_streams", "connection_max_sessions", "connection_rate"}
+                              & gw.model_fields_set):  # fmt: skip
+                log.warning("gateway.%s has no effect: API keys are on, and each key's limits come from its "
+                            "line in gateway.api_keys_file", key)  # fmt: skip
         tls = read_tls(gw)
         bindings = [ServiceBinding(SPEECH_SERVICE, SpeechServicer(self.core), add_speech_servicer)]
         if gw.reflection:  # v1alpha comes with start_stage_server; v1 is ours (reflection_v1.py)

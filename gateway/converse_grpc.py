@@ -44,6 +44,7 @@ from voxstage.gateway.duplex_send import SendStalled, bounded_send, count_stalle
 from voxstage.gateway.duplex_session import AgentAudio, DuplexSession, Ended, Notice
 from voxstage.gateway.duplex_settings import GRPC_FIELDS, SessionSettings, SettingsUpdate
 from voxstage.gateway.errors import GatewayError, abort, as_gateway_error, invalid, openai_body
+from voxstage.gateway.quotas import SESSION, client_of
 from voxstage.gateway.realtime_events import UNSUPPORTED
 from voxstage.v1 import speech_pb2
 
@@ -223,6 +224,20 @@ class Conversation:
 
 
 async def converse(
+    core: GatewayCore, requests: AsyncIterator[speech_pb2.ConverseRequest], context: Context
+) -> None:
+    try:
+        release = core.quotas.acquire(*client_of(context), SESSION)
+    except GatewayError as err:
+        await abort(context, err)
+        return
+    try:
+        await _converse(core, requests, context)
+    finally:
+        release()
+
+
+async def _converse(
     core: GatewayCore, requests: AsyncIterator[speech_pb2.ConverseRequest], context: Context
 ) -> None:
     try:

@@ -27,6 +27,7 @@ from voxstage.gateway.admission import Admission
 from voxstage.gateway.auth import read_link_tls
 from voxstage.gateway.catalog import ModelInfo, build_model_info
 from voxstage.gateway.discovery import Discovery
+from voxstage.gateway.quotas import ClientLimits, Quotas
 from voxstage.gateway.routing import ReplicaPool, codec_status, talker_status
 from voxstage.gateway.sessions import SessionManager
 from voxstage.gateway.synthesis import Synthesizer
@@ -60,6 +61,13 @@ class GatewayCore:
             Discovery(self.codecs, codec_addresses, resolver, gw.discovery_interval_s),
             Discovery(self.talkers, talker_addresses, resolver, gw.discovery_interval_s),
         ]
+        # Fair sharing (quotas.py): per connection here; GatewayServer.start swaps in per-key limits when
+        # API keys are on.
+        self.quotas = Quotas(
+            per_connection=ClientLimits(
+                gw.connection_max_streams, gw.connection_max_sessions, gw.connection_rate
+            )
+        )
         self.admission = Admission(
             config.admission_limit, max_queue=gw.max_queue, queue_timeout_s=gw.queue_timeout_s
         )

@@ -27,6 +27,7 @@ from voxstage.gateway.catalog import ModelInfo
 from voxstage.gateway.converse_grpc import converse
 from voxstage.gateway.core import GatewayCore
 from voxstage.gateway.errors import GatewayError, abort, as_gateway_error, invalid, not_found
+from voxstage.gateway.quotas import STREAM, client_of
 from voxstage.gateway.request import (
     GRPC_FIELDS,
     RawRequest,
@@ -44,6 +45,10 @@ from voxstage.v1 import speech_pb2, speech_pb2_grpc
 ENCODINGS: dict[int, AudioFormat] = {f.encoding: AudioFormat(f.name) for f in formats.FORMATS}
 Context: TypeAlias = grpc.aio.ServicerContext[Any, Any]
 log = logging.getLogger(__name__)
+
+
+def _no_release() -> None:
+    pass
 
 
 def _duration(seconds: float) -> duration_pb2.Duration:
@@ -139,7 +144,9 @@ class SpeechServicer(speech_pb2_grpc.SpeechServicer):
         acct = RequestAccounting("grpc_synthesize", whole_clip=True)
         acct.deadline = _deadline(context)
         first_pcm: float | None = None
+        release = _no_release
         try:
+            release = self.core.quotas.acquire(*client_of(context), STREAM)
             if not request.HasField("config"):
                 raise invalid("config", "required (encoding at least)")
             check_text(request.text, "text", self.core.config.gateway.max_text_chars)
@@ -165,6 +172,8 @@ class SpeechServicer(speech_pb2_grpc.SpeechServicer):
             acct.finish(err.outcome, code=err.code.name)
             await abort(context, err)
             raise AssertionError("unreachable") from None  # abort() raises
+        finally:
+            release()
         acct.clip_sent()
         assert summary is not None
         # The clip's first byte leaves with its last, so the summary reports when its first audio was ready
@@ -180,6 +189,22 @@ class SpeechServicer(speech_pb2_grpc.SpeechServicer):
         )
 
     async def StreamingSynthesize(
+        self, request_iterator: AsyncIterator[speech_pb2.StreamingSynthesizeRequest], context: Context
+    ) -> AsyncIterator[speech_pb2.StreamingSynthesizeResponse]:
+        try:
+            release = self.core.quotas.acquire(*client_of(context), STREAM)
+        except GatewayError as err:
+            RequestAccounting("grpc_streaming").finish(err.outcome, code=err.code.name)
+            await abort(context, err)
+            return
+        try:
+            async with contextlib.aclosing(self._streaming(request_iterator, context)) as responses:
+                async for response in responses:
+                    yield response
+        finally:
+            release()
+
+    async def _streaming(
         self, request_iterator: AsyncIterator[speech_pb2.StreamingSynthesizeRequest], context: Context
     ) -> AsyncIterator[speech_pb2.StreamingSynthesizeResponse]:
         acct = RequestAccounting("grpc_streaming")

@@ -10,7 +10,9 @@ gRPC code.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+from collections.abc import AsyncGenerator, Callable
 
 import grpc
 from fastapi import FastAPI, Request
@@ -34,9 +36,10 @@ from voxstage.gateway.grpc_api import voices_of
 from voxstage.gateway.http_speech import delivery, parse_speech, raw_request, stream, whole_clip
 from voxstage.gateway.memory import TRIMMER
 from voxstage.gateway.message_limits import http_max_body_bytes
+from voxstage.gateway.quotas import STREAM, http_client_of
 from voxstage.gateway.realtime_ws import register_realtime
 from voxstage.gateway.request import HTTP_FIELDS, build_job, check_text
-from voxstage.gateway.synthesis import whole_text
+from voxstage.gateway.synthesis import Event, whole_text
 from voxstage.quote import quoted
 
 log = logging.getLogger(__name__)
@@ -77,6 +80,22 @@ async def _read_body(request: Request, limit: int) -> bytes:
     return b"".join(chunks)
 
 
+def _nothing() -> None:
+    pass
+
+
+async def _holding(
+    events: AsyncGenerator[Event, None], release: Callable[[], None]
+) -> AsyncGenerator[Event, None]:
+    """``events``, with the client's stream (quotas.py) given back once they end or are closed."""
+    try:
+        async with contextlib.aclosing(events) as inner:
+            async for event in inner:
+                yield event
+    finally:
+        release()
+
+
 def build_app(core: GatewayCore) -> FastAPI:
     app = FastAPI(title="voxstage", docs_url=None, redoc_url=None, openapi_url=None)
     body_limit = http_max_body_bytes(core.config.gateway.max_text_chars)
@@ -92,7 +111,9 @@ def build_app(core: GatewayCore) -> FastAPI:
         # HTTP has no client deadline; the lifetime limit (http_limits) is the one that ends a request.
         acct = RequestAccounting("http_speech")
         acct.deadline = acct.arrival + gw.max_stream_lifetime_s
+        release = _nothing
         try:
+            release = core.quotas.acquire(*http_client_of(request.headers, request.scope), STREAM)
             body = parse_speech(await _read_body(request, body_limit))
             plan = delivery(body)
             acct = RequestAccounting(
@@ -111,11 +132,13 @@ def build_app(core: GatewayCore) -> FastAPI:
                 text=body.input,
                 max_frames_limit=core.config.max_frames_limit,
             )
-            events = core.synth.run(job, whole_text(body.input), acct, text_field="input")
+            run = core.synth.run(job, whole_text(body.input), acct, text_field="input")
+            events = _holding(run, release)  # a streamed body outlives this handler: the stream is held
             if plan.streaming:
                 return await stream(events, job.fmt, job.sample_rate, sse=plan.sse)
             return await whole_clip(request, events, job.fmt, job.sample_rate, acct)
         except Exception as exc:
+            release()
             err = as_gateway_error(exc)
             acct.finish(err.outcome, code=err.code.name)
             return _error_response(err)

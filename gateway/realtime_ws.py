@@ -34,6 +34,7 @@ from voxstage.gateway.duplex_send import SendStalled, bounded_send, count_stalle
 from voxstage.gateway.duplex_session import AgentAudio, DuplexSession, Ended, Notice
 from voxstage.gateway.duplex_settings import WS_FIELDS
 from voxstage.gateway.errors import GatewayError, invalid
+from voxstage.gateway.quotas import SESSION, http_client_of
 from voxstage.gateway.realtime_events import (
     UNSUPPORTED,
     InputAudioBufferAppendEvent,
@@ -117,6 +118,17 @@ class RealtimeConnection:
             await self.ws.close(close_code(err), err.reason)
 
     async def run(self) -> None:
+        try:
+            release = self.core.quotas.acquire(*http_client_of(self.ws.headers, self.ws.scope), SESSION)
+        except GatewayError as err:
+            await self.refuse(err)
+            return
+        try:
+            await self._run()
+        finally:
+            release()
+
+    async def _run(self) -> None:
         model = self.ws.query_params.get("model")
         try:
             if model:
