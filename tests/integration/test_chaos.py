@@ -11,23 +11,31 @@ and ``/dev/shm`` holds nothing of the dead processes once it is up.
 
 from __future__ import annotations
 
+import asyncio
+import json
 import os
 import signal
 import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
+from tests.integration import probekit as pk
+from tests.integration.servekit import Served
 from tests.integration.stagekit import MODEL, ROOT, SEED_DEPLOY, SPF, stage_env
 from tests.integration.test_serve import cache, free_port  # noqa: F401 - cache is a fixture
 from tests.integration.test_serve_supervision import stage_pids
 from voxstage.health_probe import check
+from voxstage.v1 import speech_pb2, speech_pb2_grpc
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -238,3 +246,179 @@ def test_kill_each_stage_under_load_then_everything(cache: Path, tmp_path: Path)
               f"whole test {time.monotonic() - t0:.1f} s")  # fmt: skip
     finally:
         kill_everything([p for p in (proc, fresh) if p is not None])
+
+
+# -- Issue 26: requests engineered to hit each family's limits, under load --------------------------------
+
+CJK = "字"  # 3 UTF-8 bytes: 3 tokens of the tiny byte-level BPE
+
+
+def _tts_probes(served: Served, clone: bool) -> list[pk.Outcome]:
+    """Over-long text and reference transcripts, extreme max_frames and huge names, on HTTP and gRPC."""
+    url, addr = served.http_url, served.grpc_addr
+    clip = {"ref_audio": pk.REF_B64}
+    ref = {**clip, "ref_text": "a reference"} if clone else {}
+    grpc_ref = {"reference": "a reference"} if clone else {}
+    return [
+        pk.http_speech(url, "text under max_text_chars, over the window", {"input": CJK * 1400, **ref}),
+        # Issue 26, defect 1: the transcript of a voice clone made the Qwen3-TTS talker exit.
+        pk.http_speech(url, "ref_text over the window", {"input": "hi", **clip, "ref_text": CJK * 1500}),
+        pk.http_speech(url, "text over max_text_chars", {"input": "a" * 5000, **ref}),
+        pk.http_speech(url, "max_frames 2**32-1", {"input": "hi", "max_frames": 2**32 - 1, **ref}),
+        pk.http_speech(url, "1 MB voice", {"input": "hi", "voice": "v" * 1_000_000, **ref}),
+        # Issue 26, defect 1: 14 deltas of 100 CJK characters, each under the limit, crashed the talker.
+        pk.grpc_call(addr, "streamed text over the window", pk.streamed([CJK * 100] * 14, **grpc_ref)),
+        pk.grpc_call(addr, "max_frames 100000", pk.synthesize("hi", max_frames=100_000, **grpc_ref)),
+        pk.grpc_call(addr, "9000-character voice", pk.synthesize("hi", voice="v" * 9000, **grpc_ref)),
+        pk.grpc_call(addr, "9000-character model", pk.synthesize("hi", model="m" * 9000, **grpc_ref)),
+        pk.grpc_call(addr, "9000-character language", pk.synthesize("hi", language="l" * 9000, **grpc_ref)),
+    ]
+
+
+def _duplex_probes(served: Served) -> list[pk.Outcome]:
+    """A persona over the window and huge names, on both duplex faces; text-to-speech on a duplex model."""
+    out = [pk.http_speech(served.http_url, "text-to-speech on a duplex model", {"input": "hi"})]
+    for what, session in (
+        ("persona over the window", {"instructions": CJK * 4000}),
+        ("9000-character voice", {"audio": {"output": {"voice": "v" * 9000}}}),
+    ):
+        out.append(asyncio.run(_realtime_update(served, f"realtime: {what}", session)))
+        out.append(_converse_update(served, f"Converse: {what}", session))
+    return out
+
+
+async def _realtime_update(served: Served, what: str, session: dict[str, object]) -> pk.Outcome:
+    import websockets
+
+    async with websockets.connect(f"ws://{served.http_addr}/v1/realtime", max_size=None) as ws:
+        await ws.recv()  # session.created
+        await ws.send(json.dumps({"type": "session.update", "session": session}))
+        event = json.loads(await asyncio.wait_for(ws.recv(), 10))
+    if event["type"] != "error":
+        return pk.Outcome(what, 200, event["type"])
+    error = event["error"]
+    return pk.Outcome(what, 400 if error["type"] == "invalid_request_error" else 500, error["message"])
+
+
+def _converse_update(served: Served, what: str, session: dict[str, object]) -> pk.Outcome:
+    msg = speech_pb2.Session(instructions=str(session.get("instructions", "")))
+    if "audio" in session:
+        msg.audio.output.voice = session["audio"]["output"]["voice"]  # type: ignore[index]
+
+    def requests() -> Iterator[speech_pb2.ConverseRequest]:
+        yield speech_pb2.ConverseRequest(session_update=speech_pb2.SessionUpdate(session=msg))
+        time.sleep(1.0)
+
+    with grpc.insecure_channel(served.grpc_addr) as channel:
+        call = speech_pb2_grpc.SpeechStub(channel).Converse(requests(), timeout=20)
+        events = [e for e in call if e.HasField("error") or e.HasField("session_updated")]
+        code = call.code()
+    error = next((e.error for e in events if e.HasField("error")), None)
+    if error is None:
+        return pk.Outcome(what, 200, "session_updated")
+    if code is not grpc.StatusCode.OK:
+        return pk.Outcome(what, code, error.message)
+    # An in-band error leaves the call going (the client may fix the setting): its type is what counts.
+    return pk.Outcome(what, 500 if error.type == "server_error" else 400, error.message)
+
+
+def _tts_load(served: Served, clone: bool) -> pk.Load:
+    ref = {"reference": "a reference"} if clone else {}
+    request = pk.synthesize("hello there", seed=7, **ref)
+    return pk.Load(lambda: pk.grpc_call(served.grpc_addr, "load", request))
+
+
+def test_requests_at_each_familys_limits_are_refused_alone_under_load(
+    qwen_base_served: Served, audio8_served: Served, personaplex_served: Served
+) -> None:
+    stacks = {"qwen3-tts-base": qwen_base_served, "audio8": audio8_served, "personaplex": personaplex_served}
+    before = {name: s.stage_pids() for name, s in stacks.items()}
+    probes: list[pk.Outcome] = []
+    with _tts_load(qwen_base_served, True) as qwen_load, _tts_load(audio8_served, False) as audio8_load:
+        qwen_load.wait_for(2)
+        audio8_load.wait_for(2)
+        probes += _tts_probes(qwen_base_served, clone=True)
+        probes += _tts_probes(audio8_served, clone=False)
+        probes += _duplex_probes(personaplex_served)
+        loaded = qwen_load.outcomes[-1:] + audio8_load.outcomes[-1:]
+        qwen_load.wait_for(len(qwen_load.outcomes) + 1)  # requests started after the probes are served too
+        audio8_load.wait_for(len(audio8_load.outcomes) + 1)
+    print("\n".join(f"{o.what}: {o.status} {o.detail[:100]}" for o in probes))
+    assert len(probes) >= 20
+    assert not [o for o in probes if o.server_failure], [o for o in probes if o.server_failure]
+    accepted = [o for o in probes if o.status in (200, grpc.StatusCode.OK)]
+    assert not accepted, accepted
+    # Each refusal names its field and echoes at most 64 characters of a bad value.
+    assert all(len(o.detail) < 1200 for o in probes)
+    for load in (qwen_load, audio8_load):
+        assert load.outcomes and not [o for o in load.outcomes if o.status is not grpc.StatusCode.OK]
+    assert loaded
+    after = {name: s.stage_pids() for name, s in stacks.items()}
+    assert after == before, (before, after)  # no stage restarted
+    for s in stacks.values():
+        assert "restarting" not in s.log.read_text(), s.tail()
+
+
+# -- Issue 26: random request sequences never crash a stage or answer 5xx ----------------------------------
+
+_TEXT = st.text(alphabet=st.sampled_from("ab ,.!?字😀\n\x00<|>"), max_size=60) | st.sampled_from([CJK * 1400])
+_NAME = st.one_of(st.text(max_size=12), st.just("v" * 9000), st.sampled_from(["default", "auto"]))
+_REQUEST = st.fixed_dictionaries(
+    {"input": _TEXT},
+    optional={
+        "voice": _NAME,
+        "model": _NAME,
+        "language": _NAME,
+        "instructions": st.text(max_size=20),
+        "max_frames": st.integers(-5, 2**40),
+        "temperature": st.floats(allow_nan=False) | st.just(0.5),
+        "top_k": st.integers(-(2**40), 2**40),
+        "top_p": st.floats(-1, 2) | st.just("0.5"),
+        "seed": st.integers(-(2**70), 2**70),
+        "sample_rate": st.sampled_from([0, 7999, 16000, 44100, 96000]),
+        "response_format": st.sampled_from(["pcm", "wav", "mp3", "opus", "flac", "pcm_f32", "x" * 100]),
+        "ref_text": st.text(max_size=20) | st.just(CJK * 1500),
+        "ref_audio": st.sampled_from([pk.REF_B64, "not base64!", pk.REF_B64[:1000]]),
+        "stream": st.booleans(),
+    },
+)
+
+
+@settings(max_examples=15, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
+@given(st.lists(_REQUEST, min_size=1, max_size=3))
+def test_random_requests_never_crash_a_stage_nor_answer_5xx(
+    qwen_base_served: Served, requests: list[dict[str, object]]
+) -> None:
+    before = qwen_base_served.stage_pids()
+    for body in requests:
+        outcome = pk.http_speech(qwen_base_served.http_url, "random", body)
+        assert not outcome.server_failure, (body, outcome)
+    assert qwen_base_served.stage_pids() == before
+
+
+# -- Issue 26, defect 2: refused large messages leave the gateway's memory where it was -------------------
+
+
+def test_gateway_memory_returns_after_a_burst_of_refused_large_messages(qwen_base_served: Served) -> None:
+    gateway = qwen_base_served.stage_pids()["gateway"]
+    pk.grpc_call(qwen_base_served.grpc_addr, "warm", pk.synthesize("hi", reference="a reference"))
+    baseline = pk.rss_mb(gateway)
+    sizes = [60_000_000, 10_400_000, 60_000_000]  # over the port's bound, then just under it, then over
+    outcomes: list[pk.Outcome] = []
+    peak = baseline
+    for size in sizes:
+        calls = [pk.synthesize("a" * size), pk.synthesize("hi", reference_bytes=size)]
+        threads = [threading.Thread(target=lambda c=c: outcomes.append(pk.grpc_call(
+            qwen_base_served.grpc_addr, "large", c))) for c in calls * 4]  # fmt: skip
+        for t in threads:
+            t.start()
+        while any(t.is_alive() for t in threads):
+            peak = max(peak, pk.rss_mb(gateway))
+            time.sleep(0.05)
+    time.sleep(2.5)  # the trimmer runs once a second after a large message
+    after = pk.rss_mb(gateway)
+    print(f"gateway RSS {baseline:.0f} MB, peak {peak:.0f} MB, after 24 refused messages {after:.0f} MB")
+    assert len(outcomes) == 24 and not [o for o in outcomes if o.server_failure], outcomes
+    refused = {grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.INVALID_ARGUMENT}
+    assert {o.status for o in outcomes} <= refused, outcomes
+    assert after - baseline < 50, (baseline, peak, after)
