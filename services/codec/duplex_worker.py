@@ -20,8 +20,7 @@ import numpy as np
 from voxstage.codec.duplex import DuplexCodecEngine
 from voxstage.codec.duplex_reference import prepare_reference
 from voxstage.codec.duplex_types import AgentFrame, DuplexAdmissionError, DuplexOutput
-from voxstage.stage.faults import is_device_error, one_line
-from voxstage.stage.worker import StageWorker
+from voxstage.stage.worker import StageWorker, session_error
 from voxstage.stage_errors import StageFailure
 
 
@@ -130,13 +129,7 @@ class DuplexCodecWorker(StageWorker[DuplexOutput, DuplexListener]):
         try:
             fn()
         except Exception as exc:  # noqa: BLE001 - whatever one session's command raises is that session's
-            if is_device_error(exc):
-                raise
-            if isinstance(exc, ValueError | KeyError):
-                code = "INVALID_ARGUMENT" if isinstance(exc, ValueError) else "FAILED_PRECONDITION"
-                message = str(exc.args[0] if exc.args else exc)
-            else:
-                code, message = "INTERNAL", f"{self.role}: {one_line(exc)}"
+            code, message = session_error(exc, self.role)
             self.engine.leave(key)
             listener = self._listeners.get(key)
             if listener is not None and self._loop is not None:

@@ -17,8 +17,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from voxstage.quote import quoted
-from voxstage.stage.faults import is_device_error, one_line
-from voxstage.stage.worker import StageWorker
+from voxstage.stage.worker import StageWorker, session_error
 from voxstage.stage_errors import StageFailure
 from voxstage.talker.budget import RequestBudget
 from voxstage.talker.duplex import DuplexAdmissionError, DuplexEngine, DuplexOutput, DuplexRequest
@@ -204,13 +203,7 @@ class DuplexWorker(StageWorker[DuplexOutput, DuplexListener]):
         try:
             fn()
         except Exception as exc:  # noqa: BLE001 - whatever one session's command raises is that session's
-            if is_device_error(exc):
-                raise
-            if isinstance(exc, ValueError | KeyError):
-                code = "INVALID_ARGUMENT" if isinstance(exc, ValueError) else "FAILED_PRECONDITION"
-                message = str(exc.args[0] if exc.args else exc)
-            else:
-                code, message = "INTERNAL", f"{self.role}: {one_line(exc)}"
+            code, message = session_error(exc, self.role)
             self.engine.cancel(key)
             listener = self._listeners.get(key)
             if listener is not None and self._loop is not None:

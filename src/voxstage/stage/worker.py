@@ -17,7 +17,7 @@ from collections.abc import Callable
 from typing import ClassVar, Generic, Protocol, TypeVar
 
 from voxstage.stage.engine_loop import EngineThread, Steppable
-from voxstage.stage.faults import one_line
+from voxstage.stage.faults import is_device_error, one_line
 from voxstage.stage_errors import StageFailure
 
 T = TypeVar("T")
@@ -33,6 +33,17 @@ class EngineListener(Protocol):
 
 
 L = TypeVar("L", bound=EngineListener)
+
+
+def session_error(exc: Exception, role: str) -> tuple[str, str]:
+    """(status name, message) that ends the one session whose command raised ``exc``; a device failure is
+    re-raised, since it ends every session (voxstage.stage.faults)."""
+    if is_device_error(exc):
+        raise exc
+    if isinstance(exc, ValueError | KeyError):
+        code = "INVALID_ARGUMENT" if isinstance(exc, ValueError) else "FAILED_PRECONDITION"
+        return code, str(exc.args[0] if exc.args else exc)
+    return "INTERNAL", f"{role}: {one_line(exc)}"
 
 
 class StageWorker(Generic[O, L]):

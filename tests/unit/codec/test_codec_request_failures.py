@@ -13,6 +13,7 @@ import torch
 from codec_duplex_kit import make_rig, speech
 from test_engine import codes_for, make_engine, offline
 
+from tests.engine_faults import step_or_recover
 from voxstage.codec.engine import CodecOutput
 from voxstage.codec.models.mimi.loader import random_init as mimi_init
 from voxstage.codec.models.mimi.presets import tiny_config
@@ -56,11 +57,8 @@ def test_a_failing_decode_ends_its_streams_and_the_others_equal_the_offline_deco
                 engine.push(sid, codes[sid][tick : tick + 1])
                 if tick == 29:
                     engine.finish(sid)
-        try:
-            outputs = engine.step()
-        except ValueError as exc:
-            ids, outputs = engine.recover(exc)
-            failed += ids
+        outputs, ended = step_or_recover(engine)
+        failed += ended
         for o in outputs:
             out.setdefault(o.stream_id, []).append(o)
         if tick > 30 and not engine.has_work():

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from tests.engine_faults import step_or_recover
 from tests.golden_personaplex import fixture_model, load_case
 from tests.unit.talker.talker_kit import drive, frames_of
 from tests.unit.talker.test_talker_duplex import AUDIO, TEXT, user_frames
@@ -64,11 +65,8 @@ def run_recovering(engine: TalkerEngine, ids: list[str]) -> tuple[dict[str, list
     for _ in range(MAX_TICKS):
         if not engine.has_work():
             break
-        try:
-            outputs = engine.step()
-        except ValueError as exc:
-            ids, outputs = engine.recover(exc)
-            failed += ids
+        outputs, ended = step_or_recover(engine)
+        failed += ended
         for o in outputs:
             out.setdefault(o.request_id, []).append(o)
     assert not engine.has_work()
@@ -249,11 +247,8 @@ def test_a_duplex_session_whose_prefill_fails_ends_alone() -> None:
             if engine.session_state(sid) == "decode":
                 engine.push_user(sid, n, user_frames(int(sid[1]), n + 1)[n : n + 1])
                 sent[sid] += 1
-        try:
-            outputs = engine.step()
-        except ValueError as exc:
-            ids, outputs = engine.recover(exc)
-            failed += ids
+        outputs, ended = step_or_recover(engine)
+        failed += ended
         for o in outputs:
             frames[o.session_id] = frames.get(o.session_id, 0) + (o.finish is None)
         if tick >= 10 and engine.session_state("s0") == "decode":
