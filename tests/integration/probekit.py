@@ -5,12 +5,15 @@ and what counts as a server failure (a 5xx, or a gRPC code that says the server 
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import io
+import json
 import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import grpc
 import httpx
@@ -18,6 +21,9 @@ import numpy as np
 import soundfile as sf
 
 from voxstage.v1 import speech_pb2, speech_pb2_grpc
+
+if TYPE_CHECKING:
+    from tests.integration.servekit import Served
 
 # Codes a refused request may get: none of them says the server failed.
 CLIENT_CODES = {
@@ -140,6 +146,84 @@ class Load:
         while len(self.outcomes) < n:
             assert time.monotonic() < deadline, f"load made {len(self.outcomes)} requests in {limit_s} s"
             time.sleep(0.05)
+
+
+CJK = "字"  # 3 UTF-8 bytes: 3 tokens of the tiny byte-level BPE
+
+
+def tts_probes(served: Served, clone: bool) -> list[Outcome]:
+    """Over-long text and reference transcripts, extreme max_frames and huge names, on HTTP and gRPC."""
+    url, addr = served.http_url, served.grpc_addr
+    clip = {"ref_audio": REF_B64}
+    ref = {**clip, "ref_text": "a reference"} if clone else {}
+    grpc_ref = {"reference": "a reference"} if clone else {}
+    return [
+        http_speech(url, "text under max_text_chars, over the window", {"input": CJK * 1400, **ref}),
+        # Issue 26, defect 1: the transcript of a voice clone made the Qwen3-TTS talker exit.
+        http_speech(url, "ref_text over the window", {"input": "hi", **clip, "ref_text": CJK * 1500}),
+        http_speech(url, "text over max_text_chars", {"input": "a" * 5000, **ref}),
+        http_speech(url, "max_frames 2**32-1", {"input": "hi", "max_frames": 2**32 - 1, **ref}),
+        http_speech(url, "1 MB voice", {"input": "hi", "voice": "v" * 1_000_000, **ref}),
+        # Issue 26, defect 1: 14 deltas of 100 CJK characters, each under the limit, crashed the talker.
+        grpc_call(addr, "streamed text over the window", streamed([CJK * 100] * 14, **grpc_ref)),
+        grpc_call(addr, "max_frames 100000", synthesize("hi", max_frames=100_000, **grpc_ref)),
+        grpc_call(addr, "9000-character voice", synthesize("hi", voice="v" * 9000, **grpc_ref)),
+        grpc_call(addr, "9000-character model", synthesize("hi", model="m" * 9000, **grpc_ref)),
+        grpc_call(addr, "9000-character language", synthesize("hi", language="l" * 9000, **grpc_ref)),
+    ]
+
+
+def duplex_probes(served: Served) -> list[Outcome]:
+    """A persona over the window and huge names, on both duplex faces; text-to-speech on a duplex model."""
+    out = [http_speech(served.http_url, "text-to-speech on a duplex model", {"input": "hi"})]
+    for what, session in (
+        ("persona over the window", {"instructions": CJK * 4000}),
+        ("9000-character voice", {"audio": {"output": {"voice": "v" * 9000}}}),
+    ):
+        out.append(asyncio.run(realtime_update(served, f"realtime: {what}", session)))
+        out.append(converse_update(served, f"Converse: {what}", session))
+    return out
+
+
+async def realtime_update(served: Served, what: str, session: dict[str, object]) -> Outcome:
+    import websockets
+
+    async with websockets.connect(f"ws://{served.http_addr}/v1/realtime", max_size=None) as ws:
+        await ws.recv()  # session.created
+        await ws.send(json.dumps({"type": "session.update", "session": session}))
+        event = json.loads(await asyncio.wait_for(ws.recv(), 10))
+    if event["type"] != "error":
+        return Outcome(what, 200, event["type"])
+    error = event["error"]
+    return Outcome(what, 400 if error["type"] == "invalid_request_error" else 500, error["message"])
+
+
+def converse_update(served: Served, what: str, session: dict[str, object]) -> Outcome:
+    msg = speech_pb2.Session(instructions=str(session.get("instructions", "")))
+    if "audio" in session:
+        msg.audio.output.voice = session["audio"]["output"]["voice"]  # type: ignore[index]
+
+    def requests() -> Iterator[speech_pb2.ConverseRequest]:
+        yield speech_pb2.ConverseRequest(session_update=speech_pb2.SessionUpdate(session=msg))
+        time.sleep(1.0)
+
+    with grpc.insecure_channel(served.grpc_addr) as channel:
+        call = speech_pb2_grpc.SpeechStub(channel).Converse(requests(), timeout=20)
+        events = [e for e in call if e.HasField("error") or e.HasField("session_updated")]
+        code = call.code()
+    error = next((e.error for e in events if e.HasField("error")), None)
+    if error is None:
+        return Outcome(what, 200, "session_updated")
+    if code is not grpc.StatusCode.OK:
+        return Outcome(what, code, error.message)
+    # An in-band error leaves the call going (the client may fix the setting): its type is what counts.
+    return Outcome(what, 500 if error.type == "server_error" else 400, error.message)
+
+
+def tts_load(served: Served, clone: bool) -> Load:
+    ref = {"reference": "a reference"} if clone else {}
+    request = synthesize("hello there", seed=7, **ref)
+    return Load(lambda: grpc_call(served.grpc_addr, "load", request))
 
 
 def rss_mb(pid: int) -> float:
