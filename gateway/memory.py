@@ -58,20 +58,24 @@ class Trimmer:
         self.pending = False
         self.trims = 0
         self._task: asyncio.Task[None] | None = None
+        self._users = 0  # gateways of this process that started it (tests run several)
 
     def seen(self, size: int) -> None:
         if size >= LARGE_MESSAGE_BYTES:
             self.pending = True  # a plain store: safe from any thread
 
     def start(self) -> None:
-        if _LIBC is not None:
+        self._users += 1
+        if _LIBC is not None and self._task is None:
             self._task = asyncio.create_task(self._run())
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
+        self._users = max(self._users - 1, 0)
+        if self._task is not None and not self._users:
+            task, self._task = self._task, None
+            task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+                await task
 
     async def _run(self) -> None:
         assert _LIBC is not None
