@@ -20,6 +20,7 @@ import ipaddress
 import logging
 import signal
 import socket
+import traceback
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -31,13 +32,23 @@ from grpc_health.v1 import health, health_pb2
 from grpc_reflection.v1alpha import reflection
 
 from voxstage.config import DeployConfig
-from voxstage.gateway.auth import ApiKeyInterceptor, KeyCheck, PublicHttpGuard, load_api_keys, read_tls
+from voxstage.gateway.auth import (
+    ApiKeyInterceptor,
+    KeyCheck,
+    PublicHttpGuard,
+    load_api_keys,
+    load_key_limits,
+    read_tls,
+)
 from voxstage.gateway.catalog import ModelInfo
 from voxstage.gateway.core import GatewayCore
 from voxstage.gateway.errors import GatewayError, abort, invalid
 from voxstage.gateway.grpc_api import SpeechServicer
 from voxstage.gateway.http_api import build_app
 from voxstage.gateway.http_limits import http_config
+from voxstage.gateway.memory import TRIMMER, tune_allocator
+from voxstage.gateway.message_limits import grpc_max_receive_bytes
+from voxstage.gateway.quotas import Quotas
 from voxstage.gateway.reflection_v1 import SERVICE_NAME as REFLECTION_V1
 from voxstage.gateway.reflection_v1 import reflection_v1_binding
 from voxstage.gateway.voice_aliases import log_broken_aliases
@@ -47,6 +58,10 @@ from voxstage.v1 import speech_pb2
 log = logging.getLogger(__name__)
 
 SPEECH_SERVICE = "voxstage.v1.Speech"
+# The kernel's send buffer of each HTTP/WebSocket connection (the kernel doubles it): 4 s of Realtime audio
+# as base64 JSON; it bounds a connection to about 2.6 MB/s per 100 ms of round trip, 13 times a 48 kHz
+# float stream.
+HTTP_SEND_BUFFER_BYTES = 128 * 1024
 
 
 def reachable_from_elsewhere(host: str) -> bool:
@@ -81,6 +96,7 @@ def _parser(message: Any) -> Callable[[bytes], Any]:
     name = message.DESCRIPTOR.full_name
 
     def parse(data: bytes) -> Any:
+        TRIMMER.seen(len(data))
         try:
             return message.FromString(data)
         except DecodeError:
@@ -99,6 +115,19 @@ async def _checked(requests: AsyncIterator[Any], seen: list[GatewayError]) -> As
         yield request
 
 
+def _forget_frames(exc: BaseException) -> None:
+    """Drop the locals of the finished frames an RPC's exception carries. grpc.aio keeps the exception that
+    ended the last RPC (the AbortError of a refusal, its context the GatewayError) until the next one, and
+    with it every frame it passed through: the refused request, megabytes of reference audio, stayed alive
+    (issue 26's memory probe)."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        traceback.clear_frames(current.__traceback__)
+        current = current.__cause__ or current.__context__
+
+
 def _guarded(behavior: Callable[..., Any], client_streaming: bool) -> Callable[..., Any]:
     async def request_of(request: Any, context: Any) -> Any:
         if isinstance(request, _Undecodable):
@@ -106,21 +135,32 @@ def _guarded(behavior: Callable[..., Any], client_streaming: bool) -> Callable[.
         return request
 
     async def coroutine(request: Any, context: Any) -> Any:
-        if client_streaming:
-            # Converse reads in a task and takes any end of its input as a half-close: the status is set here.
-            seen: list[GatewayError] = []
-            result = await behavior(_checked(request, seen), context)
-            if seen:
-                await abort(context, seen[0])
-            return result
-        return await behavior(await request_of(request, context), context)
+        try:
+            if client_streaming:
+                # Converse reads in a task and takes any end of its input as a half-close: the status is set
+                # here.
+                seen: list[GatewayError] = []
+                result = await behavior(_checked(request, seen), context)
+                if seen:
+                    await abort(context, seen[0])
+                return result
+            return await behavior(await request_of(request, context), context)
+        except BaseException as exc:
+            _forget_frames(exc)
+            request = seen = None  # noqa: F841 - this frame stays in the traceback: it must not keep the request
+            raise
 
     async def generator_(request: Any, context: Any) -> AsyncIterator[Any]:
         # StreamingSynthesize turns an error raised by its input into its status itself.
-        request = _checked(request, []) if client_streaming else await request_of(request, context)
-        async with contextlib.aclosing(behavior(request, context)) as responses:
-            async for response in responses:
-                yield response
+        try:
+            request = _checked(request, []) if client_streaming else await request_of(request, context)
+            async with contextlib.aclosing(behavior(request, context)) as responses:
+                async for response in responses:
+                    yield response
+        except BaseException as exc:
+            _forget_frames(exc)
+            request = None  # noqa: F841 - this frame stays in the traceback: it must not keep the request
+            raise
 
     return generator_ if inspect.isasyncgenfunction(behavior) else coroutine
 
@@ -148,9 +188,11 @@ async def start_public_grpc(
     check: KeyCheck,
     tls: tuple[bytes, bytes] | None,
     reflection_on: bool,
+    max_receive_bytes: int | None = None,
 ) -> StageServer:
     """``voxstage.server.start_stage_server`` for the public port: with the API-key interceptor, TLS
-    credentials and reflection as configured. Health is NOT_SERVING until ``set_ready``."""
+    credentials, reflection and the message-size bound (``message_limits``) as configured. Health is
+    NOT_SERVING until ``set_ready``."""
     return await start_stage_server(
         bindings,
         host=host,
@@ -158,6 +200,7 @@ async def start_public_grpc(
         interceptors=[ApiKeyInterceptor(check)] if check.enabled else [],
         credentials=None if tls is None else grpc.ssl_server_credentials([(tls[1], tls[0])]),
         reflection_on=reflection_on,
+        max_receive_bytes=max_receive_bytes,
     )
 
 
@@ -190,15 +233,24 @@ class GatewayServer:
     async def start(self) -> None:
         gw = self.core.config.gateway
         check = KeyCheck(load_api_keys(gw))  # read before anything binds: a bad setting fails fast
+        if check.enabled:
+            self.core.quotas = Quotas(load_key_limits(gw), match=check.match)
+            for key in sorted({"connection_max_streams", "connection_max_sessions", "connection_rate"}
+                              & gw.model_fields_set):  # fmt: skip
+                log.warning("gateway.%s has no effect: API keys are on, and each key's limits come from its "
+                            "line in gateway.api_keys_file", key)  # fmt: skip
         tls = read_tls(gw)
         bindings = [ServiceBinding(SPEECH_SERVICE, SpeechServicer(self.core), add_speech_servicer)]
         if gw.reflection:  # v1alpha comes with start_stage_server; v1 is ours (reflection_v1.py)
             listed = (SPEECH_SERVICE, REFLECTION_V1, health.SERVICE_NAME, reflection.SERVICE_NAME)
             bindings.append(reflection_v1_binding(listed))
         self.stage = await start_public_grpc(
-            bindings, host=self.host, port=self._grpc_port, check=check, tls=tls, reflection_on=gw.reflection
-        )
+            bindings, host=self.host, port=self._grpc_port, check=check, tls=tls, reflection_on=gw.reflection,
+            max_receive_bytes=grpc_max_receive_bytes(gw.max_text_chars),
+        )  # fmt: skip
         self.grpc_port = self.stage.port
+        tune_allocator()
+        TRIMMER.start()
         self.core.on_readiness(self._set_health)
         self.core.on_readiness(self._check_voice_aliases)
         await self.core.start()
@@ -210,6 +262,10 @@ class GatewayServer:
         family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
         sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        # Accepted connections inherit it. Autotuned, the kernel buffered up to 4 MB for a client that had
+        # stopped reading (a minute of Realtime audio), so no write waited and duplex_send_timeout_s and
+        # stream_idle_timeout_s never started: keepalive pings cut the client after 40 s with 1006 instead.
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, HTTP_SEND_BUFFER_BYTES)
         sock.bind((self.host, self._http_port))
         self.http_port = sock.getsockname()[1]
         app = PublicHttpGuard(build_app(self.core), check, public_metrics=gw.public_metrics)
@@ -262,6 +318,7 @@ class GatewayServer:
         if self._http_task is not None:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._http_task
+        await TRIMMER.stop()
         await self.core.stop()
 
     async def serve_forever(self) -> None:

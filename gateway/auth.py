@@ -22,6 +22,7 @@ from grpc_health.v1 import health
 
 from voxstage.config import GatewayConfig
 from voxstage.gateway.errors import openai_error
+from voxstage.gateway.quotas import ClientLimits, LimitsError, parse_key_options
 from voxstage.stage_tls import GATEWAY_KEYS, LinkTls, LinkTlsError, load_link_tls
 
 log = logging.getLogger(__name__)
@@ -40,18 +41,7 @@ def load_api_keys(gw: GatewayConfig, environ: Any = None) -> tuple[bytes, ...]:
     """The configured keys (empty: authentication off). A configured source that yields no key is an
     error, so a typo never leaves the gateway open."""
     environ = os.environ if environ is None else environ
-    keys: list[str] = []
-    if gw.api_keys_file is not None:
-        path = Path(gw.api_keys_file).expanduser()
-        try:
-            text = path.read_text(encoding="utf-8")
-        except OSError as exc:
-            raise SecurityConfigError(f"gateway.api_keys_file: cannot read {path}: {exc.strerror}") from None
-        found = [line.split("#", 1)[0].strip() for line in text.splitlines()]
-        found = [key for key in found if key]
-        if not found:
-            raise SecurityConfigError(f"gateway.api_keys_file: {path} holds no key (one a line, # comments)")
-        keys.extend(found)
+    keys: list[str] = [key for key, _ in _key_file(gw)]
     if gw.api_keys_env is not None:
         value = environ.get(gw.api_keys_env, "")
         found = [key.strip() for key in value.split(",") if key.strip()]
@@ -68,6 +58,34 @@ def load_api_keys(gw: GatewayConfig, environ: Any = None) -> tuple[bytes, ...]:
     return tuple(dict.fromkeys(key.encode() for key in keys))
 
 
+def _key_file(gw: GatewayConfig) -> list[tuple[str, list[str]]]:
+    """``(key, options)`` of each line of ``gateway.api_keys_file`` (none without one)."""
+    if gw.api_keys_file is None:
+        return []
+    path = Path(gw.api_keys_file).expanduser()
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise SecurityConfigError(f"gateway.api_keys_file: cannot read {path}: {exc.strerror}") from None
+    lines = [line.split("#", 1)[0].split() for line in text.splitlines()]
+    found = [(words[0], words[1:]) for words in lines if words]
+    if not found:
+        raise SecurityConfigError(f"gateway.api_keys_file: {path} holds no key (one a line, # comments)")
+    return found
+
+
+def load_key_limits(gw: GatewayConfig) -> dict[bytes, ClientLimits]:
+    """Each key's limits from its line of the key file (``KEY streams=4 sessions=1 rate=2/s name=team``);
+    keys without options, and those from ``api_keys_env``, have none (quotas.py)."""
+    limits: dict[bytes, ClientLimits] = {}
+    for number, (key, options) in enumerate(_key_file(gw), start=1):
+        try:
+            limits[key.encode()] = parse_key_options(options)
+        except LimitsError as exc:  # the line number, never the key
+            raise SecurityConfigError(f"gateway.api_keys_file: key {number}: {exc}") from None
+    return limits
+
+
 @dataclass(frozen=True)
 class KeyCheck:
     """Checks an ``Authorization`` value against the keys; ``enabled`` is False when none is configured."""
@@ -79,20 +97,23 @@ class KeyCheck:
         return bool(self.keys)
 
     def allows(self, authorization: str | bytes | None) -> bool:
-        if not self.keys:
-            return True
-        if authorization is None:
-            return False
+        return not self.keys or self.match(authorization) is not None
+
+    def match(self, authorization: str | bytes | None) -> bytes | None:
+        """The configured key ``authorization`` carries (``Bearer KEY``), or None."""
+        if authorization is None or not self.keys:
+            return None
         if isinstance(authorization, str):
             authorization = authorization.encode("utf-8", "replace")
         scheme, _, token = authorization.strip().partition(b" ")
         if scheme.lower() != b"bearer":
-            return False
+            return None
         token = token.strip()
         # Every key is compared, so the time taken does not tell which one (or how much of one) matched.
-        matched = False
+        matched = None
         for key in self.keys:
-            matched |= hmac.compare_digest(token, key)
+            if hmac.compare_digest(token, key):
+                matched = key
         return matched
 
 
@@ -144,8 +165,9 @@ async def _json(send: Any, status: int, body: dict[str, Any], extra: Sequence[tu
 
 
 class PublicHttpGuard:
-    """ASGI middleware in front of the HTTP face: API keys on every route but the open ones, and
-    ``/metrics`` hidden (404) when ``gateway.public_metrics`` is off."""
+    """ASGI middleware in front of the HTTP face: API keys on every route but the open ones. With
+    ``gateway.public_metrics`` off, ``/metrics`` needs a key like every other route, and is hidden (404)
+    when no key is configured (nobody could be told apart from the public)."""
 
     def __init__(self, app: ASGIApp, check: KeyCheck, *, public_metrics: bool = True) -> None:
         self.app = app
@@ -159,7 +181,7 @@ class PublicHttpGuard:
             await self.app(scope, receive, send)
             return
         path = scope.get("path", "")
-        if path == "/metrics" and not self.public_metrics:
+        if path == "/metrics" and not self.public_metrics and not self.check.enabled:
             if kind == "http":
                 body = openai_error("not found (gateway.public_metrics is off)", status=404, code="http_404")
                 await _json(send, 404, body)

@@ -16,9 +16,10 @@ import json
 import logging
 import os
 import tarfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path, PurePosixPath
 
+from voxstage.gateway.text_budget import TextBudget
 from voxstage.internal.v1 import stage_pb2
 
 log = logging.getLogger(__name__)
@@ -63,6 +64,8 @@ class ModelInfo:
     # own voice, voice clone optional: Audio8); None if unknown.
     variant: str | None = None
     aliases: tuple[str, ...] = field(default=())
+    # What one request may hold (the talker's StageStatus); None: the talker judges each request alone.
+    budget: TextBudget | None = None
 
     @property
     def duplex_only(self) -> bool:
@@ -176,6 +179,13 @@ def build_model_info(
     codec: stage_pb2.StageStatus | None,
     *,
     model_dirs: list[Path] | None = None,
+) -> ModelInfo:
+    info = _build_model_info(talker, codec, model_dirs)
+    return replace(info, budget=TextBudget.from_status(talker))
+
+
+def _build_model_info(
+    talker: stage_pb2.StageStatus, codec: stage_pb2.StageStatus | None, model_dirs: list[Path] | None
 ) -> ModelInfo:
     name = talker.model
     rate = codec.sample_rate_hz if codec is not None and codec.sample_rate_hz else talker.sample_rate_hz

@@ -31,6 +31,7 @@ from typing import Any
 import grpc
 from google.protobuf import duration_pb2
 
+from voxstage import formats
 from voxstage.duplex_audio import (
     FRAME_SECONDS,
     DuplexAudioError,
@@ -42,7 +43,8 @@ from voxstage.gateway.core import GatewayCore
 from voxstage.gateway.duplex_send import SendStalled, bounded_send, count_stalled, stalled_in
 from voxstage.gateway.duplex_session import AgentAudio, DuplexSession, Ended, Notice
 from voxstage.gateway.duplex_settings import GRPC_FIELDS, SessionSettings, SettingsUpdate
-from voxstage.gateway.errors import GatewayError, abort, invalid, openai_body
+from voxstage.gateway.errors import GatewayError, abort, as_gateway_error, invalid, openai_body
+from voxstage.gateway.quotas import SESSION, client_of
 from voxstage.gateway.realtime_events import UNSUPPORTED
 from voxstage.v1 import speech_pb2
 
@@ -69,7 +71,7 @@ def _format(msg: speech_pb2.RealtimeAudioFormat, name: str) -> DuplexFormat:
     if fmt is None:
         raise invalid(
             f"{name}.encoding",
-            f"{speech_pb2.AudioEncoding.Name(msg.encoding)} is not a Realtime format; use PCM_S16LE "
+            f"{formats.encoding_name(msg.encoding)} is not a Realtime format; use PCM_S16LE "
             "(24000 Hz), MULAW or ALAW (8000 Hz)",
             reason="unsupported_format",
         )
@@ -225,6 +227,20 @@ async def converse(
     core: GatewayCore, requests: AsyncIterator[speech_pb2.ConverseRequest], context: Context
 ) -> None:
     try:
+        release = core.quotas.acquire(*client_of(context), SESSION)
+    except GatewayError as err:
+        await abort(context, err)
+        return
+    try:
+        await _converse(core, requests, context)
+    finally:
+        release()
+
+
+async def _converse(
+    core: GatewayCore, requests: AsyncIterator[speech_pb2.ConverseRequest], context: Context
+) -> None:
+    try:
         session = core.sessions.admit()
     except GatewayError as err:
         await abort(context, err)
@@ -244,12 +260,21 @@ async def converse(
         stalled = stalled_in(tasks)
         if stalled is not None:
             raise stalled
-        if reader.done() and not pump.done():
+        if reader.done() and not reader.cancelled() and reader.exception() is not None:
+            # Not a half-close: handling a client event failed (a bad message, or a bug). The session ends
+            # with that status; before issue 26 any such failure read as a half-close and ended with OK.
+            failure = as_gateway_error(reader.exception())  # type: ignore[arg-type]
+            end = Ended("failed", failure)
+            await session.close()
+            await conv.write(error=_error(failure))
+            conv.ended = True
+        elif reader.done() and not pump.done():
             # Half-close: a clean end once the buffered audio is out. A client that cancels reads the same
             # at first (grpc.aio ends its request stream, then cancels this handler); close() below then
             # cancels the codec stream if it has not ended.
             session.finish()
-        end = await pump
+        if end is None:
+            end = await pump
         conv.ended = True
         if not reader.done():
             # The server ended the session while the client still streams. Returning now would race its

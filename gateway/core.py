@@ -27,6 +27,7 @@ from voxstage.gateway.admission import Admission
 from voxstage.gateway.auth import read_link_tls
 from voxstage.gateway.catalog import ModelInfo, build_model_info
 from voxstage.gateway.discovery import Discovery
+from voxstage.gateway.quotas import ClientLimits, Quotas
 from voxstage.gateway.routing import ReplicaPool, codec_status, talker_status
 from voxstage.gateway.sessions import SessionManager
 from voxstage.gateway.synthesis import Synthesizer
@@ -60,6 +61,13 @@ class GatewayCore:
             Discovery(self.codecs, codec_addresses, resolver, gw.discovery_interval_s),
             Discovery(self.talkers, talker_addresses, resolver, gw.discovery_interval_s),
         ]
+        # Fair sharing (quotas.py): per connection here; GatewayServer.start swaps in per-key limits when
+        # API keys are on.
+        self.quotas = Quotas(
+            per_connection=ClientLimits(
+                gw.connection_max_streams, gw.connection_max_sessions, gw.connection_rate
+            )
+        )
         self.admission = Admission(
             config.admission_limit, max_queue=gw.max_queue, queue_timeout_s=gw.queue_timeout_s
         )
@@ -75,7 +83,7 @@ class GatewayCore:
         self.model_dirs = list(model_dirs)
         self.probe_interval_s = probe_interval_s
         self._model: ModelInfo | None = None
-        self._model_key: tuple[str, str, int] | None = None
+        self._model_key: tuple[str, str, int, tuple[int, int]] | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._on_readiness: list[Callable[[bool], Awaitable[None]]] = []
         self._ready = False  # the readiness last announced to the callbacks (gRPC health)
@@ -125,7 +133,8 @@ class GatewayCore:
         talker = self.talkers.ready_status()
         codec = self.codecs.ready_status()
         if talker is not None:
-            key = (talker.model, talker.family, codec.sample_rate_hz if codec is not None else 0)
+            limits = (talker.max_model_len, talker.text_token_limit)  # a restarted talker may differ
+            key = (talker.model, talker.family, codec.sample_rate_hz if codec is not None else 0, limits)
             if key != self._model_key and (codec is not None or self._model is None):
                 self._model = build_model_info(talker, codec, model_dirs=self.model_dirs)
                 self._model_key = key

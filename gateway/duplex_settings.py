@@ -21,6 +21,7 @@ from voxstage.gateway.catalog import ModelInfo
 from voxstage.gateway.errors import GatewayError, invalid, not_found
 from voxstage.gateway.request import check_number, check_sampling, resolve_model
 from voxstage.gateway.voice_aliases import resolve_alias
+from voxstage.quote import quoted
 from voxstage.v1 import speech_pb2
 
 # Sampling fields a duplex session honours: the text stream's sampler (docs/protocol.md §11).
@@ -149,8 +150,13 @@ def apply_update(
                 names.voice_audio, str(exc).removeprefix(f"{names.voice_audio}: "), reason="invalid_audio"
             ) from None
     voice = changes.get("voice", current.voice)
-    if voice and changes.get("voice_audio", current.voice_audio) is not None:
+    recording = changes.get("voice_audio", current.voice_audio)
+    if voice and recording is not None:
         raise invalid(names.voice_audio, "give a stored voice or a voice recording, not both")
+    if served is not None and served.budget is not None:  # the session's prompt must fit the talker's window
+        pcm, rate = recording if isinstance(recording, tuple) else (np.zeros(0), 1)
+        persona = changes.get("instructions", current.instructions)
+        served.budget.check([(names.instructions, str(persona))], pcm.size / rate, names.voice_audio)
     return replace(current, **changes)  # type: ignore[arg-type]
 
 
@@ -164,7 +170,7 @@ def _check_voice(
         known = ", ".join(v.name for v in served.voices)
         raise not_found(
             field_name,
-            f"voice {voice!r} is not a stored voice of model {served.name!r}; known: {known}",
+            f"voice {quoted(voice)} is not a stored voice of model {served.name!r}; known: {known}",
             reason="voice_not_found",
         )
     return found.name

@@ -7,6 +7,7 @@ gRPC status, in ``{"error": {"param": ...}}`` and in logs. Retryable refusals ca
 
 from __future__ import annotations
 
+import logging
 import math
 from typing import Any
 
@@ -32,6 +33,7 @@ HTTP_STATUS: dict[grpc.StatusCode, int] = {
 }
 _BY_NUMBER: dict[int, grpc.StatusCode] = {code.value[0]: code for code in grpc.StatusCode}
 ERROR_DOMAIN = "voxstage.dev"
+log = logging.getLogger("voxstage.gateway.grpc_api")  # the logger these lines always had
 
 
 class GatewayError(Exception):
@@ -77,6 +79,15 @@ _OUTCOMES = {
     grpc.StatusCode.CANCELLED: "cancelled",
     grpc.StatusCode.DEADLINE_EXCEEDED: "deadline_exceeded",
 }
+
+
+def as_gateway_error(exc: Exception) -> GatewayError:
+    """Any failure as a status: a bug still answers INTERNAL with its cause, never UNKNOWN."""
+    if isinstance(exc, GatewayError):
+        return exc
+    log.exception("request failed", exc_info=exc)
+    cause = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else ""  # no traceback, no megabytes
+    return GatewayError(grpc.StatusCode.INTERNAL, f"internal error: {type(exc).__name__}: {cause}")
 
 
 def invalid(field: str, message: str, *, reason: str = "invalid_value") -> GatewayError:

@@ -26,7 +26,8 @@ from voxstage.gateway.accounting import RequestAccounting
 from voxstage.gateway.catalog import ModelInfo
 from voxstage.gateway.converse_grpc import converse
 from voxstage.gateway.core import GatewayCore
-from voxstage.gateway.errors import GatewayError, abort, invalid, not_found
+from voxstage.gateway.errors import GatewayError, abort, as_gateway_error, invalid, not_found
+from voxstage.gateway.quotas import STREAM, client_of
 from voxstage.gateway.request import (
     GRPC_FIELDS,
     RawRequest,
@@ -37,6 +38,7 @@ from voxstage.gateway.request import (
 )
 from voxstage.gateway.stream_watch import StreamWatch
 from voxstage.gateway.synthesis import FLUSH, AudioOut, Finished, InputItem, SegmentEnd, Started, whole_text
+from voxstage.quote import quoted
 from voxstage.v1 import speech_pb2, speech_pb2_grpc
 
 # gRPC's spelling of the one format table (voxstage.formats), shared with HTTP, the SDK and the CLI.
@@ -45,12 +47,8 @@ Context: TypeAlias = grpc.aio.ServicerContext[Any, Any]
 log = logging.getLogger(__name__)
 
 
-def as_gateway_error(exc: Exception) -> GatewayError:
-    """Any failure as a status: a bug still answers INTERNAL with its cause, never UNKNOWN."""
-    if isinstance(exc, GatewayError):
-        return exc
-    log.exception("request failed", exc_info=exc)
-    return GatewayError(grpc.StatusCode.INTERNAL, f"internal error: {type(exc).__name__}: {exc}")
+def _no_release() -> None:
+    pass
 
 
 def _duration(seconds: float) -> duration_pb2.Duration:
@@ -93,7 +91,9 @@ class SpeechServicer(speech_pb2_grpc.SpeechServicer):
     def __init__(self, core: GatewayCore) -> None:
         self.core = core
 
-    async def _job(self, config: speech_pb2.SynthesisConfig, *, streaming: bool) -> SynthesisJob:
+    async def _job(
+        self, config: speech_pb2.SynthesisConfig, *, streaming: bool, text: str = ""
+    ) -> SynthesisJob:
         enc = config.encoding
         if enc == speech_pb2.AUDIO_ENCODING_UNSPECIFIED:
             raise invalid("config.encoding", "AUDIO_ENCODING_UNSPECIFIED is not allowed; choose an encoding")
@@ -134,6 +134,8 @@ class SpeechServicer(speech_pb2_grpc.SpeechServicer):
             GRPC_FIELDS,
             max_text_chars=gw.max_text_chars,
             voice_aliases=gw.voice_aliases,
+            text=text,
+            max_frames_limit=self.core.config.max_frames_limit,
         )
 
     async def Synthesize(
@@ -142,11 +144,13 @@ class SpeechServicer(speech_pb2_grpc.SpeechServicer):
         acct = RequestAccounting("grpc_synthesize", whole_clip=True)
         acct.deadline = _deadline(context)
         first_pcm: float | None = None
+        release = _no_release
         try:
+            release = self.core.quotas.acquire(*client_of(context), STREAM)
             if not request.HasField("config"):
                 raise invalid("config", "required (encoding at least)")
-            job = await self._job(request.config, streaming=False)
             check_text(request.text, "text", self.core.config.gateway.max_text_chars)
+            job = await self._job(request.config, streaming=False, text=request.text)
             parts: list[np.ndarray] = []
             summary: Finished | None = None
             run = self.core.synth.run(job, whole_text(request.text), acct, deadline=acct.deadline)
@@ -168,6 +172,8 @@ class SpeechServicer(speech_pb2_grpc.SpeechServicer):
             acct.finish(err.outcome, code=err.code.name)
             await abort(context, err)
             raise AssertionError("unreachable") from None  # abort() raises
+        finally:
+            release()
         acct.clip_sent()
         assert summary is not None
         # The clip's first byte leaves with its last, so the summary reports when its first audio was ready
@@ -183,6 +189,22 @@ class SpeechServicer(speech_pb2_grpc.SpeechServicer):
         )
 
     async def StreamingSynthesize(
+        self, request_iterator: AsyncIterator[speech_pb2.StreamingSynthesizeRequest], context: Context
+    ) -> AsyncIterator[speech_pb2.StreamingSynthesizeResponse]:
+        try:
+            release = self.core.quotas.acquire(*client_of(context), STREAM)
+        except GatewayError as err:
+            RequestAccounting("grpc_streaming").finish(err.outcome, code=err.code.name)
+            await abort(context, err)
+            return
+        try:
+            async with contextlib.aclosing(self._streaming(request_iterator, context)) as responses:
+                async for response in responses:
+                    yield response
+        finally:
+            release()
+
+    async def _streaming(
         self, request_iterator: AsyncIterator[speech_pb2.StreamingSynthesizeRequest], context: Context
     ) -> AsyncIterator[speech_pb2.StreamingSynthesizeResponse]:
         acct = RequestAccounting("grpc_streaming")
@@ -261,7 +283,7 @@ class SpeechServicer(speech_pb2_grpc.SpeechServicer):
             if request.model and request.model not in (model.name, *model.aliases):
                 raise not_found(
                     "model",
-                    f"model {request.model!r} is not served here; served: {model.name}",
+                    f"model {quoted(request.model)} is not served here; served: {model.name}",
                     reason="model_not_found",
                 )
         except GatewayError as exc:

@@ -10,7 +10,9 @@ gRPC code.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+from collections.abc import AsyncGenerator, Callable
 
 import grpc
 from fastapi import FastAPI, Request
@@ -22,15 +24,24 @@ from starlette.requests import ClientDisconnect
 from voxstage import metrics
 from voxstage.gateway.accounting import RequestAccounting
 from voxstage.gateway.core import GatewayCore
-from voxstage.gateway.errors import GatewayError, not_found, openai_body, openai_error, retry_after_header
-from voxstage.gateway.grpc_api import as_gateway_error, voices_of
+from voxstage.gateway.errors import (
+    GatewayError,
+    as_gateway_error,
+    not_found,
+    openai_body,
+    openai_error,
+    retry_after_header,
+)
+from voxstage.gateway.grpc_api import voices_of
 from voxstage.gateway.http_speech import delivery, parse_speech, raw_request, stream, whole_clip
+from voxstage.gateway.memory import TRIMMER
+from voxstage.gateway.message_limits import http_max_body_bytes
+from voxstage.gateway.quotas import STREAM, http_client_of
 from voxstage.gateway.realtime_ws import register_realtime
 from voxstage.gateway.request import HTTP_FIELDS, build_job, check_text
-from voxstage.gateway.synthesis import whole_text
+from voxstage.gateway.synthesis import Event, whole_text
+from voxstage.quote import quoted
 
-# Reference audio is capped at 10 MiB; base64 inflates it by 4/3, plus room for the other fields.
-MAX_BODY_BYTES = 14 * 1024 * 1024
 log = logging.getLogger(__name__)
 
 
@@ -44,17 +55,18 @@ def _too_large(message: str) -> GatewayError:
     )
 
 
-async def _read_body(request: Request) -> bytes:
+async def _read_body(request: Request, limit: int) -> bytes:
+    """The body, refused (413) as soon as it is larger than the largest valid request (message_limits)."""
     declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > MAX_BODY_BYTES:
-        raise _too_large(f"request body of {declared} bytes exceeds the limit of {MAX_BODY_BYTES} bytes")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise _too_large(f"request body of {quoted(declared)} bytes exceeds the limit of {limit} bytes")
     chunks: list[bytes] = []
     size = 0
     try:
         async for chunk in request.stream():
             size += len(chunk)
-            if size > MAX_BODY_BYTES:
-                raise _too_large(f"request body exceeds the limit of {MAX_BODY_BYTES} bytes")
+            if size > limit:
+                raise _too_large(f"request body exceeds the limit of {limit} bytes")
             chunks.append(chunk)
     except ClientDisconnect:
         # Routine on a public port (a body shorter than its Content-Length, a client that gave up): one line,
@@ -64,11 +76,29 @@ async def _read_body(request: Request) -> bytes:
         raise GatewayError(
             grpc.StatusCode.CANCELLED, gone, field="body", reason="client_disconnected"
         ) from None
+    TRIMMER.seen(size)
     return b"".join(chunks)
+
+
+def _nothing() -> None:
+    pass
+
+
+async def _holding(
+    events: AsyncGenerator[Event, None], release: Callable[[], None]
+) -> AsyncGenerator[Event, None]:
+    """``events``, with the client's stream (quotas.py) given back once they end or are closed."""
+    try:
+        async with contextlib.aclosing(events) as inner:
+            async for event in inner:
+                yield event
+    finally:
+        release()
 
 
 def build_app(core: GatewayCore) -> FastAPI:
     app = FastAPI(title="voxstage", docs_url=None, redoc_url=None, openapi_url=None)
+    body_limit = http_max_body_bytes(core.config.gateway.max_text_chars)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
@@ -81,8 +111,10 @@ def build_app(core: GatewayCore) -> FastAPI:
         # HTTP has no client deadline; the lifetime limit (http_limits) is the one that ends a request.
         acct = RequestAccounting("http_speech")
         acct.deadline = acct.arrival + gw.max_stream_lifetime_s
+        release = _nothing
         try:
-            body = parse_speech(await _read_body(request))
+            release = core.quotas.acquire(*http_client_of(request.headers, request.scope), STREAM)
+            body = parse_speech(await _read_body(request, body_limit))
             plan = delivery(body)
             acct = RequestAccounting(
                 "http_speech_stream" if plan.streaming else "http_speech",
@@ -97,12 +129,16 @@ def build_app(core: GatewayCore) -> FastAPI:
                 HTTP_FIELDS,
                 max_text_chars=gw.max_text_chars,
                 voice_aliases=gw.voice_aliases,
+                text=body.input,
+                max_frames_limit=core.config.max_frames_limit,
             )
-            events = core.synth.run(job, whole_text(body.input), acct, text_field="input")
+            run = core.synth.run(job, whole_text(body.input), acct, text_field="input")
+            events = _holding(run, release)  # a streamed body outlives this handler: the stream is held
             if plan.streaming:
                 return await stream(events, job.fmt, job.sample_rate, sse=plan.sse)
             return await whole_clip(request, events, job.fmt, job.sample_rate, acct)
         except Exception as exc:
+            release()
             err = as_gateway_error(exc)
             acct.finish(err.outcome, code=err.code.name)
             return _error_response(err)
@@ -135,7 +171,7 @@ def build_app(core: GatewayCore) -> FastAPI:
             return _error_response(
                 not_found(
                     "model",
-                    f"model {model!r} is not served here; served: {current.name}",
+                    f"model {quoted(model)} is not served here; served: {current.name}",
                     reason="model_not_found",
                 )
             )

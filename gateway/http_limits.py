@@ -26,6 +26,7 @@ from uvicorn.server import ServerState
 
 from voxstage.config import GatewayConfig
 from voxstage.gateway.errors import GatewayError, openai_body
+from voxstage.gateway.message_limits import ws_max_frame_bytes
 
 log = logging.getLogger(__name__)
 
@@ -175,7 +176,7 @@ class HttpTimeouts:
             return
         path = scope.get("path", "")
         gone = asyncio.Event()
-        state = {"body_done": False, "body_timed_out": False, "started": False, "expired": False}
+        state = dict.fromkeys(("body_done", "body_timed_out", "started", "expired", "complete"), False)
         loop = asyncio.get_running_loop()
 
         async def timed_receive() -> Message:
@@ -202,6 +203,8 @@ class HttpTimeouts:
                 state["started"] = True
                 if state["body_timed_out"]:
                     message = {**message, "headers": [*message.get("headers", []), (b"connection", b"close")]}
+            elif message["type"] == "http.response.body" and not message.get("more_body", False):
+                state["complete"] = True
             try:
                 async with asyncio.timeout(self.send_timeout_s):
                     await send(message)
@@ -227,6 +230,8 @@ class HttpTimeouts:
                     await self.app(scope, timed_receive, timed_send)
                 finally:
                     expiry.cancel()
+                    if state["started"] and not state["complete"]:
+                        _end_incomplete(send, gone.is_set())
         except TimeoutError:
             if not backstop.expired():
                 raise
@@ -242,6 +247,23 @@ class HttpTimeouts:
             headers = [(b"content-type", b"application/json"), (b"connection", b"close")]
             await send({"type": "http.response.start", "status": 504, "headers": headers})
             await send({"type": "http.response.body", "body": json.dumps(openai_body(err)).encode()})
+
+
+def _end_incomplete(send: Any, client_gone: bool) -> None:
+    """A response the app left incomplete on purpose (a stream cut by a failure after its first byte, or a
+    client counted as gone): the connection closes here, so the client sees the body truncated, and uvicorn
+    is told the exchange is over instead of logging "ASGI callable returned without completing response"
+    for every such cut (issue 26). A client that reads nothing is aborted (its unread bytes would hold a
+    graceful close open); one that reads gets what was written, then the close."""
+    cycle = getattr(send, "__self__", None)  # uvicorn's RequestResponseCycle behind its ``send``
+    transport = getattr(cycle, "transport", None)
+    if cycle is None or transport is None or not hasattr(cycle, "disconnected"):
+        return  # another server: it handles an incomplete response its own way
+    cycle.disconnected = True
+    if client_gone:
+        transport.abort()
+    else:
+        transport.close()
 
 
 async def _receive_unless(receive: Any, gone: asyncio.Event, timeout_s: float | None) -> Message:
@@ -277,6 +299,7 @@ def http_config(app: Any, gw: GatewayConfig, *, grace_s: float) -> _HttpConfig:
         http=GuardedH11,  # h11, never httptools: the head size limit is h11's
         h11_max_incomplete_event_size=gw.http_max_header_bytes,
         timeout_keep_alive=gw.http_keep_alive_timeout_s,
+        ws_max_size=ws_max_frame_bytes(),
         log_level="warning",
         access_log=False,
         lifespan="off",

@@ -31,8 +31,7 @@ from starlette.types import Receive, Scope, Send
 from voxstage import formats
 from voxstage.audio import AudioError, AudioFormat, StreamingEncoder, encode_clip, parse_format
 from voxstage.gateway.accounting import RequestAccounting
-from voxstage.gateway.errors import GatewayError, invalid, openai_body
-from voxstage.gateway.grpc_api import as_gateway_error
+from voxstage.gateway.errors import GatewayError, as_gateway_error, invalid, openai_body
 from voxstage.gateway.request import HTTP_FIELDS, RawRequest, ReferenceInput, sampling_from
 from voxstage.gateway.synthesis import AudioOut, Event, Finished
 

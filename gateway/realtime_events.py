@@ -17,10 +17,12 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from voxstage import duplex_audio
+from voxstage.base64_text import decode_base64_text
 from voxstage.duplex_audio import DuplexAudioError, DuplexFormat, check_format, format_of_type
 from voxstage.gateway.duplex_session import Ended
 from voxstage.gateway.duplex_settings import SessionSettings, SettingsUpdate
 from voxstage.gateway.errors import GatewayError, invalid, openai_body
+from voxstage.quote import quoted
 from voxstage.v1 import speech_pb2
 
 _TURN_BASED = (
@@ -43,7 +45,8 @@ UNSUPPORTED: dict[str, str] = {
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # strict: "0.5" is not a number here, as it is not on HTTP (http_speech.SpeechRequest).
+    model_config = ConfigDict(extra="forbid", strict=True)
 
 
 class AudioFormatSpec(_Strict):
@@ -118,7 +121,7 @@ def _format(spec: AudioFormatSpec | None, param: str) -> DuplexFormat | None:
     if fmt is None:
         raise invalid(
             f"{param}.type",
-            f"{spec.type!r} is not supported; use {duplex_audio.allowed_types()}",
+            f"{quoted(spec.type)} is not supported; use {duplex_audio.allowed_types()}",
             reason="unsupported_format",
         )
     try:
@@ -141,7 +144,7 @@ def settings_update(config: SessionConfig) -> SettingsUpdate:
         update.seed = ext.seed
         if ext.voice_audio is not None:
             try:
-                update.voice_audio = base64.b64decode(ext.voice_audio, validate=True)
+                update.voice_audio = decode_base64_text(ext.voice_audio)
             except ValueError:
                 raise invalid(
                     "session.voxstage.voice_audio", "not valid base64", reason="invalid_audio"

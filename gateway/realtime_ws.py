@@ -34,6 +34,7 @@ from voxstage.gateway.duplex_send import SendStalled, bounded_send, count_stalle
 from voxstage.gateway.duplex_session import AgentAudio, DuplexSession, Ended, Notice
 from voxstage.gateway.duplex_settings import WS_FIELDS
 from voxstage.gateway.errors import GatewayError, invalid
+from voxstage.gateway.quotas import SESSION, http_client_of
 from voxstage.gateway.realtime_events import (
     UNSUPPORTED,
     InputAudioBufferAppendEvent,
@@ -46,6 +47,7 @@ from voxstage.gateway.realtime_events import (
     settings_update,
 )
 from voxstage.gateway.request import resolve_model
+from voxstage.quote import quoted
 
 log = logging.getLogger(__name__)
 
@@ -116,6 +118,17 @@ class RealtimeConnection:
             await self.ws.close(close_code(err), err.reason)
 
     async def run(self) -> None:
+        try:
+            release = self.core.quotas.acquire(*http_client_of(self.ws.headers, self.ws.scope), SESSION)
+        except GatewayError as err:
+            await self.refuse(err)
+            return
+        try:
+            await self._run()
+        finally:
+            release()
+
+    async def _run(self) -> None:
         model = self.ws.query_params.get("model")
         try:
             if model:
@@ -153,10 +166,17 @@ class RealtimeConnection:
         count_stalled(session.id, "/v1/realtime", self.send_timeout_s)
         event = error_json(stalled.error, None)
         event["event_id"] = f"event_{self._tag}_{next(self._ids)}"
-        with contextlib.suppress(TimeoutError, WebSocketDisconnect, RuntimeError):
+        try:
             async with asyncio.timeout(NOTIFY_GRACE_S):
                 await self.ws.send_text(json.dumps(event))
                 await self.ws.close(CLOSE_POLICY, stalled.error.reason)
+        except TimeoutError:
+            # The client still reads nothing: the connection is dropped now. Left to the server, its closing
+            # handshake and keepalive pings held it open for another 40 s, which the client then saw as
+            # 1006 with nothing said (issue 26).
+            drop_connection(self.ws)
+        except (WebSocketDisconnect, RuntimeError):
+            pass
 
     # -- client -> gateway ------------------------------------------------------------------------------
 
@@ -215,7 +235,7 @@ class RealtimeConnection:
         elif kind in UNSUPPORTED:
             raise invalid("type", f"{kind} is not supported: {UNSUPPORTED[kind]}", reason="unsupported_event")
         else:
-            raise invalid("type", f"unknown client event {kind!r}", reason="unknown_event")
+            raise invalid("type", f"unknown client event {quoted(kind)}", reason="unknown_event")
 
     # -- gateway -> client ------------------------------------------------------------------------------
 
@@ -246,6 +266,15 @@ class RealtimeConnection:
             response = response_json(self._response[0], session.settings, end.status, end)
             await self.send({"type": "response.done", "response": response})
         await self.ws.close(close_code(end), (end.error.reason if end.error is not None else "session ended"))
+
+
+def drop_connection(ws: WebSocket) -> None:
+    """Abort the connection under ``ws`` (no closing handshake): uvicorn's WebSocket protocol is the
+    owner of the ``send`` Starlette wraps, and its transport is the TCP connection."""
+    protocol = getattr(getattr(ws, "_send", None), "__self__", None)
+    transport = getattr(protocol, "transport", None)
+    if transport is not None and hasattr(transport, "abort"):
+        transport.abort()
 
 
 def register_realtime(app: FastAPI, core: GatewayCore) -> None:

@@ -22,6 +22,7 @@ from voxstage.audio import AudioError, AudioFormat, audio_from_base64, decode_au
 from voxstage.gateway.catalog import AUTO_LANGUAGE, ModelInfo
 from voxstage.gateway.errors import GatewayError, invalid, not_found
 from voxstage.gateway.voice_aliases import resolve_alias
+from voxstage.quote import quoted
 from voxstage.v1 import speech_pb2
 
 _SAMPLED = (limits.TEMPERATURE, limits.TOP_K, limits.TOP_P, limits.REPETITION_PENALTY, limits.MAX_FRAMES)
@@ -137,6 +138,9 @@ class SynthesisJob:
     non_streaming: bool
     fmt: AudioFormat
     sample_rate: int  # output rate (native when the request asked for none)
+    # Text tokens a take of this request may still hold after its reference clip, transcript and
+    # instructions (the talker's limits, text_budget.py); None: the talker reported none.
+    text_tokens_left: int | None = None
 
 
 def check_text(text: str, name: str, limit: int, *, already: int = 0, delta: bool = False) -> None:
@@ -164,6 +168,17 @@ def check_sampling(
     for key, limit in _SAMPLING.items():
         if key in params.DESCRIPTOR.fields_by_name and params.HasField(key):
             check_number(limit, getattr(params, key), f"{prefix}{key}")
+
+
+def check_max_frames(params: speech_pb2.SamplingParams, name: str, limit: int | None) -> None:
+    """A request's ``max_frames`` may lower its take's frame cap, never lift it past the deploy maximum."""
+    if limit is not None and params.HasField("max_frames") and params.max_frames > limit:
+        raise invalid(
+            name,
+            f"must be at most {limit} (gateway.max_frames_limit, by default the talker's "
+            f"default_sampling_params.max_tokens), got {params.max_frames}",
+            reason="max_frames_too_large",
+        )
 
 
 def check_subtalker(params: speech_pb2.SubtalkerSamplingParams, prefix: str) -> None:
@@ -194,9 +209,8 @@ def resolve_model(name: str, served: ModelInfo | None, field_name: str) -> Model
         )
     if not name or name in served.aliases or name == served.name:
         return served
-    raise not_found(
-        field_name, f"model {name!r} is not served here; served: {served.name}", reason="model_not_found"
-    )
+    served_here = f"model {quoted(name)} is not served here; served: {served.name}"
+    raise not_found(field_name, served_here, reason="model_not_found")
 
 
 def _resolve_voice(
@@ -219,7 +233,7 @@ def _resolve_voice(
         known = ", ".join(v.name for v in model.voices)
         raise not_found(
             names.voice,
-            f"voice {raw.voice!r} does not exist for model {model.name!r}; known: {known}",
+            f"voice {quoted(raw.voice)} does not exist for model {model.name!r}; known: {known}",
             reason="voice_not_found",
         )
     return found.name
@@ -243,13 +257,28 @@ async def build_job(
     *,
     max_text_chars: int,
     voice_aliases: Mapping[str, str] | None = None,
+    text: str = "",
+    max_frames_limit: int | None = None,
 ) -> SynthesisJob:
     """Every check, the cheap ones first; the reference clip (if any) is decoded last, in a worker thread,
     and only when nothing else is wrong with the request. ``voice_aliases`` is ``gateway.voice_aliases``
-    (None: the family's built-in table)."""
+    (None: the family's built-in table). ``text`` is a whole request's text (streamed text is judged per
+    segment as it arrives, against ``text_tokens_left``)."""
     job = _check_job(raw, served, names, max_text_chars=max_text_chars, voice_aliases=voice_aliases)
+    check_max_frames(raw.sampling, f"{names.sampling}max_frames", max_frames_limit)
+    budget = job.model.budget
+    fixed = [(names.instructions, raw.instructions)]  # in every take's prompt
+    if raw.reference is not None:
+        fixed.append((names.ref_text, raw.reference.text))
+    if budget is not None:
+        budget.check([(names.text, text), *fixed])  # before the clip is decoded: texts that cannot fit
     if raw.reference is not None:
         job.reference = await decode_reference(raw.reference)
+    if budget is not None:
+        ref = job.reference
+        seconds = 0.0 if ref is None else ref.pcm.size / ref.sample_rate
+        budget.check([(names.text, text), *fixed], seconds, names.ref_audio)
+        job.text_tokens_left = budget.check(fixed, seconds, names.ref_audio)
     return job
 
 
@@ -278,7 +307,7 @@ def _check_job(
             known = ", ".join([AUTO_LANGUAGE, *(model.languages or ())])
             raise invalid(
                 names.language,
-                f"{raw.language!r} is not supported by model {model.name!r}; use {known}",
+                f"{quoted(raw.language)} is not supported by model {model.name!r}; use {known}",
                 reason="unsupported_language",
             )
         language = resolved
@@ -318,6 +347,13 @@ def _check_job(
         )
     if raw.reference is not None:
         _check_reference(raw.reference)
+        if len(raw.reference.text) > max_text_chars:
+            raise invalid(
+                names.ref_text,
+                f"{len(raw.reference.text)} characters exceeds the limit of {max_text_chars} "
+                "(gateway.max_text_chars)",
+                reason="text_too_long",
+            )
     if raw.seed is not None:
         check_number(limits.SEED, raw.seed, names.seed)  # the talker's own range and words: [0, 2**63)
     check_sampling(raw.sampling, names.sampling)
@@ -358,15 +394,10 @@ def reference_from_grpc(ref: speech_pb2.ReferenceAudio) -> ReferenceInput:
         payload=ref.data,
         text=ref.text,
         field=GRPC_FIELDS.ref_audio,
-        kind=kinds.get(ref.encoding) or _encoding_name(ref.encoding),
+        kind=kinds.get(ref.encoding) or formats.encoding_name(ref.encoding),
         sample_rate=ref.sample_rate_hz,
         rate_field="config.reference_audio.sample_rate_hz",
     )
-
-
-def _encoding_name(value: int) -> str:
-    # Enums are open in proto3: a number no version of the proto names must not raise (500) here.
-    return speech_pb2.AudioEncoding.Name(value) if value in speech_pb2.AudioEncoding.values() else str(value)
 
 
 def _check_reference(ref: ReferenceInput) -> None:

@@ -27,6 +27,7 @@ from voxstage.gateway.admission import Admission
 from voxstage.gateway.errors import GatewayError, invalid
 from voxstage.gateway.request import SynthesisJob, check_text
 from voxstage.gateway.routing import Replica, ReplicaPool, open_on_pair
+from voxstage.gateway.text_budget import TakeBudget
 from voxstage.gateway.upstream import CodecStream, Pcm, Timeouts
 from voxstage.internal.v1 import stage_pb2
 from voxstage.segments import SentenceFlusher
@@ -248,6 +249,7 @@ class Synthesizer:
 
     async def _pump(
         self,
+        job: SynthesisJob,
         inputs: AsyncIterable[InputItem],
         stream: CodecStream,
         acct: RequestAccounting,
@@ -259,6 +261,7 @@ class Synthesizer:
         With ``flusher`` (``auto_flush: sentence``) a flush also goes wherever a sentence ends."""
         total = 0
         pending = False
+        take = TakeBudget(job, text_field)
         try:
             async for item in inputs:
                 if not item:
@@ -273,8 +276,10 @@ class Synthesizer:
                     if piece is None or isinstance(piece, Flush):
                         if pending:  # an empty flush would ask the talker for an empty segment
                             pending = False
+                            take.flushed()
                             await stream.flush()
                         continue
+                    take.add(piece)
                     if piece.strip() and not pending:
                         pending = True
                         segment_starts.append(time.monotonic())
@@ -303,7 +308,7 @@ class Synthesizer:
             watch.attach(stream)
         segment_starts: list[float] = []
         flusher = SentenceFlusher() if text_deltas and self.config.gateway.auto_flush == "sentence" else None
-        pump = asyncio.create_task(self._pump(inputs, stream, acct, segment_starts, text_field, flusher))
+        pump = asyncio.create_task(self._pump(job, inputs, stream, acct, segment_starts, text_field, flusher))
         try:
             yield Started(job.request_id, job.sample_rate, job.model.name, job.voice)
             relay = self._relay(job, stream, opened, acct, segment_starts, watch)

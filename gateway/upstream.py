@@ -33,10 +33,11 @@ from voxstage.gateway.routing import Replica, ReplicaPool
 from voxstage.internal.v1 import stage_pb2
 from voxstage.transport.host import verify_peer
 from voxstage.transport.payload import ack_message, hello_from_proto, read_payload
-from voxstage.transport.shm_layout import InvalidShmReference, ShmRef
+from voxstage.transport.shm_layout import InvalidShmReference, ShmRef, StaleShmReference
 from voxstage.transport.shm_reader import ShmReader
 
 log = logging.getLogger(__name__)
+STAGE_FULL_RETRY_S = 1.0
 
 CANCEL_GRACE_S = 0.1  # §6: after `cancel`, wait one tick plus this long for the terminal
 
@@ -270,6 +271,15 @@ class CodecStream:
             data, ref = read_payload(chunk.data, self._shm if self._peer_probe else None)
         except InvalidShmReference as exc:
             raise GatewayError(grpc.StatusCode.DATA_LOSS, f"codec {self.replica.address}: {exc}") from None
+        except StaleShmReference as exc:
+            # The codec took the slot back. While cancelling this is the race of issue 26 (the codec ended
+            # the stream and reclaimed its regions while a chunk was on its way): the chunk was to be
+            # dropped anyway. Otherwise the codec restarted or reaped its regions: it is unavailable.
+            if self._cancelling:
+                cancelled = "the request was cancelled"
+                raise GatewayError(grpc.StatusCode.CANCELLED, cancelled, reason="cancelled") from None
+            why = f"codec {self.replica.address}: audio chunk no longer readable ({exc})"
+            raise GatewayError(grpc.StatusCode.UNAVAILABLE, why, reason="codec_unavailable") from None
         if ref is not None:
             self._pending_acks.append(ref)
         self._got_data = True
@@ -286,7 +296,11 @@ class CodecStream:
         origin = err.origin or "codec"
         if code is grpc.StatusCode.UNAVAILABLE and origin == "talker":
             log.warning("talker unavailable behind codec %s: %s", self.replica.address, err.message)
-        return GatewayError(code, f"{err.message} (from {origin})", reason=f"{origin}_{code.name.lower()}")
+        # A stage with no free slot is worth retrying shortly (the SDK retries RESOURCE_EXHAUSTED only with
+        # a hint); anything else it refused is the request's own.
+        retry = STAGE_FULL_RETRY_S if code is grpc.StatusCode.RESOURCE_EXHAUSTED else None
+        reason = f"{origin}_{code.name.lower()}"
+        return GatewayError(code, f"{err.message} (from {origin})", reason=reason, retry_after_s=retry)
 
     async def cancel(self, reason: str) -> None:
         """§6: send ``cancel``, give the codec one tick plus 100 ms to answer, then cancel the call."""

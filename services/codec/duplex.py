@@ -42,6 +42,7 @@ from voxstage.codec.duplex_types import (
     UserCodes,
 )
 from voxstage.codec.engine import batch_bucket
+from voxstage.stage.faults import one_line
 
 log = logging.getLogger(__name__)
 
@@ -103,6 +104,8 @@ class DuplexCodecEngine:
         self._next_tick: float | None = None
         self._awaiting: set[str] = set()  # sent a user frame this tick, no agent frame since
         self._gather_since: float | None = None  # when the oldest undecoded agent frame arrived
+        self._working: list[_Session] = []  # the sessions of the encode/decode call under way (recover)
+        self._partial: list[DuplexOutput] = []
         self.ticks = 0
         self.bursts = 0
         self.skipped_ticks = 0
@@ -229,6 +232,7 @@ class DuplexCodecEngine:
     # -- the loop ----------------------------------------------------------------------------------------
     def step(self) -> list[DuplexOutput]:
         outputs: list[DuplexOutput] = []
+        self._partial = outputs  # what a failing step already produced: recover hands it out
         if self._burst_due(self.clock()):
             outputs += self._burst()
         now = self.clock()
@@ -282,6 +286,7 @@ class DuplexCodecEngine:
                 metrics.DUPLEX_INPUT_UNDERFLOW.inc()
             lengths[s.slot] = 1
             taken.append((s, source, freed))
+        self._working = [s for s, _, _ in taken]
         t0 = time.perf_counter()
         codes = self.calls.encode(
             torch.from_numpy(pcm).to(self.device), torch.from_numpy(lengths).to(self.device)
@@ -319,6 +324,7 @@ class DuplexCodecEngine:
             lengths[s.slot] = len(frames)
             if frames:
                 taken.append((s, frames))
+        self._working = [s for s, _ in taken]
         t0 = time.perf_counter()
         wav = self.calls.decode(
             torch.from_numpy(codes).to(self.device), torch.from_numpy(lengths).to(self.device)
@@ -339,6 +345,16 @@ class DuplexCodecEngine:
         self._gather_since = done if any(s.pending for s in self._slots) else None
         self.bursts += 1
         return outputs
+
+    def recover(self, exc: Exception) -> tuple[list[str], list[DuplexOutput]]:
+        """``step`` raised ``exc`` (not a device failure): the sessions of the failed call (all when
+        unknown) leave; returns their ids and what the step had produced for the others."""
+        failed, self._working = self._working or list(self._slots), []
+        ids = [s.sid for s in failed if self._by_id.get(s.sid) is s]
+        for sid in ids:
+            log.error("codec: duplex session %s ended: %s", sid, one_line(exc))
+            self.leave(sid)
+        return ids, [o for o in self._partial if o.session_id not in ids]
 
     def _map_user_frame(self, s: _Session, user_frame: int) -> tuple[int, float | None]:
         """The gateway frame (or -1) behind talker user frame ``user_frame``, and its PCM deadline."""

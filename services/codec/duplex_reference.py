@@ -23,6 +23,7 @@ import torch
 from voxstage.audio import resample
 from voxstage.codec.duplex_types import MAX_REFERENCE_SECONDS, MIMI_SAMPLE_RATE, SAMPLES_PER_FRAME
 from voxstage.codec.models.mimi.loudness import normalize_loudness
+from voxstage.stage.faults import is_device_error
 
 log = logging.getLogger(__name__)
 TARGET_LUFS = -24.0
@@ -108,6 +109,8 @@ class ReferenceJobs:
             codes = self.codec.encode(chunk.to(self.device), self._slot)
             job.codes.append(codes[0].to("cpu", copy=True).numpy())
         except Exception as exc:  # noqa: BLE001 - one recording's failure is its session's, not the engine's
+            if is_device_error(exc):
+                raise  # the device is gone for every session: the stage must restart
             log.exception("voice recording encode failed")
             self._jobs.popleft()
             job.future.set_exception(exc)

@@ -223,6 +223,9 @@ class DuplexCodecStream(CodecStageStream):
         self.joined = False  # the engine already left the session
         self.fail(code, message)
 
+    def on_request_failed(self, message: str) -> None:
+        self.on_session_error("INTERNAL", message)
+
     def on_engine_failed(self, message: str) -> None:
         self.joined = False
         self.fail("INTERNAL", f"codec engine failed: {message}")

@@ -20,7 +20,7 @@ import numpy as np
 from voxstage.codec.duplex import DuplexCodecEngine
 from voxstage.codec.duplex_reference import prepare_reference
 from voxstage.codec.duplex_types import AgentFrame, DuplexAdmissionError, DuplexOutput
-from voxstage.stage.worker import StageWorker
+from voxstage.stage.worker import StageWorker, session_error
 from voxstage.stage_errors import StageFailure
 
 
@@ -32,6 +32,8 @@ class DuplexListener(Protocol):
         ...
 
     def on_engine_failed(self, message: str) -> None: ...
+
+    def on_request_failed(self, message: str) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -126,9 +128,8 @@ class DuplexCodecWorker(StageWorker[DuplexOutput, DuplexListener]):
     def _guard(self, key: str, fn: Callable[[], None]) -> None:
         try:
             fn()
-        except (ValueError, KeyError) as exc:
-            code = "INVALID_ARGUMENT" if isinstance(exc, ValueError) else "FAILED_PRECONDITION"
-            message = str(exc.args[0] if exc.args else exc)
+        except Exception as exc:  # noqa: BLE001 - whatever one session's command raises is that session's
+            code, message = session_error(exc, self.role)
             self.engine.leave(key)
             listener = self._listeners.get(key)
             if listener is not None and self._loop is not None:

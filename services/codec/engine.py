@@ -39,6 +39,7 @@ receptive field, and kept as a documented alternative (docs/models.md gives its 
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -50,6 +51,9 @@ import torch
 from voxstage import metrics
 from voxstage.chunking import next_boundary, whole_chunks
 from voxstage.codec.engine_state import Launched, StreamState, read_back
+from voxstage.stage.faults import one_line
+
+log = logging.getLogger(__name__)
 
 
 class CodecAdmissionError(RuntimeError):
@@ -157,6 +161,8 @@ class CodecEngine:
         self._inflight: list[Launched] = []
         self._free = list(range(max_streams - 1, -1, -1))
         self._streams: dict[str, StreamState] = {}
+        self._working: list[StreamState] = []  # the streams the decode call under way works on (recover)
+        self._partial: list[CodecOutput] = []
         self.ticks = 0
         # With slots_in_use it makes the occupancy ratio the codec's autoscaler targets (deploy/k8s); the
         # talker engine and the duplex codec set theirs the same way.
@@ -234,6 +240,7 @@ class CodecEngine:
     # -- the tick -----------------------------------------------------------------------------------------
     def step(self) -> list[CodecOutput]:
         outputs: list[CodecOutput] = []
+        self._partial = outputs  # what a failing step already produced: recover hands it out
         t0 = time.perf_counter()
         # The previous step's decodes first: stream state is then exactly as the synchronous form sees it.
         launched, self._inflight = self._inflight, []
@@ -243,6 +250,7 @@ class CodecEngine:
                 # must not wait for the read-back of a bulk decode behind it; that one is collected next step.
                 self._inflight = launched[i:]
                 break
+            self._inflight = launched[i + 1 :]  # should this collect fail, the others are still owed
             self._collect(group, outputs)
         # Streams with a decode still in flight wait for it: their counts are not final yet.
         idle = [s for s in self._streams.values() if not s.in_flight]
@@ -272,7 +280,13 @@ class CodecEngine:
             bucket = next((b for b in self.frame_buckets if b >= total), total)
             groups.setdefault(bucket, []).append((stream, n))
         # Every bucket launches before any is read back: bucket k+1's host staging overlaps bucket k's decode.
-        fresh = [self._launch(group, t_bucket) for t_bucket, group in sorted(groups.items())]
+        fresh: list[Launched] = []
+        try:
+            for t_bucket, group in sorted(groups.items()):
+                fresh.append(self._launch(group, t_bucket))
+        except Exception:
+            self._inflight += fresh  # the other buckets' decodes are collected next step
+            raise
         if self.async_scheduling:
             self._inflight += fresh
         else:
@@ -287,7 +301,22 @@ class CodecEngine:
         return outputs
 
     # -- internals -------------------------------------------------------------------------------------
+    def recover(self, exc: Exception) -> tuple[list[str], list[CodecOutput]]:
+        """``step`` raised ``exc`` (not a device failure): the streams of the failed decode (all when
+        unknown), and any whose launched decode was lost with it, are cancelled. Returns their ids and the
+        audio the step had produced for the others; their decodes still in flight are collected later."""
+        kept = {id(s) for group in self._inflight for s, _ in group.work}
+        failed = self._working or list(self._streams.values())
+        failed = failed + [s for s in self._streams.values() if s.in_flight and id(s) not in kept]
+        self._working = []
+        ids = list(dict.fromkeys(s.stream_id for s in failed if self._streams.get(s.stream_id) is s))
+        for sid in ids:
+            log.error("codec: stream %s ended: %s", sid, one_line(exc))
+            self.cancel(sid)
+        return ids, [o for o in self._partial if o.stream_id not in ids]
+
     def _launch(self, work: list[tuple[StreamState, int]], t_bucket: int) -> Launched:
+        self._working = [stream for stream, _ in work]
         b_real = len(work)
         # Power-of-two batch buckets bound how many graphs exist; capping at max_streams keeps a full
         # engine on its own (graphed) bucket instead of padding 300 rows to 512.
@@ -318,9 +347,12 @@ class CodecEngine:
         )
         for stream, _ in work:
             stream.in_flight = True
-        return Launched(work, contexts, *read_back(wav[:b_real]))
+        launched = Launched(work, contexts, *read_back(wav[:b_real]))
+        self._working = []
+        return launched
 
     def _collect(self, launched: Launched, outputs: list[CodecOutput]) -> None:
+        self._working = [stream for stream, _ in launched.work]
         if launched.event is not None:
             launched.event.synchronize()
         wav_np = launched.pcm.numpy()
@@ -345,6 +377,7 @@ class CodecEngine:
                 stream.sample_offset += pcm.size
             if final:
                 self._release(self._streams.pop(stream.stream_id))
+        self._working = []
 
     def _context(self, s: StreamState) -> int:
         """Frames decoded again in front of ``s``'s next chunk (overlap+crop only)."""

@@ -289,6 +289,10 @@ class CodecStream(CodecStageStream):
         self.engine_open = False
         self.fail("INTERNAL", f"codec engine failed: {message}")
 
+    def on_request_failed(self, message: str) -> None:
+        self.engine_open = False  # the engine already let the stream go
+        self.fail("INTERNAL", message)
+
     def pump(self) -> None:
         while self.pieces and not self.terminal_sent and self.pieces[0].data.size <= self.pcm_credit:
             piece = self.pieces.popleft()

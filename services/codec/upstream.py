@@ -18,6 +18,7 @@ import grpc
 
 from voxstage.codec.allowlist import TalkerAllowlist
 from voxstage.internal.v1 import stage_pb2, stage_pb2_grpc
+from voxstage.quote import quoted
 from voxstage.resolver import Resolver, SystemResolver
 from voxstage.server import CHANNEL_OPTIONS
 from voxstage.stage_errors import StageFailure
@@ -105,9 +106,8 @@ class TalkerPool:
             raise self._denied(address)
 
     def _denied(self, address: str) -> StageFailure:
-        return StageFailure(
-            "PERMISSION_DENIED", f"talker_address: {address!r} is not one of this codec's --allowed-talkers"
-        )
+        why = f"talker_address: {quoted(address)} is not one of this codec's --allowed-talkers"
+        return StageFailure("PERMISSION_DENIED", why)
 
     def peer(self, address: str) -> TalkerPeer:
         # Every dial passes here; ``check`` ran on the stream's open, so the answers it used are cached.

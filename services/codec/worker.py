@@ -26,6 +26,8 @@ class PcmListener(Protocol):
 
     def on_engine_failed(self, message: str) -> None: ...
 
+    def on_request_failed(self, message: str) -> None: ...
+
 
 @dataclass(frozen=True)
 class CodecSnapshot:

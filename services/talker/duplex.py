@@ -17,6 +17,7 @@ session leaves, the last one moves into its hole, and a step runs over slots ``[
 from __future__ import annotations
 
 import enum
+import logging
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -26,7 +27,10 @@ from typing import Any, Protocol
 import numpy as np
 
 from voxstage import metrics
+from voxstage.stage.faults import one_line
 from voxstage.talker.sampling import SamplingParams
+
+log = logging.getLogger(__name__)
 
 
 class DuplexAdmissionError(RuntimeError):
@@ -87,6 +91,7 @@ class DuplexRequest:
 class Finish(enum.StrEnum):
     CLOSED = "closed"
     CANCELLED = "cancelled"
+    ERROR = "error"  # the session's part of a step failed (recover); its listener already heard why
 
 
 @dataclass
@@ -130,6 +135,8 @@ class DuplexEngine:
         self._slots: list[_Session] = []
         self._by_id: dict[str, _Session] = {}
         self._cancelled: list[str] = []
+        self._working: list[_Session] = []  # the sessions the adapter call under way works on (recover)
+        self._partial: list[DuplexOutput] = []
         self.ticks = 0
         self.steps = 0
         self.dropped_frames = 0
@@ -221,6 +228,7 @@ class DuplexEngine:
     def step(self) -> list[DuplexOutput]:
         t0 = time.perf_counter()
         outputs: list[DuplexOutput] = []
+        self._partial = outputs  # what a failing tick already produced: recover hands it out
         for sid in self._cancelled:
             if sid in self._by_id:
                 outputs.append(self._leave(self._by_id[sid], Finish.CANCELLED))
@@ -248,6 +256,7 @@ class DuplexEngine:
                 break
             if s.decoding:
                 continue
+            self._working = [s]
             n = min(s.prefill_target - s.prefilled, budget)
             if n > 0:
                 self.adapter.prefill(s.slot, s.prompt, s.prefilled, n)
@@ -258,10 +267,12 @@ class DuplexEngine:
                 self.adapter.start_decode(s.slot, s.prompt)
                 s.decoding = True
                 s.position = s.prefill_target
+        self._working = []
 
     def _decode(self) -> list[DuplexOutput]:
         n = len(self._slots)
         active = [self._ready(s) for s in self._slots]
+        self._working = [s for s, a in zip(self._slots, active, strict=True) if a]
         rows: list[int] = []
         frames: list[np.ndarray] = []
         taken: dict[int, tuple[int, int]] = {}  # slot -> (user frame index, frames taken off the queue)
@@ -308,7 +319,23 @@ class DuplexEngine:
                 )
             )
             s.frames_out += 1
+        self._working = []
         return outputs
+
+    def recover(self, exc: Exception) -> tuple[list[str], list[DuplexOutput]]:
+        """``step`` raised ``exc`` (not a device failure): the sessions the failed call worked on (all when
+        unknown) leave; returns their ids and what the tick had produced for the others."""
+        failed = self._working or list(self._slots)
+        self._working = []
+        ids = []
+        for s in sorted(failed, key=lambda s: -s.slot):  # last slot first: nobody else's state moves
+            sid = s.request.session_id
+            if self._by_id.get(sid) is s:
+                log.error("talker: duplex session %s ended: %s", sid, one_line(exc))
+                self._leave(s, Finish.ERROR)
+                ids.append(sid)
+        self._gauges()
+        return ids, [o for o in self._partial if o.session_id not in ids]
 
     def _leave(self, s: _Session, why: Finish) -> DuplexOutput:
         sid = s.request.session_id

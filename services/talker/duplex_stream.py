@@ -172,6 +172,9 @@ class DuplexTalkerStream(StageStream):
     def on_session_error(self, code: str, message: str) -> None:
         self.fail(code, message)
 
+    def on_request_failed(self, message: str) -> None:
+        self.on_session_error("INTERNAL", message)
+
     def on_engine_failed(self, message: str) -> None:
         self.finish = Finish.CANCELLED
         self.fail("INTERNAL", f"talker engine failed: {message}")

@@ -12,12 +12,14 @@ import secrets
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
-from voxstage.stage.worker import StageWorker
+from voxstage.quote import quoted
+from voxstage.stage.worker import StageWorker, session_error
 from voxstage.stage_errors import StageFailure
+from voxstage.talker.budget import RequestBudget
 from voxstage.talker.duplex import DuplexAdmissionError, DuplexEngine, DuplexOutput, DuplexRequest
 from voxstage.talker.models import TalkerInfo
 from voxstage.talker.worker import MAX_SEED, RequestParams, TalkerDefaults, apply_overrides
@@ -33,6 +35,8 @@ class DuplexListener(Protocol):
         ...
 
     def on_engine_failed(self, message: str) -> None: ...
+
+    def on_request_failed(self, message: str) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -65,6 +69,9 @@ class _Tracked:
     def idle_timeout(self) -> float | None:
         return self.engine.idle_timeout()
 
+    def recover(self, exc: Exception) -> tuple[list[str], list[Any]]:
+        return self.engine.recover(exc)
+
     def step(self) -> list[DuplexOutput]:
         outputs = self.engine.step()
         for key, (old, _) in list(self.phases.items()):
@@ -87,6 +94,7 @@ class DuplexWorker(StageWorker[DuplexOutput, DuplexListener]):
         self.defaults = defaults
         self._tracked = _Tracked(engine)
         self._admitted: dict[str, float] = {}
+        self.budget: RequestBudget | None = None  # measured at warm-up
         super().__init__(self._tracked)
 
     async def warm_up(self) -> float:
@@ -97,6 +105,8 @@ class DuplexWorker(StageWorker[DuplexOutput, DuplexListener]):
             t0 = time.perf_counter()
             e = self.engine
             d = self.defaults
+            # A session's whole prompt must fit its window (DuplexEngine.open); then it slides.
+            self.budget = RequestBudget.of(e.adapter, self.info, e.cfg.window, reserve=0)
             voice = self.info.voices[0] if self.info.voices else None
             e.open(DuplexRequest("__warmup__", "Warm up.", voice, None, 0, d.sampling, d.subtalker))
             silence = np.zeros((1, self.info.num_code_groups), np.int64)
@@ -121,7 +131,7 @@ class DuplexWorker(StageWorker[DuplexOutput, DuplexListener]):
         voices = self.info.voices
         if params.voice and params.voice not in voices:
             known = ", ".join(voices) or "none"
-            raise StageFailure("NOT_FOUND", f"voice: {params.voice!r} is not a stored voice ({known})")
+            raise StageFailure("NOT_FOUND", f"voice: {quoted(params.voice)} is not a stored voice ({known})")
 
     def build_request(self, key: str, params: RequestParams) -> DuplexRequest:
         d = self.defaults
@@ -192,9 +202,8 @@ class DuplexWorker(StageWorker[DuplexOutput, DuplexListener]):
         """Run a session command on the engine thread; a bad one fails that session only."""
         try:
             fn()
-        except (ValueError, KeyError) as exc:
-            code = "INVALID_ARGUMENT" if isinstance(exc, ValueError) else "FAILED_PRECONDITION"
-            message = str(exc.args[0] if exc.args else exc)
+        except Exception as exc:  # noqa: BLE001 - whatever one session's command raises is that session's
+            code, message = session_error(exc, self.role)
             self.engine.cancel(key)
             listener = self._listeners.get(key)
             if listener is not None and self._loop is not None:

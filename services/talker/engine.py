@@ -13,6 +13,11 @@ Per tick: apply admissions (a request that cannot fit ``max_model_len`` is rejec
 truncated), spend the ``max_num_batched_tokens`` budget on prefill chunks (oldest first), then one frame
 step for every slot in decode. A prompt's last position is not prefilled: it becomes the slot's first
 decode input, so every frame, including the first, comes from the same frame step.
+
+A failure belongs to its request: before each call into the adapter the engine notes which requests that
+call works on (``_working``); when a tick raises, ``recover`` ends exactly those (``Finish.ERROR``, slot
+freed) and the engine goes on. A batched prefill that fails is retried one request at a time first, so one
+bad prompt does not take the others of its tick down with it.
 """
 
 from __future__ import annotations
@@ -22,64 +27,22 @@ import logging
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 
 from voxstage import metrics
+from voxstage.stage.faults import is_device_error, one_line
 from voxstage.talker.adapter import PreparedPrompt, TalkerAdapter
-from voxstage.talker.sampling import SamplingParams
+from voxstage.talker.engine_types import (  # noqa: F401 - the engine's public types, importable from here
+    AdmissionError,
+    EngineConfig,
+    Finish,
+    RequestTooLarge,
+    TalkerOutput,
+    TalkerRequest,
+)
 
 log = logging.getLogger(__name__)
-
-
-class AdmissionError(RuntimeError):
-    """The request cannot be taken now (queue full); maps to RESOURCE_EXHAUSTED."""
-
-
-class RequestTooLarge(ValueError):
-    """Prompt + max frames exceed ``max_model_len``; maps to INVALID_ARGUMENT."""
-
-
-@dataclass(frozen=True)
-class EngineConfig:
-    max_num_seqs: int
-    max_model_len: int
-    max_num_batched_tokens: int
-    max_queue: int = 1024
-    enable_prefix_caching: bool = False
-    prefix_cache_bytes: int = 256 * 1024 * 1024
-    # Launch tick n+1 before reading tick n's results, so host work overlaps the device step. A request that
-    # hit EOS at tick n then runs one wasted step at n+1 whose output is dropped.
-    async_scheduling: bool = False
-
-
-@dataclass
-class TalkerRequest:
-    request_id: str
-    spec: Any  # family-specific prompt spec, interpreted by the adapter
-    seed: int
-    sampling: SamplingParams
-    subtalker: SamplingParams
-    max_frames: int
-    min_frames: int = 2
-
-
-class Finish(enum.StrEnum):
-    EOS = "eos"
-    MAX_FRAMES = "max_frames"
-    MAX_MODEL_LEN = "max_model_len"
-    CANCELLED = "cancelled"
-    ERROR = "error"
-
-
-@dataclass
-class TalkerOutput:
-    request_id: str
-    codes: np.ndarray  # [n, G] int64 frames produced this tick (n may be 0 on finish)
-    first_frame: int
-    finish: Finish | None = None
-    error: str | None = None
 
 
 class _Phase(enum.Enum):
@@ -128,6 +91,8 @@ class TalkerEngine:
         # follows, and claims the first free slot the moment that take ends, ahead of the queue.
         self._followers: dict[str, _Seq] = {}
         self._inflight: tuple[object, list[_Seq | None]] | None = None
+        self._working: list[_Seq] = []  # the requests the adapter call under way works on (see recover)
+        self._partial: list[TalkerOutput] = []
         self.prefix_hits = 0
         self.prefill_tokens_saved = 0
         self.ticks = 0
@@ -215,6 +180,7 @@ class TalkerEngine:
     def step(self) -> list[TalkerOutput]:
         t0 = time.perf_counter()
         outputs: list[TalkerOutput] = []
+        self._partial = outputs  # what a failing tick already produced: recover hands it out
         for seq in self._cancelled:
             if self._by_id.get(seq.request.request_id) is seq:
                 outputs.append(self._finish(seq, Finish.CANCELLED))
@@ -254,6 +220,7 @@ class TalkerEngine:
             self._waiting.remove(seq)
             seq.slot = len(self._slots)
             self._slots.append(seq)
+            self._working = [seq]
             r = seq.request
             self.adapter.admit(
                 seq.slot,
@@ -272,6 +239,7 @@ class TalkerEngine:
                     self.prefix_hits += 1
                     self.prefill_tokens_saved += reused
                     metrics.PREFILL_TOKENS.labels(source="prefix_cache").inc(reused)
+        self._working = []
 
     def _prefill(self) -> None:
         budget = self.cfg.max_num_batched_tokens
@@ -288,8 +256,9 @@ class TalkerEngine:
         if chunks:
             # One call for the whole tick: the adapter batches short chunks into one forward, so a burst of
             # arrivals delays the running streams' next frame by about one prefill, not one per arrival.
-            self.adapter.prefill_many(chunks)
+            self._prefill_chunks([seq for seq, n in planned if n], chunks)
         for seq, n in planned:
+            self._working = [seq]
             if n:
                 seq.prefilled += n
                 metrics.PREFILL_TOKENS.labels(source="computed").inc(n)
@@ -298,6 +267,22 @@ class TalkerEngine:
                     self.adapter.store_prefix(seq.slot, seq.prepared)
                 self.adapter.start_decode(seq.slot, seq.prepared)
                 seq.phase = _Phase.DECODE
+        self._working = []
+
+    def _prefill_chunks(self, seqs: list[_Seq], chunks: list[tuple[int, PreparedPrompt, int, int]]) -> None:
+        self._working = seqs
+        try:
+            self.adapter.prefill_many(chunks)
+        except Exception as exc:
+            if len(chunks) == 1 or is_device_error(exc):
+                raise
+            # Prefill only writes its own positions, so redoing each chunk alone is safe: the one that
+            # fails again is the one to end (recover); the others keep their place.
+            log.warning("talker: a batched prefill failed (%s); retrying its %d chunks one by one",
+                        one_line(exc), len(chunks))  # fmt: skip
+            for seq, chunk in zip(seqs, chunks, strict=True):
+                self._working = [seq]
+                self.adapter.prefill_many([chunk])
 
     def _runnable(self, seq: _Seq) -> bool:
         if seq.phase is _Phase.PREFILL:
@@ -330,6 +315,7 @@ class TalkerEngine:
             return None
         n = max(i for i, a in enumerate(active) if a) + 1
         rows = [s if a else None for s, a in zip(self._slots[:n], active[:n], strict=True)]
+        self._working = [s for s in rows if s is not None]
         max_pos = max(s.position for s in rows if s is not None)
         handle = self.adapter.launch(active[:n], max_pos + 1)
         for seq in rows:
@@ -339,6 +325,7 @@ class TalkerEngine:
 
     def _collect(self, launched: tuple[object, list[_Seq | None]]) -> list[TalkerOutput]:
         handle, rows = launched
+        self._working = [s for s in rows if s is not None]
         codes, eos = self.adapter.collect(handle)
         outputs = []
         finished: list[tuple[_Seq, Finish, str | None]] = []
@@ -362,7 +349,27 @@ class TalkerEngine:
             elif seq.prepared.length + seq.frames > self.cfg.max_model_len:
                 finished.append((seq, Finish.MAX_MODEL_LEN, None))
         outputs += [self._finish(seq, why, error) for seq, why, error in finished]
+        self._working = []
         return outputs
+
+    def recover(self, exc: Exception) -> tuple[list[str], list[TalkerOutput]]:
+        """``step`` raised ``exc`` (not a device failure): end the requests the failed call worked on (all
+        in slots when it is unknown) and free their slots. Returns their ids, and the outputs the tick had
+        produced for the others before it failed. A step left in flight is abandoned with its rows."""
+        failed = [s for s in self._working if not s.done] or list(self._slots)
+        if self._inflight is not None:  # its step may have advanced their state: they end too
+            failed += [s for s in self._inflight[1] if s is not None and s not in failed]
+        self._working = []
+        self._inflight = None
+        ids = []
+        # Last slot first: each hole is then the last used slot, so no other request's KV moves.
+        for seq in sorted(failed, key=lambda s: -s.slot):
+            if self._by_id.get(seq.request.request_id) is seq:
+                log.error("talker: request %s ended: %s", seq.request.request_id, one_line(exc))
+                self._finish(seq, Finish.ERROR, one_line(exc))
+                ids.append(seq.request.request_id)
+        self._update_gauges()
+        return ids, [o for o in self._partial if o.request_id not in ids]
 
     # -- slot bookkeeping ----------------------------------------------------------------------------
     def _feed_text(self, seq: _Seq) -> None:

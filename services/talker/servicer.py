@@ -57,4 +57,6 @@ class TalkerServicer(StageServicer[TalkerStream | DuplexTalkerStream], stage_pb2
         self, status: stage_pb2.StageStatus, snap: TalkerSnapshot
     ) -> Mapping[str, RequestSnapshot]:
         status.queue_depth = snap.queue_depth
+        if self.worker.budget is not None:
+            self.worker.budget.fill(status)
         return snap.requests

@@ -249,6 +249,10 @@ class TalkerStream(StageStream):
         self.failed_finish = Finish.ERROR
         self.fail("INTERNAL", f"talker engine failed: {message}")
 
+    def on_request_failed(self, message: str) -> None:
+        self.failed_finish = Finish.ERROR
+        self.fail("INTERNAL", message)
+
     def pump(self) -> None:
         if self.terminal_sent:
             return

@@ -20,9 +20,11 @@ import numpy as np
 from voxstage import limits
 from voxstage.config import SamplingParams as DeploySampling
 from voxstage.config import SegmentsConfig, StageConfig
+from voxstage.quote import quoted
 from voxstage.segments import FrameCap
 from voxstage.stage.worker import StageWorker
 from voxstage.stage_errors import StageFailure
+from voxstage.talker.budget import RequestBudget
 from voxstage.talker.engine import AdmissionError, RequestTooLarge, TalkerEngine, TalkerOutput, TalkerRequest
 from voxstage.talker.models import TalkerInfo
 from voxstage.talker.sampling import SamplingParams
@@ -123,6 +125,8 @@ class OutputListener(Protocol):
 
     def on_engine_failed(self, message: str) -> None: ...
 
+    def on_request_failed(self, message: str) -> None: ...
+
 
 @dataclass(frozen=True)
 class RequestSnapshot:
@@ -168,6 +172,9 @@ class _TrackedEngine:
     def slot_of(self, key: str) -> int:
         return self.engine.slot_of(key)
 
+    def recover(self, exc: Exception) -> tuple[list[str], list[Any]]:
+        return self.engine.recover(exc)
+
 
 class TalkerWorker(StageWorker[TalkerOutput, OutputListener]):
     role = "talker"
@@ -179,6 +186,7 @@ class TalkerWorker(StageWorker[TalkerOutput, OutputListener]):
         self.info = info
         self.defaults = defaults
         self._tracked = _TrackedEngine(engine)
+        self.budget: RequestBudget | None = None  # measured at warm-up
         super().__init__(self._tracked)
 
     # -- lifecycle (event loop) -------------------------------------------------------------------------
@@ -189,6 +197,10 @@ class TalkerWorker(StageWorker[TalkerOutput, OutputListener]):
         def run() -> float:
             t0 = time.perf_counter()
             d = self.defaults
+            # A prompt must leave room for min_frames (and one frame at least): TalkerEngine._check_fits.
+            reserve = max(d.min_frames, 1)
+            max_len = self.engine.cfg.max_model_len
+            self.budget = RequestBudget.of(self.engine.adapter, self.info, max_len, reserve)
             req = TalkerRequest("__warmup__", spec, 0, d.sampling, d.subtalker, max_frames=2, min_frames=0)
             self.engine.submit(req)
             while self.engine.has_work():
@@ -210,16 +222,16 @@ class TalkerWorker(StageWorker[TalkerOutput, OutputListener]):
         """Cheap checks that need no model code, so an unknown voice is refused before ``opened``."""
         voices = self.info.voices
         if params.voice and voices and params.voice.lower() not in voices:
-            raise StageFailure("NOT_FOUND", f"voice: {params.voice!r} is not one of {', '.join(voices)}")
+            known = ", ".join(voices)
+            raise StageFailure("NOT_FOUND", f"voice: {quoted(params.voice)} is not one of {known}")
         if not params.voice and self.info.variant == "custom_voice":
             raise StageFailure(
                 "INVALID_ARGUMENT", f"voice: required by {self.info.model}; one of {', '.join(voices)}"
             )
         if params.language.lower() not in self.info.languages:
             known = ", ".join(self.info.languages)
-            raise StageFailure(
-                "INVALID_ARGUMENT", f"language: {params.language!r} is not supported; use one of {known}"
-            )
+            why = f"language: {quoted(params.language)} is not supported; use one of {known}"
+            raise StageFailure("INVALID_ARGUMENT", why)
 
     def frame_limit(self, params: RequestParams, text: str) -> tuple[int, bool]:
         """(max frames of a take speaking ``text``, whether the text-derived cap is what binds)."""

@@ -10,11 +10,10 @@ would.
 
 from __future__ import annotations
 
-import base64
-import binascii
 import enum
 import io
 import math
+import re
 import struct
 
 import numpy as np
@@ -22,6 +21,8 @@ import soundfile as sf
 import soxr
 
 from voxstage import formats, g711, limits
+from voxstage.base64_text import decode_base64_text
+from voxstage.quote import quoted
 from voxstage.sndfile_stream import SndfileEncoder
 
 
@@ -64,7 +65,8 @@ def parse_format(name: str, *, field: str = "response_format") -> AudioFormat:
         return AudioFormat(name.lower())
     except ValueError:
         allowed = ", ".join(formats.NAMES)
-        raise AudioError(f"{field}: unsupported audio format {name!r}; expected one of {allowed}") from None
+        why = f"{field}: unsupported audio format {quoted(name)}; expected one of {allowed}"
+        raise AudioError(why) from None
 
 
 def float_to_s16(x: np.ndarray) -> np.ndarray:
@@ -191,8 +193,8 @@ def audio_from_base64(text: str, *, field: str = "ref_audio") -> bytes:
         if not sep or not header.endswith(";base64"):
             raise AudioError(f"{field}: a data URL must be base64-encoded (data:audio/wav;base64,...)")
     try:
-        return base64.b64decode(text, validate=True)
-    except (binascii.Error, ValueError):
+        return decode_base64_text(text)
+    except ValueError:
         raise AudioError(f"{field}: not valid base64") from None
 
 
@@ -250,11 +252,18 @@ def _decode_raw(data: bytes, field: str, max_seconds: float, rate: int, fmt: str
     return pcm, rate
 
 
+def _decode_problem(exc: Exception) -> str:
+    """libsndfile's own words, without the "Error opening <_io.BytesIO object at 0x...>:" that soundfile puts
+    before them (a server's memory address is nobody's business)."""
+    text = getattr(exc, "error_string", None) or str(exc)
+    return re.sub(r"<[^<>]* at 0x[0-9a-fA-F]+>:?\s*", "", str(text)).strip() or type(exc).__name__
+
+
 def _decode_container(data: bytes, field: str, max_seconds: float) -> tuple[np.ndarray, int]:
     try:
         f = sf.SoundFile(io.BytesIO(data))
     except (sf.LibsndfileError, RuntimeError, TypeError) as exc:
-        raise AudioError(f"{field}: not a decodable audio file ({exc})") from None
+        raise AudioError(f"{field}: not a decodable audio file ({_decode_problem(exc)})") from None
     with f:
         rate, channels, frames = int(f.samplerate), int(f.channels), int(f.frames)
         # Everything the header says is judged before a single sample is decoded.
@@ -277,7 +286,7 @@ def _decode_container(data: bytes, field: str, max_seconds: float) -> tuple[np.n
                 if got == mono.size:
                     break
         except (sf.LibsndfileError, RuntimeError, TypeError) as exc:
-            failure = f"{field}: not a decodable audio file ({exc})"
+            failure = f"{field}: not a decodable audio file ({_decode_problem(exc)})"
         block = None  # a raised error's traceback holds this frame: it must hold no samples
     if failure is None and got > cap:
         failure = f"{field}: more than {max_seconds:.0f} s of audio exceeds the limit of {max_seconds:.0f} s"

@@ -19,13 +19,13 @@ direction (HQ; 22/40 ms at LQ), latency a conversation cannot spare.
 
 from __future__ import annotations
 
-import binascii
 from dataclasses import dataclass
 
 import numpy as np
 
 from voxstage import g711
 from voxstage.audio import float_to_s16
+from voxstage.base64_text import decode_base64_text
 from voxstage.v1 import speech_pb2
 
 MODEL_RATE = 24_000  # Hz: Mimi's rate, what the codec takes and gives in a duplex session
@@ -95,8 +95,8 @@ def check_format(fmt: DuplexFormat, rate: int | None) -> DuplexFormat:
 
 def decode_base64(text: str) -> bytes:
     try:
-        return binascii.a2b_base64(text.encode("ascii"), strict_mode=True)
-    except (binascii.Error, UnicodeEncodeError, ValueError):
+        return decode_base64_text(text)
+    except ValueError:
         raise DuplexAudioError("not valid base64") from None
 
 

@@ -78,6 +78,13 @@ NAMES: tuple[str, ...] = tuple(BY_NAME)
 STREAMING_NAMES: tuple[str, ...] = tuple(f.name for f in FORMATS if f.streams)
 
 
+def encoding_name(value: int) -> str:
+    """The enum name of an ``AudioEncoding`` number, or the number itself: enums are open in proto3, so a
+    client may send a value no version of the proto names, and ``Name`` would raise on it."""
+    values = speech_pb2.AudioEncoding.values()
+    return speech_pb2.AudioEncoding.Name(value) if value in values else str(value)
+
+
 def by_suffix(path: str) -> OutputFormat | None:
     """The format a file name asks for (``hello.mp3``), or None."""
     dot = path.rfind(".")

@@ -16,6 +16,8 @@ import math
 import struct
 from dataclasses import dataclass
 
+from voxstage.quote import quoted
+
 FLOAT32_MAX = 3.4028234663852886e38
 
 
@@ -25,9 +27,8 @@ def _int_text(n: int) -> str:
 
 
 def _shown(value: object) -> str:
-    # A refused value is echoed in the error; a 400-digit integer need not be.
-    text = repr(value) if isinstance(value, float | str) else str(value)
-    return text if len(text) <= 32 else f"{text[:24]}... ({len(text)} characters)"
+    # A refused value is echoed in the error; a 400-digit integer need not be (voxstage.quote's rule).
+    return quoted(value)
 
 
 def _as_float32(value: float) -> float:

@@ -122,10 +122,16 @@ async def start_stage_server(
     interceptors: Sequence[grpc.aio.ServerInterceptor] = (),
     credentials: grpc.ServerCredentials | None = None,
     reflection_on: bool = True,
+    max_receive_bytes: int | None = None,
 ) -> StageServer:
     """Create, mount and start the server; health reports NOT_SERVING until ``set_ready``. The gateway's
-    public port adds its API-key ``interceptors``, TLS ``credentials`` and may turn reflection off."""
-    server = grpc.aio.server(options=SERVER_OPTIONS, interceptors=list(interceptors))
+    public port adds its API-key ``interceptors``, TLS ``credentials``, may turn reflection off, and
+    receives no message larger than its largest valid request (``max_receive_bytes``)."""
+    options = list(SERVER_OPTIONS)
+    if max_receive_bytes is not None:
+        options = [o for o in options if o[0] != "grpc.max_receive_message_length"]
+        options.append(("grpc.max_receive_message_length", max_receive_bytes))
+    server = grpc.aio.server(options=options, interceptors=list(interceptors))
     for b in bindings:
         b.add(b.servicer, server)
     health_servicer = health.aio.HealthServicer()

@@ -7,13 +7,7 @@ from __future__ import annotations
 
 import base64
 import io
-import signal
-import subprocess
-import sys
-import time
 import wave
-from collections.abc import Iterator
-from pathlib import Path
 
 import grpc
 import httpx
@@ -21,23 +15,13 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from tests.integration.stagekit import ROOT, stage_env
-from voxstage.health_probe import check
+from tests.integration.servekit import AUDIO8_FRAMES, Served
 
 pytestmark = pytest.mark.timeout(300)
 
 MODEL = "audio8-tts-tiny"
-DEPLOY = ROOT / "deploy" / "audio8_tts.yaml"
 RATE, SPF = 44_100, 2048
-FRAMES = 6  # every request is capped here (the deploy's max_tokens): a random model rarely stops by itself
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+FRAMES = AUDIO8_FRAMES  # every request is capped here (the deploy's max_tokens)
 
 
 def reference_wav(seconds: float = 1.0, rate: int = 24_000) -> bytes:
@@ -47,40 +31,9 @@ def reference_wav(seconds: float = 1.0, rate: int = 24_000) -> bytes:
     return buf.getvalue()
 
 
-class Served:
-    def __init__(self, proc: subprocess.Popen[bytes], log: Path, grpc_port: int, http_port: int) -> None:
-        self.proc, self.log = proc, log
-        self.grpc_addr = f"127.0.0.1:{grpc_port}"
-        self.http_url = f"http://127.0.0.1:{http_port}"
-
-
 @pytest.fixture(scope="module")
-def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
-    from voxstage.presets import resolve_model
-
-    cache = tmp_path_factory.mktemp("vxcache-audio8")
-    resolve_model(MODEL, cache=cache)
-    log = tmp_path_factory.mktemp("audio8-logs") / "serve.log"
-    grpc_port, http_port = free_port(), free_port()
-    cmd = [sys.executable, "-m", "voxstage", "serve", str(DEPLOY), "--model", MODEL, "--device", "cpu"]
-    cmd += ["--threads", "1", "--drain-grace", "10", "--start-timeout", "120", "--host", "127.0.0.1"]
-    cmd += ["--grpc-port", str(grpc_port), "--http-port", str(http_port)]
-    cmd += ["--set", f"stages.0.default_sampling_params.max_tokens={FRAMES}"]
-    with log.open("wb") as out:
-        proc = subprocess.Popen(cmd, env=stage_env(cache), stdout=out, stderr=subprocess.STDOUT, cwd=ROOT)
-    try:
-        deadline = time.monotonic() + 180
-        while not check(f"127.0.0.1:{grpc_port}", timeout=1.0):
-            assert proc.poll() is None, log.read_text()[-4000:]
-            assert time.monotonic() < deadline, log.read_text()[-4000:]
-            time.sleep(0.3)
-        yield Served(proc, log, grpc_port, http_port)
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(60) == 0, log.read_text()[-3000:]
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+def served(audio8_served: Served) -> Served:
+    return audio8_served  # the session's Audio8 stack (tests/integration/conftest.py), shared with test_chaos
 
 
 def test_openai_client_plain_and_clone(served: Served) -> None:

@@ -7,6 +7,12 @@ INTERNAL/UNKNOWN, never a hang past its deadline); every request started after r
 ``/dev/shm`` holds nothing of the dead process. Then the launcher and all its stages are killed at once
 (each process group, since every stage runs in its own session); a fresh ``voxstage serve`` starts, serves,
 and ``/dev/shm`` holds nothing of the dead processes once it is up.
+
+Issue 26 (a failure belongs to its request), on the session's Qwen3-TTS base, Audio8 and PersonaPlex stacks
+(tests/integration/conftest.py): requests engineered to hit each family's limits, sent while other clients
+are served, all get a 4xx naming their field and no stage restarts; random request sequences (hypothesis)
+never answer 5xx nor crash a stage; and bursts of refused large messages leave the gateway's memory where
+it was.
 """
 
 from __future__ import annotations
@@ -23,7 +29,11 @@ from pathlib import Path
 import grpc
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
+from tests.integration import probekit as pk
+from tests.integration.servekit import Served
 from tests.integration.stagekit import MODEL, ROOT, SEED_DEPLOY, SPF, stage_env
 from tests.integration.test_serve import cache, free_port  # noqa: F401 - cache is a fixture
 from tests.integration.test_serve_supervision import stage_pids
@@ -238,3 +248,104 @@ def test_kill_each_stage_under_load_then_everything(cache: Path, tmp_path: Path)
               f"whole test {time.monotonic() - t0:.1f} s")  # fmt: skip
     finally:
         kill_everything([p for p in (proc, fresh) if p is not None])
+
+
+# -- Issue 26: requests engineered to hit each family's limits (probekit.py), under load -------------------
+
+def test_requests_at_each_familys_limits_are_refused_alone_under_load(
+    qwen_base_served: Served, audio8_served: Served, personaplex_served: Served
+) -> None:
+    stacks = {"qwen3-tts-base": qwen_base_served, "audio8": audio8_served, "personaplex": personaplex_served}
+    before = {name: s.stage_pids() for name, s in stacks.items()}
+    probes: list[pk.Outcome] = []
+    with pk.tts_load(qwen_base_served, True) as qwen_load, pk.tts_load(audio8_served, False) as audio8_load:
+        qwen_load.wait_for(2)
+        audio8_load.wait_for(2)
+        probes += pk.tts_probes(qwen_base_served, clone=True)
+        probes += pk.tts_probes(audio8_served, clone=False)
+        probes += pk.duplex_probes(personaplex_served)
+        loaded = qwen_load.outcomes[-1:] + audio8_load.outcomes[-1:]
+        qwen_load.wait_for(len(qwen_load.outcomes) + 1)  # requests started after the probes are served too
+        audio8_load.wait_for(len(audio8_load.outcomes) + 1)
+    print("\n".join(f"{o.what}: {o.status} {o.detail[:100]}" for o in probes))
+    assert len(probes) >= 20
+    assert not [o for o in probes if o.server_failure], [o for o in probes if o.server_failure]
+    accepted = [o for o in probes if o.status in (200, grpc.StatusCode.OK)]
+    assert not accepted, accepted
+    # Each refusal names its field and echoes at most 64 characters of a bad value.
+    assert all(len(o.detail) < 1200 for o in probes)
+    for load in (qwen_load, audio8_load):
+        assert load.outcomes and not [o for o in load.outcomes if o.status is not grpc.StatusCode.OK]
+    assert loaded
+    after = {name: s.stage_pids() for name, s in stacks.items()}
+    assert after == before, (before, after)  # no stage restarted
+    for s in stacks.values():
+        assert "restarting" not in s.log.read_text(), s.tail()
+
+
+# -- Issue 26: random request sequences never crash a stage or answer 5xx ----------------------------------
+
+_TEXT = st.text(alphabet=st.sampled_from("ab ,.!?字😀\n\x00<|>"), max_size=60) | st.just(pk.CJK * 1400)
+_NAME = st.one_of(st.text(max_size=12), st.just("v" * 9000), st.sampled_from(["default", "auto"]))
+# Every request starts as a valid voice clone, so that a random field goes as deep as it can.
+_REQUEST = st.fixed_dictionaries(
+    {
+        "input": _TEXT,
+        "ref_audio": st.sampled_from([pk.REF_B64] * 4 + ["not base64!", pk.REF_B64[:1000]]),
+        "ref_text": st.sampled_from(["a reference", "", "a", pk.CJK * 1500]),
+    },
+    optional={
+        "voice": _NAME,
+        "model": _NAME,
+        "language": _NAME,
+        "instructions": st.text(max_size=20),
+        "max_frames": st.integers(-5, 2**40),
+        "temperature": st.floats(allow_nan=False, allow_infinity=False) | st.just(0.5),
+        "top_k": st.integers(-(2**40), 2**40),
+        "top_p": st.floats(-1, 2) | st.just("0.5"),
+        "seed": st.integers(-(2**70), 2**70),
+        "sample_rate": st.sampled_from([0, 7999, 16000, 44100, 96000]),
+        "response_format": st.sampled_from(["pcm", "wav", "mp3", "opus", "flac", "pcm_f32", "x" * 100]),
+        "stream": st.booleans(),
+    },
+)
+
+
+@settings(max_examples=10, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
+@given(st.lists(_REQUEST, min_size=1, max_size=3))
+def test_random_requests_never_crash_a_stage_nor_answer_5xx(
+    qwen_base_served: Served, requests: list[dict[str, object]]
+) -> None:
+    before = qwen_base_served.stage_pids()
+    for body in requests:
+        outcome = pk.http_speech(qwen_base_served.http_url, "random", body)
+        assert not outcome.server_failure, (body, outcome)
+    assert qwen_base_served.stage_pids() == before
+
+
+# -- Issue 26, defect 2: refused large messages leave the gateway's memory where it was -------------------
+
+
+def test_gateway_memory_returns_after_a_burst_of_refused_large_messages(qwen_base_served: Served) -> None:
+    gateway = qwen_base_served.stage_pids()["gateway"]
+    pk.grpc_call(qwen_base_served.grpc_addr, "warm", pk.synthesize("hi", reference="a reference"))
+    baseline = pk.rss_mb(gateway)
+    sizes = [60_000_000, 10_400_000, 60_000_000]  # over the port's bound, then just under it, then over
+    outcomes: list[pk.Outcome] = []
+    peak = baseline
+    for size in sizes:
+        calls = [pk.synthesize("a" * size), pk.synthesize("hi", reference_bytes=size)]
+        threads = [threading.Thread(target=lambda c=c: outcomes.append(pk.grpc_call(
+            qwen_base_served.grpc_addr, "large", c))) for c in calls * 4]  # fmt: skip
+        for t in threads:
+            t.start()
+        while any(t.is_alive() for t in threads):
+            peak = max(peak, pk.rss_mb(gateway))
+            time.sleep(0.05)
+    time.sleep(2.5)  # the trimmer runs once a second after a large message
+    after = pk.rss_mb(gateway)
+    print(f"gateway RSS {baseline:.0f} MB, peak {peak:.0f} MB, after 24 refused messages {after:.0f} MB")
+    assert len(outcomes) == 24 and not [o for o in outcomes if o.server_failure], outcomes
+    refused = {grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.INVALID_ARGUMENT}
+    assert {o.status for o in outcomes} <= refused, outcomes
+    assert after - baseline < 50, (baseline, peak, after)

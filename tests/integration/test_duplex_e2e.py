@@ -7,11 +7,8 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import signal
 import subprocess
-import sys
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,12 +17,10 @@ import numpy as np
 import pytest
 
 from tests.integration import tcpkit
-from tests.integration.deploykit import free_port
-from tests.integration.stagekit import ROOT, stage_env
-from voxstage.health_probe import check
+from tests.integration.servekit import Served
+from tests.integration.stagekit import ROOT
 
 pytestmark = pytest.mark.timeout(240)
-DEPLOY = ROOT / "deploy" / "personaplex.yaml"
 MODEL = "personaplex-tiny"
 RATE = 24_000
 FRAME = 1920
@@ -41,33 +36,11 @@ class Stack:
 
 
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    from voxstage.presets import resolve_model
-
-    cache = tmp_path_factory.mktemp("vxcache-duplex")
-    resolve_model(MODEL, cache=cache)
-    grpc_port, http_port = free_port(), free_port()
-    log = tmp_path_factory.mktemp("duplex-logs") / "serve.log"
-    cmd = [sys.executable, "-m", "voxstage", "serve", str(DEPLOY), "--model", MODEL, "--device", "cpu"]
-    cmd += ["--host", "127.0.0.1", "--grpc-port", str(grpc_port), "--http-port", str(http_port)]
-    cmd += ["--drain-grace", "5", "--start-timeout", "90", "--threads", "1"]
-    cmd += ["--set", "duplex_session.max_sessions=4", "--set", "gateway.duplex_idle_timeout_s=2"]
-    with log.open("wb") as out:
-        proc = subprocess.Popen(cmd, env=stage_env(cache), stdout=out, stderr=subprocess.STDOUT, cwd=ROOT)
-    s = Stack(f"127.0.0.1:{grpc_port}", f"127.0.0.1:{http_port}", proc, log)
-    try:
-        deadline = time.monotonic() + 120
-        while not check(s.grpc, timeout=1.0):
-            assert proc.poll() is None, log.read_text()[-3000:]
-            assert time.monotonic() < deadline, log.read_text()[-3000:]
-            time.sleep(0.2)
-        yield s
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+def stack(personaplex_served: Served) -> Stack:
+    # The session's PersonaPlex stack (tests/integration/conftest.py: 4 sessions, a 2 s idle timeout),
+    # shared with test_chaos.
+    s = personaplex_served
+    return Stack(s.grpc_addr, s.http_addr, s.proc, s.log)
 
 
 def user_audio(seconds: float, seed: int) -> bytes:

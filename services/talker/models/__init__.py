@@ -30,6 +30,12 @@ class TalkerInfo:
     # The model can start speaking before a segment's text is complete (a streaming-text prompt), so the
     # talker may start a segment early (SegmentsConfig.early_start_chars).
     streams_text: bool = False
+    # What a request's prompt holds beyond the family's fixed positions (StageStatus, read by the gateway):
+    # at most this many text tokens per UTF-8 byte of request text (a byte-level BPE, or SentencePiece with
+    # byte fallback: 1), and this many positions per second of reference audio (frames in the prompt; 0:
+    # the family takes no reference clip into its prompt).
+    text_tokens_per_byte: float = 1.0
+    reference_positions_per_second: float = 0.0
 
 
 def load_talker(
@@ -80,6 +86,8 @@ def load_talker(
             top_p=gen.subtalker_top_p,
         ),
         max_new_frames=gen.max_new_tokens,
+        # Voice clone (ICL): the reference clip's codec frames are prompt positions.
+        reference_positions_per_second=12.5 if config.tts_model_type == "base" else 0.0,
     )
     return Qwen3TTSAdapter(model, tokenizer, prefix_cache_bytes=prefix_cache_bytes), info
 
@@ -113,6 +121,7 @@ def _load_personaplex(
         default_sampling=SamplingParams(temperature=0.7, top_k=25),
         default_subtalker_sampling=SamplingParams(temperature=0.8, top_k=250),
         max_new_frames=model.config.context,
+        reference_positions_per_second=12.5,  # a voice recording's Mimi frames open the prompt
     )
     return PersonaPlexAdapter(model, tokenizer, voices), info
 
@@ -150,5 +159,6 @@ def _load_arktts(
         # The released model samples the fast AR with the same settings as the semantic token.
         default_subtalker_sampling=sampling,
         max_new_frames=config.max_seq_len,
+        reference_positions_per_second=config.frame_rate_hz,  # a clone's reference frames
     )
     return ArkTTSAdapter(model, tokenizer), info  # type: ignore[return-value]

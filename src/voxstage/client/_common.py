@@ -1,7 +1,8 @@
 """What the async and sync clients share: request building, results, errors and the retry rule.
 
 The retry rule (docs/protocol.md §7, livekit's convention): only UNAVAILABLE and RESOURCE_EXHAUSTED are
-retried, and only before the first audio chunk has reached the caller; once audio was handed out, a retry
+retried (RESOURCE_EXHAUSTED only with the server's retry hint: without one it is a size limit, which a retry
+cannot pass), and only before the first audio chunk has reached the caller; once audio was handed out, a retry
 would repeat speech, so the error is raised instead. A server's ``google.rpc.RetryInfo`` hint overrides the
 exponential back-off.
 """
@@ -45,6 +46,11 @@ class SpeechError(Exception):
 
     @property
     def retryable(self) -> bool:
+        # RESOURCE_EXHAUSTED is a refusal to retry only when the server said when (its RetryInfo: admission,
+        # per-key limits). Without one it is the transport's (a message or its metadata over a size limit),
+        # and the same call would fail the same way: issue 26 saw a too-long voice name retried three times.
+        if self.code is grpc.StatusCode.RESOURCE_EXHAUSTED:
+            return self.retry_after_s is not None
         return self.code in RETRYABLE
 
 

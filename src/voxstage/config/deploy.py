@@ -152,6 +152,14 @@ class DeployConfig(StrictModel):
         talker, codec = self.talker, self.codec
         return min(talker.max_num_seqs * talker.replica_count, codec.max_num_seqs * codec.replica_count)
 
+    @property
+    def max_frames_limit(self) -> int | None:
+        """The largest ``max_frames`` a request may ask for: ``gateway.max_frames_limit``, else the talker's
+        ``default_sampling_params.max_tokens``; None: only the model's window bounds it."""
+        if self.gateway.max_frames_limit is not None:
+            return self.gateway.max_frames_limit
+        return self.talker.default_sampling_params.max_tokens
+
     def model_path(self) -> Path | None:
         """``model`` as a directory, or None when it is unset or a preset name.
 

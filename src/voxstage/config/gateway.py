@@ -24,6 +24,9 @@ class GatewayConfig(StrictModel):
     max_queue: int = Field(default=64, ge=0)
     queue_timeout_s: float = Field(default=30.0, gt=0.0)
     max_text_chars: int = Field(default=4096, ge=1)
+    # The most frames one take may be asked for (a request's max_frames); unset: the talker stage's
+    # default_sampling_params.max_tokens. A request may lower its text-derived cap, never lift it past this.
+    max_frames_limit: int | None = Field(default=None, ge=1, lt=2**32)
     # StreamingSynthesize: "sentence" also flushes wherever a sentence ends in the client's deltas
     # (voxstage.segments.SentenceFlusher); "off" leaves segment boundaries to the client's flushes.
     auto_flush: Literal["off", "sentence"] = "off"
@@ -52,6 +55,11 @@ class GatewayConfig(StrictModel):
     http_max_header_bytes: int = Field(default=16384, ge=1024, le=1048576)
     http_body_timeout_s: float = Field(default=10.0, gt=0.0, le=300.0)
     http_keep_alive_timeout_s: int = Field(default=5, ge=1, le=300)
+    # Fair sharing when API keys are off (with keys, each key's own limits come from api_keys_file): what
+    # one client connection may hold at once, and how many requests or sessions it may start a second.
+    connection_max_streams: int | None = Field(default=None, ge=1)
+    connection_max_sessions: int | None = Field(default=None, ge=1)
+    connection_rate: float | None = Field(default=None, gt=0.0, le=1e6)
     # Security (off by default for local use): API keys from a file (one a line, ``#`` comments) and/or an
     # environment variable (comma-separated); TLS on both public ports from a PEM certificate and key; gRPC
     # reflection and ``/metrics`` on the public ports. See docs/api.md, "Authentication and TLS".

@@ -4,6 +4,11 @@ Async gRPC handlers never run model code (ARCHITECTURE.md §1). They post comman
 applies them between ticks, runs ``engine.step()`` while there is work, and hands each tick's outputs to a
 sink (which, in a servicer, hops back onto the event loop with ``call_soon_threadsafe``). Commands run on the
 engine thread, so engines need no locks of their own.
+
+A failure belongs to its request (``voxstage.stage.faults``): a command's exception goes back to its caller;
+a tick that raises is handed to ``on_tick_error``, which ends the requests that tick was working on and lets
+the thread go on. Only a device failure (or a tick error nobody can recover from) ends the thread, with one
+log line, and ``on_error`` then stops the stage for supervision to restart it.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from collections.abc import Callable
 from typing import Any, Generic, Protocol, TypeVar
 
 from voxstage.stage import torch_profile
+from voxstage.stage.faults import is_device_error, one_line
 
 log = logging.getLogger(__name__)
 
@@ -40,10 +46,13 @@ class EngineThread(Generic[O]):
         *,
         name: str,
         on_error: Callable[[BaseException], None] | None = None,
+        on_tick_error: Callable[[Exception], None] | None = None,
     ) -> None:
         self.engine = engine
         self._sink = sink
         self._on_error = on_error
+        # Runs on this thread after a tick raised: ends the requests it held (raises if it cannot).
+        self._on_tick_error = on_tick_error
         self._commands: queue.SimpleQueue[tuple[Callable[[], Any], concurrent.futures.Future[Any]] | None] = (
             queue.SimpleQueue()
         )
@@ -93,6 +102,8 @@ class EngineThread(Generic[O]):
                     fut.set_result(fn())
                 except BaseException as exc:  # noqa: BLE001 - the caller's future carries it
                     fut.set_exception(exc)
+                    if is_device_error(exc):
+                        raise  # the device is gone for every request, not just this command's
             try:
                 item = self._commands.get_nowait()
             except queue.Empty:
@@ -114,7 +125,13 @@ class EngineThread(Generic[O]):
                     if outputs:
                         self._sink(outputs)
             except BaseException as exc:  # noqa: BLE001 - a dead engine thread must be reported, not silent
-                log.exception("engine thread %s failed", self._thread.name)
+                if self._recovered(exc):
+                    continue
+                if is_device_error(exc):
+                    log.error("engine thread %s: device failure, the stage stops: %s", self._thread.name,
+                              one_line(exc))  # fmt: skip
+                else:
+                    log.exception("engine thread %s failed", self._thread.name)
                 if self._on_error is not None:
                     self._on_error(exc)
                 self._stopping.set()
@@ -126,3 +143,15 @@ class EngineThread(Generic[O]):
                 break
             if item is not None and not item[1].done():
                 item[1].set_exception(RuntimeError("engine stopped"))
+
+    def _recovered(self, exc: BaseException) -> bool:
+        """A tick's non-device failure: its requests end (``on_tick_error``) and the thread goes on."""
+        if self._on_tick_error is None or not isinstance(exc, Exception) or is_device_error(exc):
+            return False
+        log.exception("engine thread %s: a tick failed; ending the requests it held", self._thread.name)
+        try:
+            self._on_tick_error(exc)
+        except BaseException:  # noqa: BLE001 - an engine that cannot shed the requests must stop
+            log.exception("engine thread %s: could not end the failed tick's requests", self._thread.name)
+            return False
+        return True

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 from voxstage import wire
 from voxstage.internal.v1 import stage_pb2
 from voxstage.loans import StreamLoans
+from voxstage.quote import quoted
 from voxstage.stage_errors import StageFailure
 from voxstage.transport.host import local_hello, verify_peer
 from voxstage.transport.payload import hello_from_proto, hello_to_proto
@@ -147,7 +148,8 @@ class StageStream:
         if not duplex and op.mode not in (stage_pb2.STREAM_MODE_UNSPECIFIED, stage_pb2.STREAM_MODE_TTS):
             raise StageFailure("FAILED_PRECONDITION", f"mode: {family} serves text-to-speech streams only")
         if op.model and op.model != model:
-            raise StageFailure("NOT_FOUND", f"model: this {self.role} serves {model!r}, not {op.model!r}")
+            why = f"model: this {self.role} serves {model!r}, not {quoted(op.model)}"
+            raise StageFailure("NOT_FOUND", why)
 
     def _lend_shm(self, writer: ShmWriter | None, op: stage_pb2.StreamOpen) -> None:
         """Payloads go through shared memory only where the peer proved it can read our regions."""

@@ -1,6 +1,10 @@
 """What the talker's and the codec's workers share: the engine thread, its lifecycle, and the bridge from it
 to the event loop (outputs to each stream's listener, engine exceptions to ``StageFailure``).
 
+A tick that raises ends only the requests it was working on (the engine's ``recover`` names them and frees
+their slots; their listeners hear ``on_request_failed``, INTERNAL); the stage serves on. A device failure,
+or an engine without ``recover``, fails every listener and stops the stage (``on_engine_failed``).
+
 A stage's worker subclasses ``StageWorker`` and adds its own commands (built on ``_call``) and says how an
 output names its stream and reaches the listener. Like the engines it drives, this module imports no
 ``grpc``; it imports no torch either.
@@ -13,6 +17,7 @@ from collections.abc import Callable
 from typing import ClassVar, Generic, Protocol, TypeVar
 
 from voxstage.stage.engine_loop import EngineThread, Steppable
+from voxstage.stage.faults import is_device_error, one_line
 from voxstage.stage_errors import StageFailure
 
 T = TypeVar("T")
@@ -22,8 +27,23 @@ O = TypeVar("O")
 class EngineListener(Protocol):
     def on_engine_failed(self, message: str) -> None: ...
 
+    def on_request_failed(self, message: str) -> None:
+        """This request's part of a tick failed (not the device): end it with INTERNAL."""
+        ...
+
 
 L = TypeVar("L", bound=EngineListener)
+
+
+def session_error(exc: Exception, role: str) -> tuple[str, str]:
+    """(status name, message) that ends the one session whose command raised ``exc``; a device failure is
+    re-raised, since it ends every session (voxstage.stage.faults)."""
+    if is_device_error(exc):
+        raise exc
+    if isinstance(exc, ValueError | KeyError):
+        code = "INVALID_ARGUMENT" if isinstance(exc, ValueError) else "FAILED_PRECONDITION"
+        return code, str(exc.args[0] if exc.args else exc)
+    return "INTERNAL", f"{role}: {one_line(exc)}"
 
 
 class StageWorker(Generic[O, L]):
@@ -37,7 +57,14 @@ class StageWorker(Generic[O, L]):
 
     def __init__(self, steppable: Steppable[O]) -> None:
         name = f"{self.role}-engine"
-        self._thread = EngineThread(steppable, self._sink, name=name, on_error=self._on_error)
+        recover = getattr(steppable, "recover", None)
+        self._thread = EngineThread(
+            steppable,
+            self._sink,
+            name=name,
+            on_error=self._on_error,
+            on_tick_error=None if recover is None else lambda exc: self._tick_failed(recover, exc),
+        )
         self._listeners: dict[str, L] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self._on_fatal: Callable[[str], None] | None = None
@@ -92,9 +119,27 @@ class StageWorker(Generic[O, L]):
             if listener is not None:
                 self._deliver(listener, out)
 
+    def _tick_failed(
+        self, recover: Callable[[Exception], tuple[list[str], list[O]]], exc: Exception
+    ) -> None:
+        # Engine thread: the engine sheds the failed requests now; on the loop, the others get what the tick
+        # had made for them and the failed ones' listeners hear why.
+        keys, salvaged = recover(exc)
+        assert self._loop is not None
+        message = f"{self.role}: this request failed inside the engine: {one_line(exc)}"
+        if salvaged:
+            self._sink(salvaged)
+        self._loop.call_soon_threadsafe(self._fail_requests, keys, message)
+
+    def _fail_requests(self, keys: list[str], message: str) -> None:
+        for key in keys:
+            listener = self._listeners.pop(key, None)
+            if listener is not None:
+                listener.on_request_failed(message)
+
     def _on_error(self, exc: BaseException) -> None:
         assert self._loop is not None
-        self._loop.call_soon_threadsafe(self._fail_all, f"{type(exc).__name__}: {exc}")
+        self._loop.call_soon_threadsafe(self._fail_all, one_line(exc))
 
     def _fail_all(self, message: str) -> None:
         self.failed = message

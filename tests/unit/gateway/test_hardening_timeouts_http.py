@@ -121,11 +121,34 @@ def released(stack: Stack) -> bool:
     return stack.codec.active == 0 and core.admission.active == 0
 
 
+class UvicornErrors(logging.Handler):
+    """What uvicorn logs at ERROR: its loggers do not propagate to the root, where caplog listens, and its
+    start reconfigures them (dictConfig drops their handlers), so this is attached once the stack runs."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.ERROR)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())
+
+    @classmethod
+    def attach(cls) -> UvicornErrors:
+        handler = cls()
+        logging.getLogger("uvicorn.error").addHandler(handler)
+        return handler
+
+    def detach(self) -> list[str]:
+        logging.getLogger("uvicorn.error").removeHandler(self)
+        return self.lines
+
+
 async def test_a_streamed_response_nobody_reads_frees_its_slot(
     make_stack: MakeStack, caplog: pytest.LogCaptureFixture
 ) -> None:
     # About 30 MB of float PCM, far more than the socket buffers hold: uvicorn's writes stall for good.
     stack = await make_stack(FakeCodec(frames_per_char=10), overrides=["gateway.stream_idle_timeout_s=0.5"])
+    uvicorn_errors = UvicornErrors.attach()
     body = json.dumps({"input": "y" * 400, "stream": True, "response_format": "pcm_f32"}).encode()
     head = f"POST /v1/audio/speech HTTP/1.1\r\nHost: gateway\r\nContent-Length: {len(body)}\r\n\r\n"
     sock = socket.socket()
@@ -143,10 +166,13 @@ async def test_a_streamed_response_nobody_reads_frees_its_slot(
     # Freed from inside the request's own generators, as for a client that left: no generator left to the
     # garbage collector, whose concurrent closes log "already running" tracebacks.
     assert not [r.getMessage() for r in caplog.records if r.exc_info or r.levelno >= logging.ERROR]
+    # Issue 26: the cut is the gateway's own doing, not an app that forgot its response.
+    assert not uvicorn_errors.detach(), uvicorn_errors.lines
 
 
 async def test_lifetime_limit_ends_http_requests(make_stack: MakeStack) -> None:
     stack = await make_stack(FakeCodec(frame_delay_s=0.05), overrides=["gateway.max_stream_lifetime_s=0.8"])
+    uvicorn_errors = UvicornErrors.attach()
     text = "w" * 60  # 3 s of generation
     async with httpx.AsyncClient(base_url=stack.http_url, timeout=10) as http:
         start = time.monotonic()
@@ -163,3 +189,4 @@ async def test_lifetime_limit_ends_http_requests(make_stack: MakeStack) -> None:
         )
     assert whole.status_code == 504 and "gateway.max_stream_lifetime_s" in whole.json()["error"]["message"]
     await until(lambda: stack.codec.cancels == 2 and released(stack))
+    assert not uvicorn_errors.detach(), uvicorn_errors.lines  # issue 26: no "returned without completing"

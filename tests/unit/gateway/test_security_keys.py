@@ -160,8 +160,12 @@ async def test_off_by_default_and_switches(make_stack: MakeStack) -> None:
 
 
 async def test_metrics_need_the_key_when_not_public(make_stack: MakeStack, keys_env: list[str]) -> None:
+    """Issue 26, defect 7: ``public_metrics: false`` with keys on means "only with a key"
+    (docs/operations.md), not hidden from a valid key too (it answered 404 to everyone)."""
     stack = await make_stack(overrides=[*keys_env, "gateway.public_metrics=false"])
-    assert (await _status(stack.http_url, "/metrics")).status_code == 404
+    assert (await _status(stack.http_url, "/metrics")).status_code == 401
+    with_key = await _status(stack.http_url, "/metrics", {"Authorization": f"Bearer {KEY}"})
+    assert with_key.status_code == 200 and "voxstage_" in with_key.text
 
 
 def test_key_check_and_loading(tmp_path: Path) -> None:

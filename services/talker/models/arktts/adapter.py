@@ -37,6 +37,7 @@ import numpy as np
 import torch
 
 from voxstage.cudagraphs import GraphCache
+from voxstage.quote import quoted
 from voxstage.talker.kv import kv_cache_fp8
 from voxstage.talker.packed import PackedDecodeAdapter
 from voxstage.talker.prefill import PrefillChunk
@@ -58,8 +59,8 @@ def check_voice(voice: str | None) -> None:
     """``None`` / ``"default"``: the model's own voice; anything else is refused (ValueError)."""
     if voice is not None and voice.strip().lower() not in ("", DEFAULT_VOICE):
         raise ValueError(
-            f"voice: {voice!r} is not a voice of this model: it has one, {DEFAULT_VOICE!r}; clone another "
-            "from reference audio and its transcript"
+            f"voice: {quoted(voice)} is not a voice of this model: it has one, {DEFAULT_VOICE!r}; clone "
+            "another from reference audio and its transcript"
         )
 
 
@@ -185,6 +186,13 @@ class ArkTTSAdapter(PackedDecodeAdapter):
         self.allocate_launch(self.model, self.kv, num_slots, max_len)
 
     # -- requests ------------------------------------------------------------------------------------------
+    def prompt_overhead(self) -> int:
+        """The most prompt positions a request takes besides its texts' tokens and its reference frames:
+        the voice-clone prompt (the longer template) built with one-byte texts and one reference frame."""
+        ref = np.zeros((1, self.model.config.num_codebooks), np.int64)
+        prepared = self.prepare(SpeechSpec(text="a", ref_text="a", ref_codes=ref))
+        return prepared.length - 3
+
     def prepare(self, spec: SpeechSpec | ArkPrompt) -> ArkPrepared:
         return ArkPrepared(self, spec)
 

@@ -19,6 +19,7 @@ import torch
 
 from voxstage.cudagraphs import GraphCache
 from voxstage.nn.kv_fp8 import FP8
+from voxstage.quote import quoted
 from voxstage.talker.kv import kv_cache_fp8
 from voxstage.talker.launch import HostRing, Pending, all_inactive, bucket, collect
 
@@ -87,7 +88,7 @@ class PersonaPlexAdapter:
         if voice is not None:
             if self.voices is None or voice not in self.voices.names:
                 known = ", ".join(self.voices.names) if self.voices else "none"
-                raise PromptError(f"voice: unknown voice {voice!r} (stored voices: {known})")
+                raise PromptError(f"voice: unknown voice {quoted(voice)} (stored voices: {known})")
             stored = self.voices.get(voice, self.config.dim, self.config.num_codebooks)
         text_ids: list[int] = []
         if persona.strip():
@@ -95,6 +96,12 @@ class PersonaPlexAdapter:
                 raise PromptError("persona: this model has no text tokenizer")
             text_ids = self.tokenizer.encode_persona(persona)
         return build_prompt(self.config, voice=stored, voice_codes=voice_codes, text_ids=text_ids)
+
+    def prompt_overhead(self) -> int:
+        """The most prompt positions a session takes besides its persona's tokens and its voice recording's
+        frames: the longest stored voice (or none) and the silences, with a one-byte persona."""
+        names = [*(self.voices.names if self.voices is not None else ()), None]
+        return max(self.prepare(persona="a", voice=name).length for name in names) - 1
 
     def transcript(self, token: int) -> str:
         """The agent's text for one text token (empty for padding, or without a tokenizer)."""

@@ -9,6 +9,7 @@ which is the unit a CUDA graph captures; launch / collect and the graphs come fr
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -199,6 +200,22 @@ class Qwen3TTSAdapter(PackedDecodeAdapter):
 
     def prepare(self, spec: SpeechSpec) -> QwenPrepared:
         return QwenPrepared(self, spec)
+
+    def prompt_overhead(self) -> int:
+        """The most prompt positions a request takes besides its texts' tokens and its reference frames:
+        this checkpoint's longest prompt (a language and an instruction, or a reference transcript and
+        clip), built with one-byte texts (one token each in a byte-level BPE) and less those."""
+        t = self.model.config.talker
+        kind = self.model.config.tts_model_type
+        langs = sorted(k for k in t.codec_language_id if "dialect" not in k)
+        spec = SpeechSpec(text="a", language=langs[0] if langs else "auto", non_streaming=True)
+        if kind == "base":
+            zeros = np.zeros(t.backbone.hidden_size, np.float32)
+            ref = np.zeros((1, t.num_code_groups), np.int64)
+            spec = dataclasses.replace(spec, speaker_embedding=zeros, ref_text="a", ref_codes=ref)
+            return self.prepare(spec).length - 3  # text, transcript, one reference frame
+        voice = sorted(t.spk_id)[0] if kind == "custom_voice" else None
+        return self.prepare(dataclasses.replace(spec, voice=voice, instructions="a")).length - 2
 
     def admit(
         self,

@@ -26,6 +26,8 @@ from dataclasses import dataclass
 
 import torch
 
+from voxstage.quote import quoted
+
 from .model import Qwen3TTSTalker
 
 
@@ -126,7 +128,7 @@ def validate_spec(model: Qwen3TTSTalker, spec: PromptSpec) -> tuple[int | None, 
         if language not in t.codec_language_id or "dialect" in language:
             names = sorted(k for k in t.codec_language_id if "dialect" not in k)
             raise PromptError(
-                f"language: {spec.language!r} is not supported; use auto or one of {', '.join(names)}"
+                f"language: {quoted(spec.language)} is not supported; use auto or one of {', '.join(names)}"
             )
         lang_id = t.codec_language_id[language]
 
@@ -136,7 +138,7 @@ def validate_spec(model: Qwen3TTSTalker, spec: PromptSpec) -> tuple[int | None, 
             raise PromptError(f"speaker: preset speakers need a custom_voice checkpoint, this one is {kind}")
         name = spec.speaker.lower()
         if name not in t.spk_id:
-            raise PromptError(f"speaker: {spec.speaker!r} is not one of {', '.join(sorted(t.spk_id))}")
+            raise PromptError(f"speaker: {quoted(spec.speaker)} is not one of {', '.join(sorted(t.spk_id))}")
         speaker_vec = model.embed_codec(_ids(model, [t.spk_id[name]]))[0]
         dialect = t.spk_is_dialect.get(name)
         if dialect is not None and language in ("chinese", "auto"):

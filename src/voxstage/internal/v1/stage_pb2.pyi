@@ -413,7 +413,7 @@ class RequestState(_message.Message):
     def __init__(self, request_id: _Optional[str] = ..., phase: _Optional[_Union[RequestPhase, str]] = ..., slot: _Optional[int] = ..., frame_count: _Optional[int] = ..., credit: _Optional[int] = ..., shm_slots_lent: _Optional[int] = ..., last_tick: _Optional[int] = ...) -> None: ...
 
 class StageStatus(_message.Message):
-    __slots__ = ("ready", "model", "family", "slots_total", "slots_in_use", "active_streams", "queue_depth", "tick", "requests", "transport", "num_code_groups", "frame_rate_hz", "sample_rate_hz")
+    __slots__ = ("ready", "model", "family", "slots_total", "slots_in_use", "active_streams", "queue_depth", "tick", "requests", "transport", "num_code_groups", "frame_rate_hz", "sample_rate_hz", "max_model_len", "text_token_limit", "text_tokens_per_byte", "reference_positions_per_second")
     READY_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     FAMILY_FIELD_NUMBER: _ClassVar[int]
@@ -427,6 +427,10 @@ class StageStatus(_message.Message):
     NUM_CODE_GROUPS_FIELD_NUMBER: _ClassVar[int]
     FRAME_RATE_HZ_FIELD_NUMBER: _ClassVar[int]
     SAMPLE_RATE_HZ_FIELD_NUMBER: _ClassVar[int]
+    MAX_MODEL_LEN_FIELD_NUMBER: _ClassVar[int]
+    TEXT_TOKEN_LIMIT_FIELD_NUMBER: _ClassVar[int]
+    TEXT_TOKENS_PER_BYTE_FIELD_NUMBER: _ClassVar[int]
+    REFERENCE_POSITIONS_PER_SECOND_FIELD_NUMBER: _ClassVar[int]
     ready: bool
     model: str
     family: str
@@ -440,7 +444,11 @@ class StageStatus(_message.Message):
     num_code_groups: int
     frame_rate_hz: float
     sample_rate_hz: int
-    def __init__(self, ready: _Optional[bool] = ..., model: _Optional[str] = ..., family: _Optional[str] = ..., slots_total: _Optional[int] = ..., slots_in_use: _Optional[int] = ..., active_streams: _Optional[int] = ..., queue_depth: _Optional[int] = ..., tick: _Optional[int] = ..., requests: _Optional[_Iterable[_Union[RequestState, _Mapping]]] = ..., transport: _Optional[_Union[TransportHello, _Mapping]] = ..., num_code_groups: _Optional[int] = ..., frame_rate_hz: _Optional[float] = ..., sample_rate_hz: _Optional[int] = ...) -> None: ...
+    max_model_len: int
+    text_token_limit: int
+    text_tokens_per_byte: float
+    reference_positions_per_second: float
+    def __init__(self, ready: _Optional[bool] = ..., model: _Optional[str] = ..., family: _Optional[str] = ..., slots_total: _Optional[int] = ..., slots_in_use: _Optional[int] = ..., active_streams: _Optional[int] = ..., queue_depth: _Optional[int] = ..., tick: _Optional[int] = ..., requests: _Optional[_Iterable[_Union[RequestState, _Mapping]]] = ..., transport: _Optional[_Union[TransportHello, _Mapping]] = ..., num_code_groups: _Optional[int] = ..., frame_rate_hz: _Optional[float] = ..., sample_rate_hz: _Optional[int] = ..., max_model_len: _Optional[int] = ..., text_token_limit: _Optional[int] = ..., text_tokens_per_byte: _Optional[float] = ..., reference_positions_per_second: _Optional[float] = ...) -> None: ...
 
 class CodecStatusRequest(_message.Message):
     __slots__ = ("include_requests",)

@@ -1,0 +1,60 @@
+"""The talker engine's public types: its configuration, a request, an output and why a request ended."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from voxstage.talker.sampling import SamplingParams
+
+
+class AdmissionError(RuntimeError):
+    """The request cannot be taken now (queue full); maps to RESOURCE_EXHAUSTED."""
+
+
+class RequestTooLarge(ValueError):
+    """Prompt + max frames exceed ``max_model_len``; maps to INVALID_ARGUMENT."""
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    max_num_seqs: int
+    max_model_len: int
+    max_num_batched_tokens: int
+    max_queue: int = 1024
+    enable_prefix_caching: bool = False
+    prefix_cache_bytes: int = 256 * 1024 * 1024
+    # Launch tick n+1 before reading tick n's results, so host work overlaps the device step. A request that
+    # hit EOS at tick n then runs one wasted step at n+1 whose output is dropped.
+    async_scheduling: bool = False
+
+
+@dataclass
+class TalkerRequest:
+    request_id: str
+    spec: Any  # family-specific prompt spec, interpreted by the adapter
+    seed: int
+    sampling: SamplingParams
+    subtalker: SamplingParams
+    max_frames: int
+    min_frames: int = 2
+
+
+class Finish(enum.StrEnum):
+    EOS = "eos"
+    MAX_FRAMES = "max_frames"
+    MAX_MODEL_LEN = "max_model_len"
+    CANCELLED = "cancelled"
+    ERROR = "error"
+
+
+@dataclass
+class TalkerOutput:
+    request_id: str
+    codes: np.ndarray  # [n, G] int64 frames produced this tick (n may be 0 on finish)
+    first_frame: int
+    finish: Finish | None = None
+    error: str | None = None
