@@ -27,14 +27,14 @@ from typing import Any
 import numpy as np
 import torch
 
-from voxstage.codec.graphs import GraphedDecode
-from voxstage.codec.models.audio8.loader import random_init as random_codec
-from voxstage.codec.models.audio8.presets import codec_preset
-from voxstage.codec.models.audio8.streaming import Audio8StreamingDecoder
+from services.codec.graphs import GraphedDecode
+from services.codec.models.audio8.loader import random_init as random_codec
+from services.codec.models.audio8.presets import codec_preset
+from services.codec.models.audio8.streaming import Audio8StreamingDecoder
+from services.talker.models import load_talker
+from services.talker.sampling import SamplingParams
+from services.talker.spec import SpeechSpec
 from voxstage.presets import resolve_model
-from voxstage.talker.models import load_talker
-from voxstage.talker.sampling import SamplingParams
-from voxstage.talker.spec import SpeechSpec
 
 RATE, SPF = 44_100, 2048
 SAMPLING = SamplingParams(temperature=0.7, top_k=50, top_p=0.9)

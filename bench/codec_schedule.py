@@ -5,7 +5,7 @@ first, and stops at the first one still decoding once it has audio in hand, so a
 does not wait for the read-back of a bulk decode of other streams' steady chunks. ``engine.early_handout``
 switches that break off; nothing else differs between the arms.
 
-Engines are built as the codec stage builds them (``voxstage.codec.main.build_engine`` over ``load_codec``,
+Engines are built as the codec stage builds them (``services.codec.main.build_engine`` over ``load_codec``,
 the deploy file's chunk schedule, frame buckets and ``async_scheduling``; CUDA graphs pre-captured by the
 stage's own warm-up, ``CodecWorker.warm_up``), a fresh one per arm. Workload, closed-loop on the wall clock,
 one thread (what the talker sends): ``--streams`` streams open, started over the first second; each gets one
@@ -38,10 +38,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from voxstage.codec.engine import CodecEngine
-from voxstage.codec.main import build_engine
-from voxstage.codec.models import CodecRuntime, load_codec
-from voxstage.codec.worker import CodecWorker
+from services.codec.engine import CodecEngine
+from services.codec.main import build_engine
+from services.codec.models import CodecRuntime, load_codec
+from services.codec.worker import CodecWorker
 from voxstage.stage.process import load_stage_setup
 
 try:

@@ -34,12 +34,12 @@ if [[ "${VX_INSTALLED:-0}" != 1 ]]; then
     "${PIP[@]}" --target "$VX_SITE" "$VX_WHEELS"/*.whl
   fi
   if ! "${PIP[@]}" --no-build-isolation --target "$VX_PKG" . >/dev/null 2>&1; then
-    # An image without setuptools cannot build the checkout: lay the package out by hand (setup.py's map).
-    echo "pip could not install the checkout; linking its folders into $VX_PKG/voxstage" >&2
+    # An image without setuptools cannot build the checkout: lay the packages out by hand (setup.py: each
+    # import name is its folder, the floor voxstage comes from src/).
+    echo "pip could not install the checkout; linking its folders into $VX_PKG" >&2
     rm -rf "$VX_PKG" && mkdir -p "$VX_PKG" && cp -r src/voxstage "$VX_PKG/voxstage"
-    ln -s "$PWD/services/talker" "$VX_PKG/voxstage/talker"
-    ln -s "$PWD/services/codec" "$VX_PKG/voxstage/codec"
-    ln -s "$PWD/gateway" "$VX_PKG/voxstage/gateway"
+    ln -s "$PWD/services" "$VX_PKG/services"
+    ln -s "$PWD/gateway" "$VX_PKG/gateway"
   fi
   if compgen -G "$REF_WHEELS/*.whl" >/dev/null; then
     "${PIP[@]}" --target "$REF_ENV" "$REF_WHEELS"/*.whl

@@ -29,17 +29,17 @@ from google.protobuf.message import DecodeError
 from grpc_health.v1 import health, health_pb2
 from grpc_reflection.v1alpha import reflection
 
+from gateway.auth import ApiKeyInterceptor, KeyCheck, PublicHttpGuard, load_api_keys, read_tls
+from gateway.catalog import ModelInfo
+from gateway.core import GatewayCore
+from gateway.errors import GatewayError, abort, invalid
+from gateway.grpc_api import SpeechServicer
+from gateway.http_api import build_app
+from gateway.http_limits import http_config
+from gateway.reflection_v1 import SERVICE_NAME as REFLECTION_V1
+from gateway.reflection_v1 import reflection_v1_binding
+from gateway.voice_aliases import log_broken_aliases
 from voxstage.config import DeployConfig
-from voxstage.gateway.auth import ApiKeyInterceptor, KeyCheck, PublicHttpGuard, load_api_keys, read_tls
-from voxstage.gateway.catalog import ModelInfo
-from voxstage.gateway.core import GatewayCore
-from voxstage.gateway.errors import GatewayError, abort, invalid
-from voxstage.gateway.grpc_api import SpeechServicer
-from voxstage.gateway.http_api import build_app
-from voxstage.gateway.http_limits import http_config
-from voxstage.gateway.reflection_v1 import SERVICE_NAME as REFLECTION_V1
-from voxstage.gateway.reflection_v1 import reflection_v1_binding
-from voxstage.gateway.voice_aliases import log_broken_aliases
 from voxstage.server import ServiceBinding, StageServer, start_stage_server
 from voxstage.v1 import speech_pb2
 

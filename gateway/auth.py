@@ -20,8 +20,8 @@ from typing import Any
 import grpc
 from grpc_health.v1 import health
 
+from gateway.errors import openai_error
 from voxstage.config import GatewayConfig
-from voxstage.gateway.errors import openai_error
 from voxstage.stage_tls import GATEWAY_KEYS, LinkTls, LinkTlsError, load_link_tls
 
 log = logging.getLogger(__name__)

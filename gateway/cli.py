@@ -19,8 +19,8 @@ EXIT_INVALID = 2
 
 
 def _run(args: argparse.Namespace) -> int:
-    from voxstage.gateway.app import GatewayServer
-    from voxstage.gateway.routing import parse_addresses
+    from gateway.app import GatewayServer
+    from gateway.routing import parse_addresses
 
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"

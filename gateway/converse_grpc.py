@@ -31,6 +31,12 @@ from typing import Any
 import grpc
 from google.protobuf import duration_pb2
 
+from gateway.core import GatewayCore
+from gateway.duplex_send import SendStalled, bounded_send, count_stalled, stalled_in
+from gateway.duplex_session import AgentAudio, DuplexSession, Ended, Notice
+from gateway.duplex_settings import GRPC_FIELDS, SessionSettings, SettingsUpdate
+from gateway.errors import GatewayError, abort, invalid, openai_body
+from gateway.realtime_events import UNSUPPORTED
 from voxstage.duplex_audio import (
     FRAME_SECONDS,
     DuplexAudioError,
@@ -38,12 +44,6 @@ from voxstage.duplex_audio import (
     check_format,
     format_of_encoding,
 )
-from voxstage.gateway.core import GatewayCore
-from voxstage.gateway.duplex_send import SendStalled, bounded_send, count_stalled, stalled_in
-from voxstage.gateway.duplex_session import AgentAudio, DuplexSession, Ended, Notice
-from voxstage.gateway.duplex_settings import GRPC_FIELDS, SessionSettings, SettingsUpdate
-from voxstage.gateway.errors import GatewayError, abort, invalid, openai_body
-from voxstage.gateway.realtime_events import UNSUPPORTED
 from voxstage.v1 import speech_pb2
 
 Context = grpc.aio.ServicerContext[Any, Any]

@@ -22,14 +22,14 @@ import logging
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 
+from gateway.admission import Admission
+from gateway.auth import read_link_tls
+from gateway.catalog import ModelInfo, build_model_info
+from gateway.discovery import Discovery
+from gateway.routing import ReplicaPool, codec_status, talker_status
+from gateway.sessions import SessionManager
+from gateway.synthesis import Synthesizer
 from voxstage.config import DeployConfig
-from voxstage.gateway.admission import Admission
-from voxstage.gateway.auth import read_link_tls
-from voxstage.gateway.catalog import ModelInfo, build_model_info
-from voxstage.gateway.discovery import Discovery
-from voxstage.gateway.routing import ReplicaPool, codec_status, talker_status
-from voxstage.gateway.sessions import SessionManager
-from voxstage.gateway.synthesis import Synthesizer
 from voxstage.resolver import Resolver, SystemResolver
 from voxstage.transport.shm_reader import ShmReader
 

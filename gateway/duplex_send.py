@@ -18,8 +18,8 @@ from collections.abc import Awaitable, Iterable
 
 import grpc
 
+from gateway.errors import GatewayError
 from voxstage import metrics
-from voxstage.gateway.errors import GatewayError
 
 log = logging.getLogger(__name__)
 

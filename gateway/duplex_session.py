@@ -25,6 +25,11 @@ from typing import TYPE_CHECKING
 import grpc
 import numpy as np
 
+from gateway.duplex_settings import DuplexFields, SessionSettings, SettingsUpdate, apply_update
+from gateway.duplex_upstream import AgentPcm, DuplexCodecStream
+from gateway.errors import GatewayError, invalid
+from gateway.routing import Replica, open_on_pair
+from gateway.upstream import Timeouts
 from voxstage import metrics
 from voxstage.duplex_audio import (
     AGENT_WINDOW_SAMPLES,
@@ -37,17 +42,12 @@ from voxstage.duplex_audio import (
     InputDecoder,
     OutputEncoder,
 )
-from voxstage.gateway.duplex_settings import DuplexFields, SessionSettings, SettingsUpdate, apply_update
-from voxstage.gateway.duplex_upstream import AgentPcm, DuplexCodecStream
-from voxstage.gateway.errors import GatewayError, invalid
-from voxstage.gateway.routing import Replica, open_on_pair
-from voxstage.gateway.upstream import Timeouts
 from voxstage.internal.v1 import stage_pb2
 from voxstage.transport.host import local_hello
 from voxstage.transport.payload import hello_to_proto
 
 if TYPE_CHECKING:
-    from voxstage.gateway.sessions import SessionManager
+    from gateway.sessions import SessionManager
 
 CLOSE_GRACE_S = 5.0  # a clean close waits this long for the codec's terminal before cancelling
 MAX_TRACKED_FRAMES = 512  # user frames awaiting their answer, for the response-latency histogram

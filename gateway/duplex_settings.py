@@ -14,13 +14,13 @@ from dataclasses import dataclass, field, replace
 import grpc
 import numpy as np
 
+from gateway.catalog import ModelInfo
+from gateway.errors import GatewayError, invalid, not_found
+from gateway.request import check_number, check_sampling, resolve_model
+from gateway.voice_aliases import resolve_alias
 from voxstage import limits
 from voxstage.audio import AudioError, decode_audio
 from voxstage.duplex_audio import DEFAULT_FORMAT, DuplexFormat
-from voxstage.gateway.catalog import ModelInfo
-from voxstage.gateway.errors import GatewayError, invalid, not_found
-from voxstage.gateway.request import check_number, check_sampling, resolve_model
-from voxstage.gateway.voice_aliases import resolve_alias
 from voxstage.v1 import speech_pb2
 
 # Sampling fields a duplex session honours: the text stream's sampler (docs/protocol.md §11).

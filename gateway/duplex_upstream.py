@@ -20,10 +20,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from gateway.routing import Replica, ReplicaPool
+from gateway.upstream import CodecStream, Event, Pcm, Timeouts
 from voxstage import metrics
 from voxstage.duplex_audio import FRAME_SAMPLES, FRAME_SECONDS
-from voxstage.gateway.routing import Replica, ReplicaPool
-from voxstage.gateway.upstream import CodecStream, Event, Pcm, Timeouts
 from voxstage.internal.v1 import stage_pb2
 from voxstage.transport.shm_reader import ShmReader
 

@@ -20,14 +20,12 @@ import grpc
 import numpy as np
 from google.protobuf import duration_pb2
 
-from voxstage import formats
-from voxstage.audio import AudioError, AudioFormat, StreamingEncoder, encode_clip
-from voxstage.gateway.accounting import RequestAccounting
-from voxstage.gateway.catalog import ModelInfo
-from voxstage.gateway.converse_grpc import converse
-from voxstage.gateway.core import GatewayCore
-from voxstage.gateway.errors import GatewayError, abort, invalid, not_found
-from voxstage.gateway.request import (
+from gateway.accounting import RequestAccounting
+from gateway.catalog import ModelInfo
+from gateway.converse_grpc import converse
+from gateway.core import GatewayCore
+from gateway.errors import GatewayError, abort, invalid, not_found
+from gateway.request import (
     GRPC_FIELDS,
     RawRequest,
     SynthesisJob,
@@ -35,8 +33,10 @@ from voxstage.gateway.request import (
     check_text,
     reference_from_grpc,
 )
-from voxstage.gateway.stream_watch import StreamWatch
-from voxstage.gateway.synthesis import FLUSH, AudioOut, Finished, InputItem, SegmentEnd, Started, whole_text
+from gateway.stream_watch import StreamWatch
+from gateway.synthesis import FLUSH, AudioOut, Finished, InputItem, SegmentEnd, Started, whole_text
+from voxstage import formats
+from voxstage.audio import AudioError, AudioFormat, StreamingEncoder, encode_clip
 from voxstage.v1 import speech_pb2, speech_pb2_grpc
 
 # gRPC's spelling of the one format table (voxstage.formats), shared with HTTP, the SDK and the CLI.

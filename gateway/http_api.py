@@ -19,15 +19,15 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
+from gateway.accounting import RequestAccounting
+from gateway.core import GatewayCore
+from gateway.errors import GatewayError, not_found, openai_body, openai_error, retry_after_header
+from gateway.grpc_api import as_gateway_error, voices_of
+from gateway.http_speech import delivery, parse_speech, raw_request, stream, whole_clip
+from gateway.realtime_ws import register_realtime
+from gateway.request import HTTP_FIELDS, build_job, check_text
+from gateway.synthesis import whole_text
 from voxstage import metrics
-from voxstage.gateway.accounting import RequestAccounting
-from voxstage.gateway.core import GatewayCore
-from voxstage.gateway.errors import GatewayError, not_found, openai_body, openai_error, retry_after_header
-from voxstage.gateway.grpc_api import as_gateway_error, voices_of
-from voxstage.gateway.http_speech import delivery, parse_speech, raw_request, stream, whole_clip
-from voxstage.gateway.realtime_ws import register_realtime
-from voxstage.gateway.request import HTTP_FIELDS, build_job, check_text
-from voxstage.gateway.synthesis import whole_text
 
 # Reference audio is capped at 10 MiB; base64 inflates it by 4/3, plus room for the other fields.
 MAX_BODY_BYTES = 14 * 1024 * 1024

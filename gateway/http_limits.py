@@ -24,8 +24,8 @@ import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 from uvicorn.server import ServerState
 
+from gateway.errors import GatewayError, openai_body
 from voxstage.config import GatewayConfig
-from voxstage.gateway.errors import GatewayError, openai_body
 
 log = logging.getLogger(__name__)
 

@@ -27,13 +27,13 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from starlette.requests import ClientDisconnect
 from starlette.types import Receive, Scope, Send
 
+from gateway.accounting import RequestAccounting
+from gateway.errors import GatewayError, invalid, openai_body
+from gateway.grpc_api import as_gateway_error
+from gateway.request import HTTP_FIELDS, RawRequest, ReferenceInput, sampling_from
+from gateway.synthesis import AudioOut, Event, Finished
 from voxstage import formats
 from voxstage.audio import AudioError, AudioFormat, StreamingEncoder, encode_clip, parse_format
-from voxstage.gateway.accounting import RequestAccounting
-from voxstage.gateway.errors import GatewayError, invalid, openai_body
-from voxstage.gateway.grpc_api import as_gateway_error
-from voxstage.gateway.request import HTTP_FIELDS, RawRequest, ReferenceInput, sampling_from
-from voxstage.gateway.synthesis import AudioOut, Event, Finished
 
 log = logging.getLogger("voxstage.gateway.http_api")  # one logger for the HTTP face's lines
 

@@ -28,13 +28,12 @@ from fastapi import FastAPI, WebSocket
 from pydantic import ValidationError
 from starlette.websockets import WebSocketDisconnect
 
-from voxstage.duplex_audio import MAX_EVENT_BYTES, DuplexAudioError, decode_base64
-from voxstage.gateway.core import GatewayCore
-from voxstage.gateway.duplex_send import SendStalled, bounded_send, count_stalled, stalled_in
-from voxstage.gateway.duplex_session import AgentAudio, DuplexSession, Ended, Notice
-from voxstage.gateway.duplex_settings import WS_FIELDS
-from voxstage.gateway.errors import GatewayError, invalid
-from voxstage.gateway.realtime_events import (
+from gateway.core import GatewayCore
+from gateway.duplex_send import SendStalled, bounded_send, count_stalled, stalled_in
+from gateway.duplex_session import AgentAudio, DuplexSession, Ended, Notice
+from gateway.duplex_settings import WS_FIELDS
+from gateway.errors import GatewayError, invalid
+from gateway.realtime_events import (
     UNSUPPORTED,
     InputAudioBufferAppendEvent,
     SessionUpdateEvent,
@@ -45,7 +44,8 @@ from voxstage.gateway.realtime_events import (
     session_json,
     settings_update,
 )
-from voxstage.gateway.request import resolve_model
+from gateway.request import resolve_model
+from voxstage.duplex_audio import MAX_EVENT_BYTES, DuplexAudioError, decode_base64
 
 log = logging.getLogger(__name__)
 

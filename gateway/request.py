@@ -17,11 +17,11 @@ from dataclasses import dataclass, field
 import grpc
 import numpy as np
 
+from gateway.catalog import AUTO_LANGUAGE, ModelInfo
+from gateway.errors import GatewayError, invalid, not_found
+from gateway.voice_aliases import resolve_alias
 from voxstage import formats, limits
 from voxstage.audio import AudioError, AudioFormat, audio_from_base64, decode_audio
-from voxstage.gateway.catalog import AUTO_LANGUAGE, ModelInfo
-from voxstage.gateway.errors import GatewayError, invalid, not_found
-from voxstage.gateway.voice_aliases import resolve_alias
 from voxstage.v1 import speech_pb2
 
 _SAMPLED = (limits.TEMPERATURE, limits.TOP_K, limits.TOP_P, limits.REPETITION_PENALTY, limits.MAX_FRAMES)

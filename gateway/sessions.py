@@ -15,14 +15,14 @@ from collections.abc import Callable
 
 import grpc
 
+from gateway.catalog import ModelInfo
+from gateway.duplex_session import DuplexSession, SessionLimits
+from gateway.duplex_settings import SessionSettings, session_mode_error
+from gateway.errors import GatewayError
+from gateway.routing import ReplicaPool
+from gateway.upstream import Timeouts
 from voxstage import metrics
 from voxstage.config import DeployConfig
-from voxstage.gateway.catalog import ModelInfo
-from voxstage.gateway.duplex_session import DuplexSession, SessionLimits
-from voxstage.gateway.duplex_settings import SessionSettings, session_mode_error
-from voxstage.gateway.errors import GatewayError
-from voxstage.gateway.routing import ReplicaPool
-from voxstage.gateway.upstream import Timeouts
 from voxstage.transport.shm_reader import ShmReader
 
 log = logging.getLogger(__name__)

@@ -31,9 +31,9 @@ from typing import Any
 
 import grpc
 
-from voxstage.gateway.errors import GatewayError
-from voxstage.gateway.synthesis import Flush, InputItem
-from voxstage.gateway.upstream import CodecStream
+from gateway.errors import GatewayError
+from gateway.synthesis import Flush, InputItem
+from gateway.upstream import CodecStream
 
 IDLE_SETTING = "gateway.stream_idle_timeout_s"
 LIFETIME_SETTING = "gateway.max_stream_lifetime_s"

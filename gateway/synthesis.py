@@ -20,14 +20,14 @@ from typing import Protocol
 import grpc
 import numpy as np
 
+from gateway.accounting import RequestAccounting
+from gateway.admission import Admission
+from gateway.errors import GatewayError, invalid
+from gateway.request import SynthesisJob, check_text
+from gateway.routing import Replica, ReplicaPool, open_on_pair
+from gateway.upstream import CodecStream, Pcm, Timeouts
 from voxstage.audio import StreamingResampler
 from voxstage.config import DeployConfig
-from voxstage.gateway.accounting import RequestAccounting
-from voxstage.gateway.admission import Admission
-from voxstage.gateway.errors import GatewayError, invalid
-from voxstage.gateway.request import SynthesisJob, check_text
-from voxstage.gateway.routing import Replica, ReplicaPool, open_on_pair
-from voxstage.gateway.upstream import CodecStream, Pcm, Timeouts
 from voxstage.internal.v1 import stage_pb2
 from voxstage.segments import SentenceFlusher
 from voxstage.transport.host import local_hello

@@ -14,8 +14,8 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 
-from voxstage.gateway.catalog import PLAIN_VOICE, ModelInfo
-from voxstage.gateway.errors import not_found
+from gateway.catalog import PLAIN_VOICE, ModelInfo
+from gateway.errors import not_found
 
 log = logging.getLogger(__name__)
 

@@ -24,9 +24,9 @@ SPEECH = "/v1/audio/speech"
 
 
 async def _app_schema() -> dict[str, Any]:
+    from gateway.core import GatewayCore
+    from gateway.http_api import build_app
     from voxstage.config import load_deploy_config
-    from voxstage.gateway.core import GatewayCore
-    from voxstage.gateway.http_api import build_app
 
     # The app is only built, never served: the replica addresses are placeholders nothing dials (the pools'
     # channels need an event loop to be made, and are closed again).
@@ -38,7 +38,7 @@ async def _app_schema() -> dict[str, Any]:
 
 
 def build_schema() -> dict[str, Any]:
-    from voxstage.gateway.http_speech import SpeechRequest
+    from gateway.http_speech import SpeechRequest
 
     schema = asyncio.run(_app_schema())
     body = SpeechRequest.model_json_schema(ref_template="#/components/schemas/{model}")

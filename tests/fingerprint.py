@@ -28,18 +28,18 @@ from typing import Any
 import numpy as np
 import torch
 
+from services.codec.main import build_engine
+from services.codec.models import load_codec, load_duplex_codec
+from services.talker.duplex import DuplexConfig, DuplexEngine
+from services.talker.duplex_worker import DuplexWorker
+from services.talker.engine import EngineConfig, TalkerEngine
+from services.talker.models import load_talker
+from services.talker.request_params import request_params
+from services.talker.worker import TalkerDefaults, TalkerWorker
 from voxstage import wire
-from voxstage.codec.main import build_engine
-from voxstage.codec.models import load_codec, load_duplex_codec
 from voxstage.config import load_deploy_config
 from voxstage.internal.v1 import stage_pb2 as S
 from voxstage.presets import resolve_model
-from voxstage.talker.duplex import DuplexConfig, DuplexEngine
-from voxstage.talker.duplex_worker import DuplexWorker
-from voxstage.talker.engine import EngineConfig, TalkerEngine
-from voxstage.talker.models import load_talker
-from voxstage.talker.request_params import request_params
-from voxstage.talker.worker import TalkerDefaults, TalkerWorker
 
 ROOT = Path(__file__).resolve().parents[1]
 STORED = ROOT / "tests" / "fixtures" / "fingerprint.json"

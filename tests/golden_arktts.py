@@ -137,8 +137,8 @@ def load_fixture(root: Path | None = None) -> dict[str, Any]:
 
 def fixture_model(doc: dict[str, Any], rope_dtype: torch.dtype, dtype: torch.dtype = torch.float32) -> Any:
     """voxstage's model with the fixture's weights (imports voxstage lazily: the generator never calls it)."""
-    from voxstage.talker.models.arktts.config import parse_config
-    from voxstage.talker.models.arktts.loader import build_model, load_weights
+    from services.talker.models.arktts.config import parse_config
+    from services.talker.models.arktts.loader import build_model, load_weights
 
     model = build_model(parse_config(doc["config"], source="fixture"), "cpu", dtype, rope_dtype=rope_dtype)
     load_weights(model, make_state_dict(doc["shapes"]), source="fixture")

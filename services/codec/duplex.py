@@ -28,10 +28,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from voxstage import metrics
-from voxstage.codec.duplex_calls import PackedCalls, move_session_state
-from voxstage.codec.duplex_reference import ReferenceJobs
-from voxstage.codec.duplex_types import (
+from services.codec.duplex_calls import PackedCalls, move_session_state
+from services.codec.duplex_reference import ReferenceJobs
+from services.codec.duplex_types import (
     MIMI_SAMPLE_RATE,
     AgentAudio,
     AgentFrame,
@@ -41,7 +40,8 @@ from voxstage.codec.duplex_types import (
     SessionInfo,
     UserCodes,
 )
-from voxstage.codec.engine import batch_bucket
+from services.codec.engine import batch_bucket
+from voxstage import metrics
 
 log = logging.getLogger(__name__)
 

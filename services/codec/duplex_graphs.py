@@ -15,8 +15,8 @@ from typing import Any
 
 import torch
 
-from voxstage.codec.duplex_calls import PackedCalls
-from voxstage.codec.engine import batch_bucket
+from services.codec.duplex_calls import PackedCalls
+from services.codec.engine import batch_bucket
 from voxstage.cudagraphs import GraphCache
 
 

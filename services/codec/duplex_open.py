@@ -9,8 +9,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from services.codec.duplex_types import MAX_REFERENCE_SECONDS, REFERENCE_RATES
 from voxstage import wire
-from voxstage.codec.duplex_types import MAX_REFERENCE_SECONDS, REFERENCE_RATES
 from voxstage.internal.v1 import stage_pb2 as S
 from voxstage.stage_errors import StageFailure
 from voxstage.transport.payload import read_payload

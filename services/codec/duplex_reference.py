@@ -20,9 +20,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from services.codec.duplex_types import MAX_REFERENCE_SECONDS, MIMI_SAMPLE_RATE, SAMPLES_PER_FRAME
+from services.codec.models.mimi.loudness import normalize_loudness
 from voxstage.audio import resample
-from voxstage.codec.duplex_types import MAX_REFERENCE_SECONDS, MIMI_SAMPLE_RATE, SAMPLES_PER_FRAME
-from voxstage.codec.models.mimi.loudness import normalize_loudness
 
 log = logging.getLogger(__name__)
 TARGET_LUFS = -24.0

@@ -16,15 +16,15 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from services.codec.duplex_types import AgentFrame
+from services.codec.relay import TalkerRelay
 from voxstage import wire
-from voxstage.codec.duplex_types import AgentFrame
-from voxstage.codec.relay import TalkerRelay
 from voxstage.internal.v1 import stage_pb2 as S
 from voxstage.stage_errors import StageFailure
 
 if TYPE_CHECKING:
-    from voxstage.codec.duplex_stream import DuplexCodecStream
-    from voxstage.codec.upstream import TalkerPool
+    from services.codec.duplex_stream import DuplexCodecStream
+    from services.codec.upstream import TalkerPool
 
 # User frames (one per tick) held for a talker that grants no user-code credit before the session fails: a
 # talker that stopped consuming for 2 s is not coming back in time for a conversation.

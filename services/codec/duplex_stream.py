@@ -21,21 +21,21 @@ from typing import TYPE_CHECKING, Any
 import grpc
 import numpy as np
 
+from services.codec.duplex_open import check_open, talker_open
+from services.codec.duplex_relay import DuplexTalkerRelay
+from services.codec.duplex_types import AgentAudio, AgentFrame, DuplexOutput, UserCodes
+from services.codec.relay import TalkerRefused
+from services.codec.stream import CodecStageStream
 from voxstage import wire
 from voxstage.audio import StreamingResampler
-from voxstage.codec.duplex_open import check_open, talker_open
-from voxstage.codec.duplex_relay import DuplexTalkerRelay
-from voxstage.codec.duplex_types import AgentAudio, AgentFrame, DuplexOutput, UserCodes
-from voxstage.codec.relay import TalkerRefused
-from voxstage.codec.stream import CodecStageStream
 from voxstage.internal.v1 import stage_pb2 as S
 from voxstage.stage_errors import StageFailure
 from voxstage.transport.payload import ack_message, read_payload
 from voxstage.transport.shm_layout import InvalidShmReference, ShmError, StaleShmReference
 
 if TYPE_CHECKING:
-    from voxstage.codec.duplex_worker import DuplexCodecWorker
-    from voxstage.codec.servicer import CodecServicer
+    from services.codec.duplex_worker import DuplexCodecWorker
+    from services.codec.servicer import CodecServicer
     from voxstage.transport.shm_reader import ShmReader
 
 _keys = itertools.count(1)

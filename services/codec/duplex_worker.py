@@ -17,9 +17,9 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from voxstage.codec.duplex import DuplexCodecEngine
-from voxstage.codec.duplex_reference import prepare_reference
-from voxstage.codec.duplex_types import AgentFrame, DuplexAdmissionError, DuplexOutput
+from services.codec.duplex import DuplexCodecEngine
+from services.codec.duplex_reference import prepare_reference
+from services.codec.duplex_types import AgentFrame, DuplexAdmissionError, DuplexOutput
 from voxstage.stage.worker import StageWorker
 from voxstage.stage_errors import StageFailure
 

@@ -47,9 +47,9 @@ from typing import Protocol
 import numpy as np
 import torch
 
+from services.codec.engine_state import Launched, StreamState, read_back
 from voxstage import metrics
 from voxstage.chunking import next_boundary, whole_chunks
-from voxstage.codec.engine_state import Launched, StreamState, read_back
 
 
 class CodecAdmissionError(RuntimeError):

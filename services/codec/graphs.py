@@ -12,7 +12,7 @@ from collections.abc import Iterator, Sequence
 
 import torch
 
-from voxstage.codec.engine import StreamingCodec, batch_bucket
+from services.codec.engine import StreamingCodec, batch_bucket
 from voxstage.cudagraphs import GraphCache
 
 

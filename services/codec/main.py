@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING, Any
 from voxstage.stage.process import StageParts, register_stage, stage_parts
 
 if TYPE_CHECKING:
-    from voxstage.codec.engine import CodecEngine
-    from voxstage.codec.models import CodecRuntime
+    from services.codec.engine import CodecEngine
+    from services.codec.models import CodecRuntime
     from voxstage.config import DeployConfig
     from voxstage.presets import ModelSource
     from voxstage.stage_tls import LinkTls
@@ -47,7 +47,7 @@ def _codec_options(parser: argparse.ArgumentParser) -> None:
 
 def _allowed_talkers(args: argparse.Namespace) -> frozenset[str] | None:
     """``--allowed-talkers``, checked before the model loads (a typo fails the start at once)."""
-    from voxstage.codec.upstream import parse_allowed_talkers
+    from services.codec.upstream import parse_allowed_talkers
 
     allowed = parse_allowed_talkers(getattr(args, "allowed_talkers", None))
     if allowed is None:
@@ -58,10 +58,10 @@ def _allowed_talkers(args: argparse.Namespace) -> frozenset[str] | None:
 
 
 def build(args: argparse.Namespace) -> StageParts:
-    from voxstage.codec.models import load_codec
-    from voxstage.codec.servicer import SERVICE_NAME, CodecServicer
-    from voxstage.codec.upstream import TalkerPool
-    from voxstage.codec.worker import CodecWorker
+    from services.codec.models import load_codec
+    from services.codec.servicer import SERVICE_NAME, CodecServicer
+    from services.codec.upstream import TalkerPool
+    from services.codec.worker import CodecWorker
     from voxstage.internal.v1 import stage_pb2_grpc
     from voxstage.server import ServiceBinding
     from voxstage.stage.process import device_budget, load_stage_setup
@@ -115,8 +115,8 @@ def build_engine(config: DeployConfig, runtime: CodecRuntime, device: str) -> Co
     """The codec engine of a deploy file's (non-duplex) codec stage over a loaded ``runtime``: its chunk
     schedule, CUDA-graph frame buckets and scheduling mode (``bench/codec_schedule.py`` builds its engines
     here too). Graphs are captured later, by the worker's warm-up."""
+    from services.codec.engine import ChunkSchedule, CodecEngine
     from voxstage.chunking import chunk_sizes
-    from voxstage.codec.engine import ChunkSchedule, CodecEngine
 
     stage = config.codec
     plan = config.chunk_plan
@@ -124,7 +124,7 @@ def build_engine(config: DeployConfig, runtime: CodecRuntime, device: str) -> Co
     decode_fn = None
     buckets: tuple[int, ...] = ()
     if device == "cuda" and not stage.enforce_eager:
-        from voxstage.codec.graphs import GraphedDecode
+        from services.codec.graphs import GraphedDecode
 
         # cudnn.benchmark is left off: on the H200 (2026-12-01) it made the codec's capture of 81 graphs take
         # 233 s instead of 24 s (every bucket shape timed), for a gain nobody has measured yet (issue 14).
@@ -184,11 +184,11 @@ def _build_duplex(
 ) -> StageParts:
     """A duplex family's codec (PersonaPlex: Mimi): sessions on the 80 ms clock, one batched encode per tick
     and one batched decode per talker step (docs/protocol.md §11)."""
-    from voxstage.codec.duplex import DuplexCodecConfig, DuplexCodecEngine
-    from voxstage.codec.duplex_worker import DuplexCodecWorker
-    from voxstage.codec.models import load_duplex_codec
-    from voxstage.codec.servicer import SERVICE_NAME, CodecServicer
-    from voxstage.codec.upstream import TalkerPool
+    from services.codec.duplex import DuplexCodecConfig, DuplexCodecEngine
+    from services.codec.duplex_worker import DuplexCodecWorker
+    from services.codec.models import load_duplex_codec
+    from services.codec.servicer import SERVICE_NAME, CodecServicer
+    from services.codec.upstream import TalkerPool
     from voxstage.config import DuplexSessionConfig
     from voxstage.internal.v1 import stage_pb2_grpc
     from voxstage.server import ServiceBinding
@@ -215,7 +215,7 @@ def _build_duplex(
     calls = None
     graphed = device == "cuda" and not stage.enforce_eager
     if graphed:
-        from voxstage.codec.duplex_graphs import GraphedDuplexCalls
+        from services.codec.duplex_graphs import GraphedDuplexCalls
 
         # Captured for every batch bucket by the warm-up, before the stage reports SERVING.
         calls = GraphedDuplexCalls(runtime.codec, max_batch=sessions, device=device)

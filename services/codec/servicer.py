@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import grpc
 
-from voxstage.codec.duplex_stream import DuplexCodecStream
-from voxstage.codec.duplex_worker import DuplexCodecSnapshot, DuplexCodecWorker
-from voxstage.codec.stream import CodecStream
-from voxstage.codec.upstream import TalkerPool
-from voxstage.codec.worker import CodecSnapshot, CodecWorker
+from services.codec.duplex_stream import DuplexCodecStream
+from services.codec.duplex_worker import DuplexCodecSnapshot, DuplexCodecWorker
+from services.codec.stream import CodecStream
+from services.codec.upstream import TalkerPool
+from services.codec.worker import CodecSnapshot, CodecWorker
 from voxstage.config import ChunkPlan, ConnectorExtra
 from voxstage.internal.v1 import stage_pb2, stage_pb2_grpc
 from voxstage.stage.servicer import StageServicer

@@ -23,7 +23,7 @@ from typing import Any, Generic, Protocol, TypeVar
 import torch
 from torch import nn
 
-from voxstage.codec.checks import check_lengths, check_slots
+from services.codec.checks import check_lengths, check_slots
 
 
 class StateLayout:

@@ -20,10 +20,10 @@ from typing import TYPE_CHECKING, Any
 import grpc
 import numpy as np
 
+from services.codec.engine import CodecOutput
+from services.codec.relay import TalkerRefused, TalkerRelay
 from voxstage import wire
 from voxstage.audio import StreamingResampler
-from voxstage.codec.engine import CodecOutput
-from voxstage.codec.relay import TalkerRefused, TalkerRelay
 from voxstage.internal.v1 import stage_pb2
 from voxstage.stage.stream import StageStream
 from voxstage.stage_errors import StageFailure
@@ -31,7 +31,7 @@ from voxstage.transport.payload import read_payload
 from voxstage.transport.shm_layout import InvalidShmReference
 
 if TYPE_CHECKING:
-    from voxstage.codec.servicer import CodecServicer
+    from services.codec.servicer import CodecServicer
 
 _keys = itertools.count(1)
 S = stage_pb2

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import grpc
 
-from voxstage.codec.allowlist import TalkerAllowlist
+from services.codec.allowlist import TalkerAllowlist
 from voxstage.internal.v1 import stage_pb2, stage_pb2_grpc
 from voxstage.resolver import Resolver, SystemResolver
 from voxstage.server import CHANNEL_OPTIONS

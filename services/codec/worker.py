@@ -14,8 +14,8 @@ from typing import Protocol
 
 import numpy as np
 
-from voxstage.codec.engine import CodecAdmissionError, CodecEngine, CodecOutput
-from voxstage.codec.models import CodecRuntime
+from services.codec.engine import CodecAdmissionError, CodecEngine, CodecOutput
+from services.codec.models import CodecRuntime
 from voxstage.stage.worker import StageWorker
 
 log = logging.getLogger(__name__)

@@ -11,7 +11,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from voxstage.talker.sampling import SamplingParams
+from services.talker.sampling import SamplingParams
 
 
 class PreparedPrompt(Protocol):

@@ -25,8 +25,8 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from services.talker.sampling import SamplingParams
 from voxstage import metrics
-from voxstage.talker.sampling import SamplingParams
 
 
 class DuplexAdmissionError(RuntimeError):

@@ -18,18 +18,18 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from services.talker.duplex import DuplexOutput, Finish
+from services.talker.duplex_worker import DuplexWorker, SessionSnapshot
+from services.talker.request_params import request_params
 from voxstage import wire
 from voxstage.internal.v1 import stage_pb2
 from voxstage.stage.stream import StageStream
 from voxstage.stage_errors import StageFailure
-from voxstage.talker.duplex import DuplexOutput, Finish
-from voxstage.talker.duplex_worker import DuplexWorker, SessionSnapshot
-from voxstage.talker.request_params import request_params
 from voxstage.transport.payload import read_payload
 from voxstage.transport.shm_layout import InvalidShmReference
 
 if TYPE_CHECKING:
-    from voxstage.talker.servicer import TalkerServicer
+    from services.talker.servicer import TalkerServicer
 
 AGENT_WINDOW = 25  # agent frames queued beyond the codec's grant before the session fails
 _keys = itertools.count(1)

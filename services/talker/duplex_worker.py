@@ -16,11 +16,11 @@ from typing import Protocol
 
 import numpy as np
 
+from services.talker.duplex import DuplexAdmissionError, DuplexEngine, DuplexOutput, DuplexRequest
+from services.talker.models import TalkerInfo
+from services.talker.worker import MAX_SEED, RequestParams, TalkerDefaults, apply_overrides
 from voxstage.stage.worker import StageWorker
 from voxstage.stage_errors import StageFailure
-from voxstage.talker.duplex import DuplexAdmissionError, DuplexEngine, DuplexOutput, DuplexRequest
-from voxstage.talker.models import TalkerInfo
-from voxstage.talker.worker import MAX_SEED, RequestParams, TalkerDefaults, apply_overrides
 
 log = logging.getLogger(__name__)
 

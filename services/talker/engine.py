@@ -26,9 +26,9 @@ from typing import Any
 
 import numpy as np
 
+from services.talker.adapter import PreparedPrompt, TalkerAdapter
+from services.talker.sampling import SamplingParams
 from voxstage import metrics
-from voxstage.talker.adapter import PreparedPrompt, TalkerAdapter
-from voxstage.talker.sampling import SamplingParams
 
 log = logging.getLogger(__name__)
 

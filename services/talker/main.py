@@ -33,14 +33,14 @@ def register(subparsers: Any) -> None:
 def build(args: argparse.Namespace) -> StageParts:
     import numpy as np
 
+    from services.talker.engine import EngineConfig, TalkerEngine
+    from services.talker.models import load_talker
+    from services.talker.servicer import SERVICE_NAME, TalkerServicer
+    from services.talker.spec import SpeechSpec
+    from services.talker.worker import TalkerDefaults, TalkerWorker
     from voxstage.internal.v1 import stage_pb2_grpc
     from voxstage.server import ServiceBinding
     from voxstage.stage.process import device_budget, load_stage_setup
-    from voxstage.talker.engine import EngineConfig, TalkerEngine
-    from voxstage.talker.models import load_talker
-    from voxstage.talker.servicer import SERVICE_NAME, TalkerServicer
-    from voxstage.talker.spec import SpeechSpec
-    from voxstage.talker.worker import TalkerDefaults, TalkerWorker
     from voxstage.transport.shm import ShmWriter, sweep_dead_regions
 
     config, device, dtype, source = load_stage_setup(args, log, cuda_default="bfloat16", role="talker")
@@ -125,13 +125,13 @@ def _family_limits(adapter: Any, family: str) -> tuple[int, int]:
 
 def _build_duplex(config: Any, device: str, adapter: Any, info: Any) -> StageParts:
     """A duplex family's talker: sessions over the ring-KV pool, one batched frame step per tick."""
+    from services.talker.duplex import DuplexConfig, DuplexEngine
+    from services.talker.duplex_worker import DuplexWorker
+    from services.talker.servicer import SERVICE_NAME, TalkerServicer
+    from services.talker.worker import TalkerDefaults
     from voxstage.internal.v1 import stage_pb2_grpc
     from voxstage.server import ServiceBinding
     from voxstage.stage.process import device_budget
-    from voxstage.talker.duplex import DuplexConfig, DuplexEngine
-    from voxstage.talker.duplex_worker import DuplexWorker
-    from voxstage.talker.servicer import SERVICE_NAME, TalkerServicer
-    from voxstage.talker.worker import TalkerDefaults
     from voxstage.transport.shm import ShmWriter, sweep_dead_regions
 
     stage = config.talker

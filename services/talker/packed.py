@@ -4,7 +4,7 @@ over packed slots, with prompts written by the shared prefill runner (Qwen3-TTS,
 ``PackedDecodeAdapter`` is a mixin: the family's ``__init__`` sets ``num_groups``, ``device``,
 ``min_attn_bucket`` and ``graphs = None``, its ``allocate`` ends with ``allocate_launch``, and it provides
 ``decode_core`` and ``step_io``. The mixin then launches and collects steps through the pinned ``HostRing``
-(``voxstage.talker.launch``) and captures CUDA graphs per (batch, context) decode bucket and per (rows,
+(``services.talker.launch``) and captures CUDA graphs per (batch, context) decode bucket and per (rows,
 length, context) prefill bucket.
 """
 
@@ -15,9 +15,9 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
+from services.talker.launch import HostRing, Pending, all_inactive, bucket, collect, decode_graph_keys
+from services.talker.prefill import KVPoolLike, Prefill, PrefillModel
 from voxstage.cudagraphs import GraphCache
-from voxstage.talker.launch import HostRing, Pending, all_inactive, bucket, collect, decode_graph_keys
-from voxstage.talker.prefill import KVPoolLike, Prefill, PrefillModel
 
 
 class PackedDecodeAdapter:

@@ -11,13 +11,13 @@ from collections.abc import Mapping
 
 import grpc
 
+from services.talker.duplex_stream import DuplexTalkerStream
+from services.talker.duplex_worker import DuplexWorker
+from services.talker.stream import TalkerStream
+from services.talker.worker import RequestSnapshot, TalkerSnapshot, TalkerWorker
 from voxstage.config import ChunkPlan
 from voxstage.internal.v1 import stage_pb2, stage_pb2_grpc
 from voxstage.stage.servicer import StageServicer
-from voxstage.talker.duplex_stream import DuplexTalkerStream
-from voxstage.talker.duplex_worker import DuplexWorker
-from voxstage.talker.stream import TalkerStream
-from voxstage.talker.worker import RequestSnapshot, TalkerSnapshot, TalkerWorker
 from voxstage.transport.shm import ShmWriter
 
 SERVICE_NAME = "voxstage.internal.v1.Talker"

@@ -26,17 +26,17 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from services.talker.engine import Finish, TalkerOutput
+from services.talker.request_params import request_params
+from services.talker.takes import Segment, Take, sendable
+from services.talker.worker import RequestParams, RequestSnapshot
 from voxstage import wire
 from voxstage.internal.v1 import stage_pb2
 from voxstage.stage.stream import StageStream
 from voxstage.stage_errors import StageFailure
-from voxstage.talker.engine import Finish, TalkerOutput
-from voxstage.talker.request_params import request_params
-from voxstage.talker.takes import Segment, Take, sendable
-from voxstage.talker.worker import RequestParams, RequestSnapshot
 
 if TYPE_CHECKING:
-    from voxstage.talker.servicer import TalkerServicer
+    from services.talker.servicer import TalkerServicer
 
 MAX_TEXT_CHARS = 1 << 16  # the gateway enforces the user-facing limit; this only bounds a buggy peer
 _keys = itertools.count(1)

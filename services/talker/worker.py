@@ -17,16 +17,16 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from services.talker.engine import AdmissionError, RequestTooLarge, TalkerEngine, TalkerOutput, TalkerRequest
+from services.talker.models import TalkerInfo
+from services.talker.sampling import SamplingParams
+from services.talker.spec import SpeechSpec
 from voxstage import limits
 from voxstage.config import SamplingParams as DeploySampling
 from voxstage.config import SegmentsConfig, StageConfig
 from voxstage.segments import FrameCap
 from voxstage.stage.worker import StageWorker
 from voxstage.stage_errors import StageFailure
-from voxstage.talker.engine import AdmissionError, RequestTooLarge, TalkerEngine, TalkerOutput, TalkerRequest
-from voxstage.talker.models import TalkerInfo
-from voxstage.talker.sampling import SamplingParams
-from voxstage.talker.spec import SpeechSpec
 
 log = logging.getLogger(__name__)
 MAX_SEED = limits.SEED.end - 1  # [0, 2**63): src/voxstage/limits.py, shared with the gateway

@@ -11,17 +11,17 @@ import argparse
 import sys
 from collections.abc import Callable, Sequence
 
+from gateway.cli import add_gateway
+from services.codec.main import register as add_codec
+from services.talker.main import register as add_talker
 from voxstage import __version__
 from voxstage.client.cli import add_say
 from voxstage.client.talk import add_talk
-from voxstage.codec.main import register as add_codec
 from voxstage.config import ConfigError
 from voxstage.config.cli_args import add_deploy_options, load_from_args
 from voxstage.config.describe import describe, summary
 from voxstage.demo import register as add_demo
-from voxstage.gateway.cli import add_gateway
 from voxstage.serve import register as add_serve
-from voxstage.talker.main import register as add_talker
 
 # Invalid input (bad config, bad usage); argparse uses the same code for usage errors.
 EXIT_INVALID = 2

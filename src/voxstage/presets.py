@@ -121,14 +121,14 @@ def _materialize_personaplex(name: str, out: Path) -> None:
     ``mimi_config.json``. Only the tiny preset carries weights; the 7B draws them on its device at load."""
     import torch
 
-    from voxstage.codec.models.mimi.loader import random_init as random_mimi
-    from voxstage.codec.models.mimi.loader import write_mimi_checkpoint
-    from voxstage.codec.models.mimi.presets import tiny_config
-    from voxstage.talker.models.personaplex.config import parse_lm_config
-    from voxstage.talker.models.personaplex.loader import random_init, save_checkpoint
-    from voxstage.talker.models.personaplex.presets import PRESET_VOICES, preset_config, voice_codes
-    from voxstage.talker.models.personaplex.tokenizer import tiny_tokenizer_model
-    from voxstage.talker.models.personaplex.voices import voice_from_codes
+    from services.codec.models.mimi.loader import random_init as random_mimi
+    from services.codec.models.mimi.loader import write_mimi_checkpoint
+    from services.codec.models.mimi.presets import tiny_config
+    from services.talker.models.personaplex.config import parse_lm_config
+    from services.talker.models.personaplex.loader import random_init, save_checkpoint
+    from services.talker.models.personaplex.presets import PRESET_VOICES, preset_config, voice_codes
+    from services.talker.models.personaplex.tokenizer import tiny_tokenizer_model
+    from services.talker.models.personaplex.voices import voice_from_codes
 
     tmp = out.with_name(out.name + f".tmp{os.getpid()}")
     lm_kwargs = preset_config(name)
@@ -152,8 +152,8 @@ def _materialize_audio8(name: str, out: Path) -> None:
     """The released layout: one flat ``config.json`` (talker fields and the ``codec_*`` fields both stages
     read), ``generation_config.json``, ``tokenizer.json``, and for the tiny preset ``model.safetensors`` and
     ``codec.pth`` (seeded). The 0.6B draws its weights on each stage's device at load."""
-    from voxstage.codec.models.audio8.presets import codec_config_fields, codec_preset, write_tiny_codec
-    from voxstage.talker.models.arktts.presets import write_preset
+    from services.codec.models.audio8.presets import codec_config_fields, codec_preset, write_tiny_codec
+    from services.talker.models.arktts.presets import write_preset
 
     tmp = out.with_name(out.name + f".tmp{os.getpid()}")
     random_init = write_preset(name, tmp, seed=PRESET_SEED)
@@ -171,15 +171,15 @@ def _materialize_qwen3_tts(name: str, out: Path) -> None:
     import torch
     from safetensors.torch import save_file
 
-    from voxstage.codec.models.qwen3_tts import encoder as enc
-    from voxstage.codec.models.qwen3_tts import loader as codec_loader
-    from voxstage.codec.models.qwen3_tts import presets as codec_presets
-    from voxstage.codec.models.qwen3_tts import speaker_encoder as spk
-    from voxstage.codec.models.qwen3_tts.config import Qwen3DecoderConfig
-    from voxstage.talker.models.qwen3_tts import presets as talker_presets
-    from voxstage.talker.models.qwen3_tts.config import parse_config
-    from voxstage.talker.models.qwen3_tts.loader import random_init, talker_checkpoint_state
-    from voxstage.talker.models.qwen3_tts.tokenizer import write_tiny_tokenizer
+    from services.codec.models.qwen3_tts import encoder as enc
+    from services.codec.models.qwen3_tts import loader as codec_loader
+    from services.codec.models.qwen3_tts import presets as codec_presets
+    from services.codec.models.qwen3_tts import speaker_encoder as spk
+    from services.codec.models.qwen3_tts.config import Qwen3DecoderConfig
+    from services.talker.models.qwen3_tts import presets as talker_presets
+    from services.talker.models.qwen3_tts.config import parse_config
+    from services.talker.models.qwen3_tts.loader import random_init, talker_checkpoint_state
+    from services.talker.models.qwen3_tts.tokenizer import write_tiny_tokenizer
 
     size, variant = QWEN3_TTS_PRESETS[name]
     tiny = size == "qwen3-tts-tiny"

@@ -31,7 +31,7 @@ class VoiceCloneUnsupported(ValueError):
 class CodecRuntime:
     family: str
     model: str
-    # A StreamingCodec (``voxstage.codec.engine``): slot pool of 2 x max_streams decoder states.
+    # A StreamingCodec (``services.codec.engine``): slot pool of 2 x max_streams decoder states.
     decoder: Any
     encoder: torch.nn.Module
     speaker_encoder: torch.nn.Module | None
@@ -101,9 +101,9 @@ def load_duplex_codec(
     ``mimi_config.json``) with a pool for ``max_sessions`` sessions plus the voice-recording slot."""
     if source.family != "personaplex":
         raise ValueError(f"codec: model family {source.family!r} has no duplex codec")
-    from voxstage.codec.models.mimi import loader
-    from voxstage.codec.models.mimi.presets import full_config
-    from voxstage.codec.models.mimi.streaming import MimiStreamingCodec
+    from services.codec.models.mimi import loader
+    from services.codec.models.mimi.presets import full_config
+    from services.codec.models.mimi.streaming import MimiStreamingCodec
 
     if source.random_init:
         # Size-true preset: the released architecture with weights drawn on the device, seeded as the tiny
@@ -156,11 +156,11 @@ def load_codec(
 def _load_qwen3_tts(
     source: ModelSource, *, device: str | torch.device, dtype: torch.dtype, max_streams: int
 ) -> CodecRuntime:
+    from services.codec.models.qwen3_tts import encoder as enc
+    from services.codec.models.qwen3_tts import loader
+    from services.codec.models.qwen3_tts import speaker_encoder as spk
+    from services.codec.models.qwen3_tts.streaming import StreamingDecoder
     from voxstage.checkpoint import read_json
-    from voxstage.codec.models.qwen3_tts import encoder as enc
-    from voxstage.codec.models.qwen3_tts import loader
-    from voxstage.codec.models.qwen3_tts import speaker_encoder as spk
-    from voxstage.codec.models.qwen3_tts.streaming import StreamingDecoder
 
     top = read_json(source.path / "config.json")
     base = top.get("tts_model_type") == "base"
@@ -205,9 +205,9 @@ def _load_audio8(
     """Audio8-TTS (``arktts``): one ``codec.pth`` holds both halves, so the decoder pool and the
     reference-audio encoder share one model. Voice cloning needs only the reference codes (no speaker
     encoder). The talker samples every codebook over 4096 classes; the codec clamps residual codes."""
+    from services.codec.models.audio8 import loader
+    from services.codec.models.audio8.streaming import Audio8StreamingDecoder
     from voxstage.checkpoint import read_json
-    from voxstage.codec.models.audio8 import loader
-    from voxstage.codec.models.audio8.streaming import Audio8StreamingDecoder
 
     if source.random_init:
         # Size-true preset: config.json only; weights drawn on the device with the preset seed.

@@ -9,9 +9,9 @@ from dataclasses import dataclass
 
 import torch
 
+from services.talker.adapter import TalkerAdapter
+from services.talker.sampling import SamplingParams
 from voxstage.presets import ModelSource
-from voxstage.talker.adapter import TalkerAdapter
-from voxstage.talker.sampling import SamplingParams
 
 
 @dataclass(frozen=True)
@@ -45,9 +45,9 @@ def load_talker(
         return _load_arktts(source, device=device, dtype=dtype)
     if source.family != "qwen3_tts":
         raise ValueError(f"talker: model family {source.family!r} is not implemented")
-    from voxstage.talker.models.qwen3_tts.adapter import Qwen3TTSAdapter
-    from voxstage.talker.models.qwen3_tts.loader import load_qwen3_tts_talker, random_init, read_config
-    from voxstage.talker.models.qwen3_tts.tokenizer import QwenTextTokenizer
+    from services.talker.models.qwen3_tts.adapter import Qwen3TTSAdapter
+    from services.talker.models.qwen3_tts.loader import load_qwen3_tts_talker, random_init, read_config
+    from services.talker.models.qwen3_tts.tokenizer import QwenTextTokenizer
 
     if source.random_init:
         config = read_config(source.path)
@@ -87,11 +87,11 @@ def load_talker(
 def _load_personaplex(
     source: ModelSource, *, device: str | torch.device, dtype: torch.dtype
 ) -> tuple[object, TalkerInfo]:
-    from voxstage.talker.models.personaplex.adapter import PersonaPlexAdapter
-    from voxstage.talker.models.personaplex.loader import load_personaplex_lm, random_init, read_config
-    from voxstage.talker.models.personaplex.presets import PRESET_VOICES, voice_codes
-    from voxstage.talker.models.personaplex.tokenizer import PersonaTokenizer, tiny_tokenizer_model
-    from voxstage.talker.models.personaplex.voices import VoiceLibrary, voice_from_codes
+    from services.talker.models.personaplex.adapter import PersonaPlexAdapter
+    from services.talker.models.personaplex.loader import load_personaplex_lm, random_init, read_config
+    from services.talker.models.personaplex.presets import PRESET_VOICES, voice_codes
+    from services.talker.models.personaplex.tokenizer import PersonaTokenizer, tiny_tokenizer_model
+    from services.talker.models.personaplex.voices import VoiceLibrary, voice_from_codes
 
     if source.random_init:
         # Size-true preset: weights drawn on the device; its stored voices are made from seeded codes.
@@ -121,10 +121,10 @@ def _load_personaplex(
 def _load_arktts(
     source: ModelSource, *, device: str | torch.device, dtype: torch.dtype
 ) -> tuple[TalkerAdapter, TalkerInfo]:
-    from voxstage.talker.models.arktts.adapter import VOICES, ArkTTSAdapter
-    from voxstage.talker.models.arktts.config import read_config, read_generation_config
-    from voxstage.talker.models.arktts.loader import load_arktts_talker, random_init
-    from voxstage.talker.models.arktts.tokenizer import ArkTokenizer
+    from services.talker.models.arktts.adapter import VOICES, ArkTTSAdapter
+    from services.talker.models.arktts.config import read_config, read_generation_config
+    from services.talker.models.arktts.loader import load_arktts_talker, random_init
+    from services.talker.models.arktts.tokenizer import ArkTokenizer
 
     if source.random_init:  # size-true preset: weights drawn on the device
         config = read_config(source.path)

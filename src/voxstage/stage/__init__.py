@@ -3,6 +3,6 @@ device, gRPC server, health, drain), its engine thread (``engine_loop``), the br
 that thread (``worker``), the gRPC service base (``servicer``) and the per-call stream protocol (``stream``).
 
 Imports point one way: ``servicer`` → ``stream``, ``worker`` → ``engine_loop``; ``process`` imports none of
-them (a stage's ``build`` wires its parts). A stage (``voxstage.talker``, ``voxstage.codec``) subclasses
+them (a stage's ``build`` wires its parts). A stage (``services.talker``, ``services.codec``) subclasses
 these; nothing here imports a stage.
 """

@@ -14,15 +14,15 @@ import grpc
 import numpy as np
 import torch
 
-from voxstage.codec.duplex import DuplexCodecEngine
-from voxstage.codec.duplex_calls import PackedCalls
-from voxstage.codec.duplex_types import AgentAudio, AgentFrame, DuplexCodecConfig, UserCodes
-from voxstage.codec.duplex_worker import DuplexCodecWorker
-from voxstage.codec.models import DuplexCodecRuntime
-from voxstage.codec.models.mimi.model import MimiModel
-from voxstage.codec.models.mimi.streaming import MimiStreamingCodec
-from voxstage.codec.servicer import CodecServicer
-from voxstage.codec.upstream import TalkerPool
+from services.codec.duplex import DuplexCodecEngine
+from services.codec.duplex_calls import PackedCalls
+from services.codec.duplex_types import AgentAudio, AgentFrame, DuplexCodecConfig, UserCodes
+from services.codec.duplex_worker import DuplexCodecWorker
+from services.codec.models import DuplexCodecRuntime
+from services.codec.models.mimi.model import MimiModel
+from services.codec.models.mimi.streaming import MimiStreamingCodec
+from services.codec.servicer import CodecServicer
+from services.codec.upstream import TalkerPool
 from voxstage.config import ChunkPlan, ConnectorExtra
 from voxstage.internal.v1 import stage_pb2 as S
 from voxstage.internal.v1 import stage_pb2_grpc

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import pytest
 
+from services.codec import allowlist
+from services.codec.allowlist import TalkerAllowlist
+from services.codec.upstream import TalkerPool
 from tests.fake_resolver import FakeResolver
-from voxstage.codec import allowlist
-from voxstage.codec.allowlist import TalkerAllowlist
-from voxstage.codec.upstream import TalkerPool
 from voxstage.stage_errors import StageFailure
 
 

@@ -14,8 +14,8 @@ from duplex_fakes import FakeDuplexCodec, FakeDuplexTalker
 from gateway_fakes import MODEL, FakeCodec, FakeTalker, StageDouble, start_codec, start_talker
 from gateway_kit import DUPLEX_SEED, SEED, MakeStack, Stack, write_checkpoint_config
 
+from gateway.app import GatewayServer
 from voxstage.config import load_deploy_config
-from voxstage.gateway.app import GatewayServer
 
 TEARDOWN_LIMIT_S = 60.0
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import grpc
 from gateway_fakes import FakeCodec, StageDouble
 
-from voxstage.gateway.app import GatewayServer
+from gateway.app import GatewayServer
 from voxstage.v1 import speech_pb2_grpc
 
 REPO = Path(__file__).resolve().parents[3]

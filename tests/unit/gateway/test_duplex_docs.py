@@ -6,9 +6,9 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from gateway.realtime_events import UNSUPPORTED
 from voxstage import metrics
 from voxstage.duplex_audio import FORMATS, INPUT_BUFFER_SECONDS, MAX_APPEND_BYTES, MAX_EVENT_BYTES
-from voxstage.gateway.realtime_events import UNSUPPORTED
 
 API = (Path(__file__).resolve().parents[3] / "docs" / "api.md").read_text()
 SECTION = API[API.index("## Full-duplex sessions") : API.index("## Errors")]

@@ -16,9 +16,9 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from openai import AsyncOpenAI, AuthenticationError
 
+from gateway.auth import KeyCheck, SecurityConfigError, load_api_keys
 from voxstage.client import AsyncSpeechClient, RetryPolicy, SpeechError
 from voxstage.config import ConfigError, load_deploy_config
-from voxstage.gateway.auth import KeyCheck, SecurityConfigError, load_api_keys
 from voxstage.v1 import speech_pb2
 
 KEY = "vx-test-key-1"

@@ -13,7 +13,7 @@ import pytest
 from gateway_fakes import MODEL
 from gateway_kit import REPO, MakeStack, write_checkpoint_config
 
-from voxstage.gateway.voice_aliases import DEFAULT_ALIASES, OPENAI_VOICES
+from gateway.voice_aliases import DEFAULT_ALIASES, OPENAI_VOICES
 from voxstage.v1 import speech_pb2
 
 PCM = speech_pb2.AUDIO_ENCODING_PCM_S16LE

@@ -8,16 +8,16 @@ import numpy as np
 import pytest
 import torch
 
+from services.talker.engine import EngineConfig, Finish, TalkerEngine, TalkerOutput, TalkerRequest
+from services.talker.models.arktts.adapter import ArkTTSAdapter
+from services.talker.models.arktts.config import parse_config
+from services.talker.models.arktts.loader import random_init
+from services.talker.models.arktts.model import ArkTTSModel
+from services.talker.models.arktts.presets import preset_config
+from services.talker.models.arktts.tokenizer import ArkTokenizer
+from services.talker.sampling import SamplingParams
+from services.talker.spec import SpeechSpec
 from tests.unit.talker.talker_kit import drive, frames_of
-from voxstage.talker.engine import EngineConfig, Finish, TalkerEngine, TalkerOutput, TalkerRequest
-from voxstage.talker.models.arktts.adapter import ArkTTSAdapter
-from voxstage.talker.models.arktts.config import parse_config
-from voxstage.talker.models.arktts.loader import random_init
-from voxstage.talker.models.arktts.model import ArkTTSModel
-from voxstage.talker.models.arktts.presets import preset_config
-from voxstage.talker.models.arktts.tokenizer import ArkTokenizer
-from voxstage.talker.sampling import SamplingParams
-from voxstage.talker.spec import SpeechSpec
 
 torch.set_num_threads(1)
 SAMPLED = SamplingParams(temperature=0.7, top_k=50, top_p=0.9)

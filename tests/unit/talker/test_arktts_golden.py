@@ -14,12 +14,12 @@ import numpy as np
 import pytest
 import torch
 
+from services.talker.engine import EngineConfig, Finish, TalkerEngine, TalkerRequest
+from services.talker.models.arktts.adapter import ArkTTSAdapter
+from services.talker.models.arktts.model import ArkTTSModel
+from services.talker.models.arktts.prompt import ArkPrompt
+from services.talker.sampling import SamplingParams
 from tests.golden_arktts import checkpoint_shapes, fixture_model, load_fixture
-from voxstage.talker.engine import EngineConfig, Finish, TalkerEngine, TalkerRequest
-from voxstage.talker.models.arktts.adapter import ArkTTSAdapter
-from voxstage.talker.models.arktts.model import ArkTTSModel
-from voxstage.talker.models.arktts.prompt import ArkPrompt
-from voxstage.talker.sampling import SamplingParams
 
 FP32_TOL = 2e-5  # measured: 7.2e-6 (slow logits), 4.8e-6 (fast logits), 2.1e-6 (hidden)
 

@@ -9,13 +9,13 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from services.talker.models import load_talker
+from services.talker.models.arktts.adapter import ArkTTSAdapter
+from services.talker.models.arktts.config import parse_config
+from services.talker.models.arktts.loader import load_arktts_talker, random_init, save_checkpoint
+from services.talker.models.arktts.presets import preset_config, write_preset
 from voxstage.checkpoint import CheckpointError
 from voxstage.presets import ModelSource
-from voxstage.talker.models import load_talker
-from voxstage.talker.models.arktts.adapter import ArkTTSAdapter
-from voxstage.talker.models.arktts.config import parse_config
-from voxstage.talker.models.arktts.loader import load_arktts_talker, random_init, save_checkpoint
-from voxstage.talker.models.arktts.presets import preset_config, write_preset
 
 torch.set_num_threads(1)
 

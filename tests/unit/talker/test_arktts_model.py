@@ -7,11 +7,11 @@ import logging
 import pytest
 import torch
 
+from services.talker.models.arktts.config import ArkConfig, parse_config, parse_generation_config
+from services.talker.models.arktts.loader import build_model, random_init
+from services.talker.models.arktts.model import ArkTTSModel, rope_table
+from services.talker.models.arktts.presets import preset_config
 from voxstage.checkpoint import CheckpointError
-from voxstage.talker.models.arktts.config import ArkConfig, parse_config, parse_generation_config
-from voxstage.talker.models.arktts.loader import build_model, random_init
-from voxstage.talker.models.arktts.model import ArkTTSModel, rope_table
-from voxstage.talker.models.arktts.presets import preset_config
 
 torch.set_num_threads(1)
 

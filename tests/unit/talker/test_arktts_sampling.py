@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from voxstage.talker.models.arktts.sampling import (
+from services.talker.models.arktts.sampling import (
     COMPACT_VOCAB,
     EOS_INDEX,
     ArkSamplingState,
@@ -19,7 +19,7 @@ from voxstage.talker.models.arktts.sampling import (
     sample_fast,
     sample_semantic,
 )
-from voxstage.talker.sampling import SamplingParams, SamplingTensors, gumbel_noise, sample
+from services.talker.sampling import SamplingParams, SamplingTensors, gumbel_noise, sample
 
 RAS_OFF = RasParams(window=0)
 LOW = -1e4  # a finite "never" logit

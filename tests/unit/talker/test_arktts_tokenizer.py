@@ -8,9 +8,8 @@ from pathlib import Path
 import pytest
 from tokenizers import Tokenizer
 
-from voxstage.checkpoint import CheckpointError
-from voxstage.talker.models.arktts import tokenizer as ark_tokenizer
-from voxstage.talker.models.arktts.tokenizer import (
+from services.talker.models.arktts import tokenizer as ark_tokenizer
+from services.talker.models.arktts.tokenizer import (
     ArkTokenizer,
     clean_text,
     released_config_ids,
@@ -18,6 +17,7 @@ from voxstage.talker.models.arktts.tokenizer import (
     tiny_tokenizer_json,
     write_tiny_tokenizer,
 )
+from voxstage.checkpoint import CheckpointError
 
 VOCAB_SIZE = 155776
 

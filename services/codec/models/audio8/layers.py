@@ -1,7 +1,7 @@
 """Family-specific convolutional blocks of the Audio8 codec, each runnable offline or as one streaming step.
 
 The causal convs, ConvNeXt block and stream context are shared with the Qwen3-TTS codec
-(``voxstage.codec.stream_layers``); what stays here has this checkpoint's own math or names: plain-alpha
+(``services.codec.stream_layers``); what stays here has this checkpoint's own math or names: plain-alpha
 Snake (``alpha`` of shape ``[1, C, 1]``), and residual units and decoder blocks that keep their parts in a
 ``block`` list whose indices are the reference ``nn.Sequential`` indices.
 """
@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from voxstage.codec.stream_layers import CausalConv1d, CausalConvTranspose1d, StreamContext, run_blocks
+from services.codec.stream_layers import CausalConv1d, CausalConvTranspose1d, StreamContext, run_blocks
 from voxstage.nn.snake import snake
 
 

@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from voxstage.codec.stream_layers import CausalConv1d, CausalConvTranspose1d, ConvNeXtBlock
+from services.codec.stream_layers import CausalConv1d, CausalConvTranspose1d, ConvNeXtBlock
 
 from .config import Audio8CodecConfig
 from .transformer import WindowTransformer

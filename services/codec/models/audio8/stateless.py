@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import torch
 
-from voxstage.codec.stateless import decode_windows, decode_with_left_context
+from services.codec.stateless import decode_windows, decode_with_left_context
 
 from .codec import Audio8Codec
 

@@ -11,12 +11,12 @@ transposed conv (one step for the decoder's k=2s convs, none for the k2 s2 upsam
 post-RoPE keys and values of each post-module layer, and the absolute frame position (RoPE angles use it).
 Released geometry, fp32: about 4.7 MB per stream (4.2 MB of it K/V). The pool itself (one flat
 ``[max_streams, width]`` buffer, gathered and scattered per step) is the one both TTS codec families use:
-``voxstage.codec.slot_pool``.
+``services.codec.slot_pool``.
 """
 
 from __future__ import annotations
 
-from voxstage.codec.slot_pool import SlotPoolDecoder, state_bytes_per_stream
+from services.codec.slot_pool import SlotPoolDecoder, state_bytes_per_stream
 
 from .codec import Audio8Codec
 

@@ -18,8 +18,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from voxstage.codec import stream_layers
-from voxstage.codec.stream_layers import StreamContext, WindowKVAttention
+from services.codec import stream_layers
+from services.codec.stream_layers import StreamContext, WindowKVAttention
 from voxstage.nn.layers import RMSNorm
 
 from .config import TransformerGeometry

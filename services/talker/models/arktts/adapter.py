@@ -4,7 +4,7 @@ Owns the device state of all slots: the slow AR's KV pool, the fast AR's frame-l
 ``FrameState`` (pending input, position, frame clock, sampler row with its RAS window). ``decode_core(b,
 attn_len)`` runs the whole frame (``frame.frame_step``) over slots ``[0, b)`` and is what a CUDA graph
 captures per (batch, context) bucket; prompts are prefilled by the shared runner
-(``voxstage.talker.prefill``), graphed per (rows, length, context) bucket.
+(``services.talker.prefill``), graphed per (rows, length, context) bucket.
 
 Request mapping (``SpeechSpec`` -> prompt, models.md §2.4):
 
@@ -36,11 +36,11 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
+from services.talker.packed import PackedDecodeAdapter
+from services.talker.prefill import PrefillChunk
+from services.talker.sampling import SamplingParams
+from services.talker.spec import SpeechSpec
 from voxstage.cudagraphs import GraphCache
-from voxstage.talker.packed import PackedDecodeAdapter
-from voxstage.talker.prefill import PrefillChunk
-from voxstage.talker.sampling import SamplingParams
-from voxstage.talker.spec import SpeechSpec
 
 from .config import ArkConfig
 from .frame import FrameState, frame_step

@@ -17,8 +17,8 @@ from typing import Any
 import torch
 from safetensors.torch import save_file
 
+from services.talker.checkpoint import init_like_reference, read_weights
 from voxstage.checkpoint import CheckpointError, build_module, load_state_dict_strict
-from voxstage.talker.checkpoint import init_like_reference, read_weights
 
 from .config import (
     CONFIG_FILE,

@@ -5,7 +5,7 @@ Module and parameter names are the flat keys of the released ``model.safetensors
 ...), so loading is a strict key match without renaming.
 
 Both stacks run over the talker-wide static KV pool with the call shape of the Qwen3 backbone
-(``voxstage.talker.kv``: input rows ``[B, T]`` at absolute positions, new K/V scattered into each row's slot
+(``services.talker.kv``: input rows ``[B, T]`` at absolute positions, new K/V scattered into each row's slot
 first, attention reading positions ``[0, attn_len)`` under an explicit ``key <= query`` mask). Chunked
 prefill (one row, T tokens) and batched decode (B rows, one token) are the same code, with no host syncs
 and no value-dependent branches (CUDA-graph capturable).
@@ -22,9 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from voxstage.nn.fused import add_rmsnorm, rope_rotate, silu_mul
-from voxstage.nn.layers import FusedLinears, RMSNorm
-from voxstage.talker.kv import (
+from services.talker.kv import (
     KVPool,
     attend,
     check_call,
@@ -32,6 +30,8 @@ from voxstage.talker.kv import (
     kv_bytes_per_token,
     write_index,
 )
+from voxstage.nn.fused import add_rmsnorm, rope_rotate, silu_mul
+from voxstage.nn.layers import FusedLinears, RMSNorm
 
 from .config import ArkConfig, StackConfig
 

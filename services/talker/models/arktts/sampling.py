@@ -8,7 +8,7 @@ Order, as the reference's ``_processed_scores`` runs it:
 2. *then* temperature (divide the surviving logits, clamped at 1e-5);
 3. then the exponential race ``argmax(p / E)``, ``E ~ Exp(1)``. Since ``argmax(p / E) =
    argmax(log p - log E)`` and ``-log E`` is a standard Gumbel, the draw is Gumbel-max with the shared
-   counter-based noise of ``voxstage.talker.sampling`` (hashed per seed, step, stream and column), so a
+   counter-based noise of ``services.talker.sampling`` (hashed per seed, step, stream and column), so a
    request draws the same numbers alone or batched, at any slot, inside a CUDA graph, with no host sync.
 
 Greedy rows (``temperature <= 0``) take the argmax and skip RAS, as the reference's ``do_sample=False``.
@@ -37,7 +37,7 @@ from dataclasses import dataclass
 
 import torch
 
-from voxstage.talker.sampling import SamplingParams, gumbel_from_keys, step_keys, stream_keys
+from services.talker.sampling import SamplingParams, gumbel_from_keys, step_keys, stream_keys
 
 NUM_SEMANTIC = 4096
 EOS_INDEX = NUM_SEMANTIC  # compact column of <|im_end|>

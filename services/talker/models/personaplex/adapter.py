@@ -17,8 +17,8 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
+from services.talker.launch import HostRing, Pending, all_inactive, bucket, collect
 from voxstage.cudagraphs import GraphCache
-from voxstage.talker.launch import HostRing, Pending, all_inactive, bucket, collect
 
 from ...sampling import SamplingParams
 from .config import AGENT_STREAMS, LMConfig

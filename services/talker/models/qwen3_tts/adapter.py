@@ -4,7 +4,7 @@ Owns the device state of all slots: the KV pool, the code predictor's frame-loca
 ``FrameState`` (seen c0 codes, frame counters, trailing text queue, sampling rows), each slot's next talker
 input and position. ``decode`` runs one masked frame step over slots ``[0, B)`` (B a power-of-two bucket),
 which is the unit a CUDA graph captures; launch / collect and the graphs come from
-``voxstage.talker.packed`` (shared with Audio8-TTS).
+``services.talker.packed`` (shared with Audio8-TTS).
 """
 
 from __future__ import annotations
@@ -17,10 +17,10 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from services.talker.packed import PackedDecodeAdapter
+from services.talker.sampling import Sampler, SamplingParams
+from services.talker.spec import SpeechSpec
 from voxstage.cudagraphs import GraphCache
-from voxstage.talker.packed import PackedDecodeAdapter
-from voxstage.talker.sampling import Sampler, SamplingParams
-from voxstage.talker.spec import SpeechSpec
 
 from .backbone import KVCache
 from .config import Qwen3TTSConfig
