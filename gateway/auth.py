@@ -22,7 +22,7 @@ from grpc_health.v1 import health
 
 from gateway.errors import openai_error
 from voxstage.config import GatewayConfig
-from voxstage.stage_tls import GATEWAY_KEYS, LinkTls, LinkTlsError, load_link_tls
+from voxstage.stage.tls import GATEWAY_KEYS, LinkTls, LinkTlsError, load_link_tls
 
 log = logging.getLogger(__name__)
 

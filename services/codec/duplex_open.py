@@ -12,7 +12,7 @@ import numpy as np
 from services.codec.duplex_types import MAX_REFERENCE_SECONDS, REFERENCE_RATES
 from voxstage import wire
 from voxstage.internal.v1 import stage_pb2 as S
-from voxstage.stage_errors import StageFailure
+from voxstage.stage.errors import StageFailure
 from voxstage.transport.payload import read_payload
 from voxstage.transport.shm_layout import InvalidShmReference
 

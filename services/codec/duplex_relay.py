@@ -20,7 +20,7 @@ from services.codec.duplex_types import AgentFrame
 from services.codec.relay import TalkerRelay
 from voxstage import wire
 from voxstage.internal.v1 import stage_pb2 as S
-from voxstage.stage_errors import StageFailure
+from voxstage.stage.errors import StageFailure
 
 if TYPE_CHECKING:
     from services.codec.duplex_stream import DuplexCodecStream

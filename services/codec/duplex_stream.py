@@ -29,7 +29,7 @@ from services.codec.stream import CodecStageStream
 from voxstage import wire
 from voxstage.audio import StreamingResampler
 from voxstage.internal.v1 import stage_pb2 as S
-from voxstage.stage_errors import StageFailure
+from voxstage.stage.errors import StageFailure
 from voxstage.transport.payload import ack_message, read_payload
 from voxstage.transport.shm_layout import InvalidShmReference, ShmError, StaleShmReference
 

@@ -20,8 +20,8 @@ import numpy as np
 from services.codec.duplex import DuplexCodecEngine
 from services.codec.duplex_reference import prepare_reference
 from services.codec.duplex_types import AgentFrame, DuplexAdmissionError, DuplexOutput
+from voxstage.stage.errors import StageFailure
 from voxstage.stage.worker import StageWorker
-from voxstage.stage_errors import StageFailure
 
 
 class DuplexListener(Protocol):

@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from services.codec.models import CodecRuntime
     from voxstage.config import DeployConfig
     from voxstage.presets import ModelSource
-    from voxstage.stage_tls import LinkTls
+    from voxstage.stage.tls import LinkTls
 
 log = logging.getLogger(__name__)
 DEFAULT_PORT = 50062

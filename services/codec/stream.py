@@ -25,8 +25,8 @@ from services.codec.relay import TalkerRefused, TalkerRelay
 from voxstage import wire
 from voxstage.audio import StreamingResampler
 from voxstage.internal.v1 import stage_pb2
+from voxstage.stage.errors import StageFailure
 from voxstage.stage.stream import StageStream
-from voxstage.stage_errors import StageFailure
 from voxstage.transport.payload import read_payload
 from voxstage.transport.shm_layout import InvalidShmReference
 

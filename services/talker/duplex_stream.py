@@ -23,8 +23,8 @@ from services.talker.duplex_worker import DuplexWorker, SessionSnapshot
 from services.talker.request_params import request_params
 from voxstage import wire
 from voxstage.internal.v1 import stage_pb2
+from voxstage.stage.errors import StageFailure
 from voxstage.stage.stream import StageStream
-from voxstage.stage_errors import StageFailure
 from voxstage.transport.payload import read_payload
 from voxstage.transport.shm_layout import InvalidShmReference
 

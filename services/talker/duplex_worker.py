@@ -19,8 +19,8 @@ import numpy as np
 from services.talker.duplex import DuplexAdmissionError, DuplexEngine, DuplexOutput, DuplexRequest
 from services.talker.models import TalkerInfo
 from services.talker.worker import MAX_SEED, RequestParams, TalkerDefaults, apply_overrides
+from voxstage.stage.errors import StageFailure
 from voxstage.stage.worker import StageWorker
-from voxstage.stage_errors import StageFailure
 
 log = logging.getLogger(__name__)
 

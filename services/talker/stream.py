@@ -32,8 +32,8 @@ from services.talker.takes import Segment, Take, sendable
 from services.talker.worker import RequestParams, RequestSnapshot
 from voxstage import wire
 from voxstage.internal.v1 import stage_pb2
+from voxstage.stage.errors import StageFailure
 from voxstage.stage.stream import StageStream
-from voxstage.stage_errors import StageFailure
 
 if TYPE_CHECKING:
     from services.talker.servicer import TalkerServicer

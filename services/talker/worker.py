@@ -25,8 +25,8 @@ from voxstage import limits
 from voxstage.config import SamplingParams as DeploySampling
 from voxstage.config import SegmentsConfig, StageConfig
 from voxstage.segments import FrameCap
+from voxstage.stage.errors import StageFailure
 from voxstage.stage.worker import StageWorker
-from voxstage.stage_errors import StageFailure
 
 log = logging.getLogger(__name__)
 MAX_SEED = limits.SEED.end - 1  # [0, 2**63): src/voxstage/limits.py, shared with the gateway

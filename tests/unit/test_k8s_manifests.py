@@ -374,8 +374,8 @@ def _voxstage_containers(docs: list[dict[str, Any]]) -> list[tuple[str, dict[str
 def test_commands_parse_and_config_loads(overlay: str, tmp_path: Path) -> None:
     """Each container's command line is accepted by voxstage's own parser, and its deploy file (the ConfigMap)
     with its --set overrides passes validate-config's checks on CUDA."""
-    from voxstage.cli import build_parser
     from voxstage.config import load_deploy_config
+    from voxstage.launch.cli import build_parser
 
     docs = render(K8S / "overlays" / overlay)
     settings = _settings(docs)

@@ -19,7 +19,7 @@ from tests.tlskit import Authority, Leaf, authority
 from voxstage import health_probe
 from voxstage.config import ConfigError, load_deploy_config
 from voxstage.server import StageServer, start_stage_server
-from voxstage.stage_tls import LinkTls, LinkTlsError, aio_channel, load_link_tls
+from voxstage.stage.tls import LinkTls, LinkTlsError, aio_channel, load_link_tls
 
 ROOT = Path(__file__).resolve().parents[2]
 SEED = ROOT / "deploy" / "qwen3_tts.yaml"

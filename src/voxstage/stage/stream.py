@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 from voxstage import wire
 from voxstage.internal.v1 import stage_pb2
 from voxstage.loans import StreamLoans
-from voxstage.stage_errors import StageFailure
+from voxstage.stage.errors import StageFailure
 from voxstage.transport.host import local_hello, verify_peer
 from voxstage.transport.payload import hello_from_proto, hello_to_proto
 

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import ClassVar, Generic, Protocol, TypeVar
 
 from voxstage.stage.engine_loop import EngineThread, Steppable
-from voxstage.stage_errors import StageFailure
+from voxstage.stage.errors import StageFailure
 
 T = TypeVar("T")
 O = TypeVar("O")

@@ -24,7 +24,7 @@ from services.codec.upstream import TalkerPool, parse_allowed_talkers
 from tests.integration.stagekit import start_stage
 from voxstage.internal.v1 import stage_pb2 as S
 from voxstage.internal.v1 import stage_pb2_grpc
-from voxstage.stage_errors import CODES, StageFailure
+from voxstage.stage.errors import CODES, StageFailure
 
 REPO = Path(__file__).resolve().parents[3]
 PERMISSION_DENIED = 7

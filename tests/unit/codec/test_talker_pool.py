@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 
 from services.codec.upstream import TalkerPool
-from voxstage.stage_errors import StageFailure
+from voxstage.stage.errors import StageFailure
 
 DEAD = "127.0.0.1:1"  # nothing listens: connection refused at once
 

@@ -59,7 +59,7 @@ async def test_gateway_command_rejects_bad_flags() -> None:
 
 async def test_gateway_imports_no_model_code() -> None:
     probe = (
-        "import sys, voxstage.cli, gateway.app, voxstage.client; "
+        "import sys, voxstage.launch.cli, gateway.app, voxstage.client; "
         "mods = ('torch', 'services.talker.engine', 'services.codec.engine'); "
         "bad = [m for m in mods if m in sys.modules]; "
         "print(bad); sys.exit(1 if bad else 0)"

@@ -21,7 +21,7 @@ import pytest
 import yaml
 
 from voxstage import metrics
-from voxstage.cli import build_parser
+from voxstage.launch.cli import build_parser
 
 REPO = Path(__file__).resolve().parents[3]
 COMPOSE = REPO / "docker-compose.yml"

@@ -17,7 +17,7 @@ from gateway_kit import REPO, MakeStack
 
 from voxstage import limits
 from voxstage.internal.v1 import stage_pb2
-from voxstage.stage_errors import StageFailure
+from voxstage.stage.errors import StageFailure
 from voxstage.v1 import speech_pb2
 
 L = limits

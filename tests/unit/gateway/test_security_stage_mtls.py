@@ -16,7 +16,7 @@ from tests.tlskit import authority
 from voxstage.client import AsyncSpeechClient, RetryPolicy, SpeechError
 from voxstage.config import load_deploy_config
 from voxstage.internal.v1 import stage_pb2_grpc
-from voxstage.stage_tls import load_link_tls
+from voxstage.stage.tls import load_link_tls
 
 
 async def _double(

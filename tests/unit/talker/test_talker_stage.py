@@ -11,7 +11,7 @@ from services.talker.sampling import SamplingParams
 from services.talker.takes import sendable
 from services.talker.worker import TalkerDefaults, apply_overrides
 from voxstage.config import load_deploy_config
-from voxstage.stage_errors import StageFailure
+from voxstage.stage.errors import StageFailure
 
 SEED = Path(__file__).resolve().parents[3] / "deploy" / "qwen3_tts.yaml"
 CHECKPOINT = SamplingParams(do_sample=True, temperature=0.5, top_k=10, top_p=0.8, repetition_penalty=1.2)

@@ -32,7 +32,7 @@ from voxstage.config.cli_args import add_deploy_options, load_from_args
 from voxstage.health_probe import check, check_https
 from voxstage.lifetime import child_env
 from voxstage.placement import place
-from voxstage.stage_tls import LinkTls, LinkTlsError, add_link_options, launch_link
+from voxstage.stage.tls import LinkTls, LinkTlsError, add_link_options, launch_link
 from voxstage.transport.shm_reader import sweep_dead_regions
 
 log = logging.getLogger("voxstage.serve")

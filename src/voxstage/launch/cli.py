@@ -20,8 +20,8 @@ from voxstage.client.talk import add_talk
 from voxstage.config import ConfigError
 from voxstage.config.cli_args import add_deploy_options, load_from_args
 from voxstage.config.describe import describe, summary
-from voxstage.demo import register as add_demo
-from voxstage.serve import register as add_serve
+from voxstage.launch.demo import register as add_demo
+from voxstage.launch.serve import register as add_serve
 
 # Invalid input (bad config, bad usage); argparse uses the same code for usage errors.
 EXIT_INVALID = 2
