@@ -28,9 +28,9 @@ import numpy as np
 import torch
 
 from services.codec.graphs import GraphedDecode
-from services.codec.models.audio8.loader import random_init as random_codec
-from services.codec.models.audio8.presets import codec_preset
-from services.codec.models.audio8.streaming import Audio8StreamingDecoder
+from services.codec.models.audio8_tts.loader import random_init as random_codec
+from services.codec.models.audio8_tts.presets import codec_preset
+from services.codec.models.audio8_tts.streaming import Audio8StreamingDecoder
 from services.talker.models import load_talker
 from services.talker.sampling import SamplingParams
 from services.talker.spec import SpeechSpec

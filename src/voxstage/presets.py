@@ -152,8 +152,8 @@ def _materialize_audio8(name: str, out: Path) -> None:
     """The released layout: one flat ``config.json`` (talker fields and the ``codec_*`` fields both stages
     read), ``generation_config.json``, ``tokenizer.json``, and for the tiny preset ``model.safetensors`` and
     ``codec.pth`` (seeded). The 0.6B draws its weights on each stage's device at load."""
-    from services.codec.models.audio8.presets import codec_config_fields, codec_preset, write_tiny_codec
-    from services.talker.models.arktts.presets import write_preset
+    from services.codec.models.audio8_tts.presets import codec_config_fields, codec_preset, write_tiny_codec
+    from services.talker.models.audio8_tts.presets import write_preset
 
     tmp = out.with_name(out.name + f".tmp{os.getpid()}")
     random_init = write_preset(name, tmp, seed=PRESET_SEED)

@@ -13,9 +13,9 @@ from collections.abc import Callable, Iterator
 import pytest
 import torch
 
-from services.codec.models.audio8.config import Audio8CodecConfig
-from services.codec.models.audio8.loader import random_init as random_audio8
-from services.codec.models.audio8.streaming import Audio8StreamingDecoder
+from services.codec.models.audio8_tts.config import Audio8CodecConfig
+from services.codec.models.audio8_tts.loader import random_init as random_audio8
+from services.codec.models.audio8_tts.streaming import Audio8StreamingDecoder
 from services.codec.models.qwen3_tts.loader import random_init as random_qwen3
 from services.codec.models.qwen3_tts.presets import decoder_preset
 from services.codec.models.qwen3_tts.streaming import StreamingDecoder

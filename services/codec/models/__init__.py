@@ -205,8 +205,8 @@ def _load_audio8(
     """Audio8-TTS (``arktts``): one ``codec.pth`` holds both halves, so the decoder pool and the
     reference-audio encoder share one model. Voice cloning needs only the reference codes (no speaker
     encoder). The talker samples every codebook over 4096 classes; the codec clamps residual codes."""
-    from services.codec.models.audio8 import loader
-    from services.codec.models.audio8.streaming import Audio8StreamingDecoder
+    from services.codec.models.audio8_tts import loader
+    from services.codec.models.audio8_tts.streaming import Audio8StreamingDecoder
     from voxstage.checkpoint import read_json
 
     if source.random_init:

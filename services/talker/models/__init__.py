@@ -121,10 +121,10 @@ def _load_personaplex(
 def _load_arktts(
     source: ModelSource, *, device: str | torch.device, dtype: torch.dtype
 ) -> tuple[TalkerAdapter, TalkerInfo]:
-    from services.talker.models.arktts.adapter import VOICES, ArkTTSAdapter
-    from services.talker.models.arktts.config import read_config, read_generation_config
-    from services.talker.models.arktts.loader import load_arktts_talker, random_init
-    from services.talker.models.arktts.tokenizer import ArkTokenizer
+    from services.talker.models.audio8_tts.adapter import VOICES, ArkTTSAdapter
+    from services.talker.models.audio8_tts.config import read_config, read_generation_config
+    from services.talker.models.audio8_tts.loader import load_arktts_talker, random_init
+    from services.talker.models.audio8_tts.tokenizer import ArkTokenizer
 
     if source.random_init:  # size-true preset: weights drawn on the device
         config = read_config(source.path)

@@ -16,21 +16,21 @@ import pytest
 import torch
 
 from services.codec.models import load_codec
-from services.codec.models.audio8.codec import Audio8Codec
-from services.codec.models.audio8.config import Audio8CodecConfig
-from services.codec.models.audio8.loader import (
+from services.codec.models.audio8_tts.codec import Audio8Codec
+from services.codec.models.audio8_tts.config import Audio8CodecConfig
+from services.codec.models.audio8_tts.loader import (
     config_from_json,
     load_audio8_codec,
     random_init,
     save_codec_checkpoint,
 )
-from services.codec.models.audio8.presets import (
+from services.codec.models.audio8_tts.presets import (
     codec_config_fields,
     codec_preset,
     released_config,
     tiny_config,
 )
-from services.codec.models.audio8.streaming import Audio8StreamingDecoder
+from services.codec.models.audio8_tts.streaming import Audio8StreamingDecoder
 from tests.unit.codec.codec_kit import audio8_codes
 from voxstage.checkpoint import CheckpointError
 from voxstage.presets import ModelSource

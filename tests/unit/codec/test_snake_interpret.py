@@ -17,7 +17,7 @@ from types import ModuleType
 import pytest
 import torch
 
-from services.codec.models.audio8.layers import Snake
+from services.codec.models.audio8_tts.layers import Snake
 from services.codec.models.qwen3_tts.layers import SnakeBeta
 from voxstage.nn import snake as snake_op
 

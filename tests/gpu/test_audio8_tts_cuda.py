@@ -11,12 +11,12 @@ import pytest
 import torch
 
 from services.talker.engine import EngineConfig, TalkerEngine, TalkerRequest
-from services.talker.models.arktts.adapter import ArkTTSAdapter
-from services.talker.models.arktts.config import ArkConfig, parse_config
-from services.talker.models.arktts.loader import random_init
-from services.talker.models.arktts.model import ArkTTSModel
-from services.talker.models.arktts.presets import preset_config
-from services.talker.models.arktts.tokenizer import ArkTokenizer
+from services.talker.models.audio8_tts.adapter import ArkTTSAdapter
+from services.talker.models.audio8_tts.config import ArkConfig, parse_config
+from services.talker.models.audio8_tts.loader import random_init
+from services.talker.models.audio8_tts.model import ArkTTSModel
+from services.talker.models.audio8_tts.presets import preset_config
+from services.talker.models.audio8_tts.tokenizer import ArkTokenizer
 from services.talker.sampling import SamplingParams
 from services.talker.spec import SpeechSpec
 from tests.unit.talker.talker_kit import run_graphed

@@ -1,5 +1,5 @@
-"""Audio8-TTS against the transformers reference (``tests/fixtures/arktts``, from
-``scripts/make_golden_arktts.py``).
+"""Audio8-TTS against the transformers reference (``tests/fixtures/audio8_tts``, from
+``scripts/make_golden_audio8_tts.py``).
 
 transformers keeps its RoPE table in fp32, so parity is checked with ``rope_dtype=torch.float32``; the
 released model's bf16 table is measured against the same reference and must stay a small, nonzero shift.
@@ -15,11 +15,11 @@ import pytest
 import torch
 
 from services.talker.engine import EngineConfig, Finish, TalkerEngine, TalkerRequest
-from services.talker.models.arktts.adapter import ArkTTSAdapter
-from services.talker.models.arktts.model import ArkTTSModel
-from services.talker.models.arktts.prompt import ArkPrompt
+from services.talker.models.audio8_tts.adapter import ArkTTSAdapter
+from services.talker.models.audio8_tts.model import ArkTTSModel
+from services.talker.models.audio8_tts.prompt import ArkPrompt
 from services.talker.sampling import SamplingParams
-from tests.golden_arktts import checkpoint_shapes, fixture_model, load_fixture
+from tests.golden_audio8_tts import checkpoint_shapes, fixture_model, load_fixture
 
 FP32_TOL = 2e-5  # measured: 7.2e-6 (slow logits), 4.8e-6 (fast logits), 2.1e-6 (hidden)
 

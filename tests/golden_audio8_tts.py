@@ -1,5 +1,5 @@
-"""Access to the Audio8-TTS golden fixtures in ``tests/fixtures/arktts`` (made by
-``scripts/make_golden_arktts.py`` with ``transformers`` 4.57.3 ``Qwen2Model`` / ``LlamaModel``).
+"""Access to the Audio8-TTS golden fixtures in ``tests/fixtures/audio8_tts`` (made by
+``scripts/make_golden_audio8_tts.py`` with ``transformers`` 4.57.3 ``Qwen2Model`` / ``LlamaModel``).
 
 The generator imports this file by path inside its throwaway venv, so it depends only on numpy and torch,
 never on ``voxstage`` at import time.
@@ -64,7 +64,7 @@ def golden_config() -> dict[str, Any]:
 
 
 def fixture_dir() -> Path:
-    return Path(__file__).resolve().parent / "fixtures" / "arktts"
+    return Path(__file__).resolve().parent / "fixtures" / "audio8_tts"
 
 
 def _hashed_int8() -> Any:
@@ -137,8 +137,8 @@ def load_fixture(root: Path | None = None) -> dict[str, Any]:
 
 def fixture_model(doc: dict[str, Any], rope_dtype: torch.dtype, dtype: torch.dtype = torch.float32) -> Any:
     """voxstage's model with the fixture's weights (imports voxstage lazily: the generator never calls it)."""
-    from services.talker.models.arktts.config import parse_config
-    from services.talker.models.arktts.loader import build_model, load_weights
+    from services.talker.models.audio8_tts.config import parse_config
+    from services.talker.models.audio8_tts.loader import build_model, load_weights
 
     model = build_model(parse_config(doc["config"], source="fixture"), "cpu", dtype, rope_dtype=rope_dtype)
     load_weights(model, make_state_dict(doc["shapes"]), source="fixture")

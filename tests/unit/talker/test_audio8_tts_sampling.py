@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from services.talker.models.arktts.sampling import (
+from services.talker.models.audio8_tts.sampling import (
     COMPACT_VOCAB,
     EOS_INDEX,
     ArkSamplingState,

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 from tokenizers import Tokenizer
 
-from services.talker.models.arktts.prompt import ArkPrompt, build_prompt, check_prompt_length
-from services.talker.models.arktts.tokenizer import ArkTokenizer, tiny_tokenizer_json
+from services.talker.models.audio8_tts.prompt import ArkPrompt, build_prompt, check_prompt_length
+from services.talker.models.audio8_tts.tokenizer import ArkTokenizer, tiny_tokenizer_json
 
 SEMANTIC_BEGIN = 151678
 

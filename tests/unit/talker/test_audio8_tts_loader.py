@@ -10,10 +10,10 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from services.talker.models import load_talker
-from services.talker.models.arktts.adapter import ArkTTSAdapter
-from services.talker.models.arktts.config import parse_config
-from services.talker.models.arktts.loader import load_arktts_talker, random_init, save_checkpoint
-from services.talker.models.arktts.presets import preset_config, write_preset
+from services.talker.models.audio8_tts.adapter import ArkTTSAdapter
+from services.talker.models.audio8_tts.config import parse_config
+from services.talker.models.audio8_tts.loader import load_arktts_talker, random_init, save_checkpoint
+from services.talker.models.audio8_tts.presets import preset_config, write_preset
 from voxstage.checkpoint import CheckpointError
 from voxstage.presets import ModelSource
 

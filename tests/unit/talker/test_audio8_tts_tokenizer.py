@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from tokenizers import Tokenizer
 
-from services.talker.models.arktts import tokenizer as ark_tokenizer
-from services.talker.models.arktts.tokenizer import (
+from services.talker.models.audio8_tts import tokenizer as ark_tokenizer
+from services.talker.models.audio8_tts.tokenizer import (
     ArkTokenizer,
     clean_text,
     released_config_ids,

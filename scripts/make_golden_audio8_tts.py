@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Build the Audio8-TTS (arktts) golden fixtures with ``transformers`` as the structural reference.
 
-    python scripts/make_golden_arktts.py [--venv DIR] [--out tests/fixtures/arktts]
+    python scripts/make_golden_audio8_tts.py [--venv DIR] [--out tests/fixtures/audio8_tts]
 
 No reference package exists for Audio8 (its modeling code is HF remote code), so parity is structural
 (models.md §2.4): the slow AR equals ``transformers.Qwen2Model`` (q/k/v bias, o without) and the fast AR
@@ -10,10 +10,10 @@ from the interleaved (GPT-J) rotary layout to NeoX order ``[0, 2, 4, ..., 1, 3, 
 sum, the compact head and the frame loop around them are written out here in plain torch.
 
 Creates (or reuses) a throwaway venv with ``transformers==4.57.3`` (never a voxstage dependency), then
-re-runs itself there with ``--inner``: weights come from ``tests/golden_arktts.py`` (a pure function of each
-key), the cases run in fp32 with eager attention, and ``cases.json`` / ``cases.npz`` are written (reruns give
-identical bytes). transformers keeps its RoPE table in fp32, unlike the released model's bf16 table, so the
-test compares a voxstage model built with ``rope_dtype=torch.float32``.
+re-runs itself there with ``--inner``: weights come from ``tests/golden_audio8_tts.py`` (a pure function of
+each key), the cases run in fp32 with eager attention, and ``cases.json`` / ``cases.npz`` are written (reruns
+give identical bytes). transformers keeps its RoPE table in fp32, unlike the released model's bf16 table, so
+the test compares a voxstage model built with ``rope_dtype=torch.float32``.
 
 Cases:
 * ``prompt``: a 20-position input (text ids, then 8 semantic positions with codes, then text): the slow
@@ -36,7 +36,7 @@ import golden_venv  # noqa: E402  (a sibling script, importable once the folder 
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_VENV = Path("/tmp/voxstage-golden-arktts-venv")
-DEFAULT_OUT = REPO / "tests" / "fixtures" / "arktts"
+DEFAULT_OUT = REPO / "tests" / "fixtures" / "audio8_tts"
 REQUIREMENTS = [
     "torch==2.13.0",
     "transformers==4.57.3",
@@ -64,7 +64,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _golden() -> Any:
-    spec = importlib.util.spec_from_file_location("golden_arktts", REPO / "tests" / "golden_arktts.py")
+    path = REPO / "tests" / "golden_audio8_tts.py"
+    spec = importlib.util.spec_from_file_location("golden_audio8_tts", path)
     assert spec and spec.loader
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

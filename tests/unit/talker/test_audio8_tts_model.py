@@ -7,10 +7,10 @@ import logging
 import pytest
 import torch
 
-from services.talker.models.arktts.config import ArkConfig, parse_config, parse_generation_config
-from services.talker.models.arktts.loader import build_model, random_init
-from services.talker.models.arktts.model import ArkTTSModel, rope_table
-from services.talker.models.arktts.presets import preset_config
+from services.talker.models.audio8_tts.config import ArkConfig, parse_config, parse_generation_config
+from services.talker.models.audio8_tts.loader import build_model, random_init
+from services.talker.models.audio8_tts.model import ArkTTSModel, rope_table
+from services.talker.models.audio8_tts.presets import preset_config
 from voxstage.checkpoint import CheckpointError
 
 torch.set_num_threads(1)
