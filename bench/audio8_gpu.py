@@ -2,9 +2,9 @@
 
 With the size-true ``audio8-tts-0.6b`` random-weight preset:
 
-* ``talker_frame_step``: one engine tick of ``ArkTTSAdapter`` (slow AR step, compact 4097-row head, semantic
-  draw with RAS, 9 fast-AR steps with their draws), CUDA-graphed as the stage runs it, bf16, at each batch
-  size, with the released sampling (0.7 / 50 / 0.9); plus graph = eager agreement of the sampled codes;
+* ``talker_frame_step``: one engine tick of ``Audio8TTSAdapter`` (slow AR step, compact 4097-row head,
+  semantic draw with RAS, 9 fast-AR steps with their draws), CUDA-graphed as the stage runs it, bf16, at each
+  batch size, with the released sampling (0.7 / 50 / 0.9); plus graph = eager agreement of the sampled codes;
 * ``codec``: the streaming decode through the engine's ``GraphedDecode`` at (batch, chunk) buckets, fp32 (the
   default) and bf16, in audio-seconds per GPU-second, plus the bf16 error against fp32 on the same codes and
   the cost of one overlap+crop chunk (25 new frames behind 25 of context) against a stateful one;

@@ -11,12 +11,12 @@ import pytest
 import torch
 
 from services.talker.engine import EngineConfig, TalkerEngine, TalkerRequest
-from services.talker.models.audio8_tts.adapter import ArkTTSAdapter
-from services.talker.models.audio8_tts.config import ArkConfig, parse_config
+from services.talker.models.audio8_tts.adapter import Audio8TTSAdapter
+from services.talker.models.audio8_tts.config import Audio8TalkerConfig, parse_config
 from services.talker.models.audio8_tts.loader import random_init
-from services.talker.models.audio8_tts.model import ArkTTSModel
+from services.talker.models.audio8_tts.model import Audio8TTSModel
 from services.talker.models.audio8_tts.presets import preset_config
-from services.talker.models.audio8_tts.tokenizer import ArkTokenizer
+from services.talker.models.audio8_tts.tokenizer import Audio8Tokenizer
 from services.talker.sampling import SamplingParams
 from services.talker.spec import SpeechSpec
 from tests.unit.talker.talker_kit import run_graphed
@@ -26,18 +26,20 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
 SAMPLED = SamplingParams(temperature=0.7, top_k=50, top_p=0.9)
 
 
-def tiny(dtype: torch.dtype) -> ArkTTSModel:
+def tiny(dtype: torch.dtype) -> Audio8TTSModel:
     return random_init(parse_config(preset_config("audio8-tts-tiny")), seed=0, device="cuda", dtype=dtype)
 
 
 def run_engine(
-    model: ArkTTSModel, graphs: bool, async_scheduling: bool = False, capture_all: bool = False
+    model: Audio8TTSModel, graphs: bool, async_scheduling: bool = False, capture_all: bool = False
 ) -> dict[str, np.ndarray]:
     reqs = [
         TalkerRequest(f"r{i}", SpeechSpec(text=f"hello number {i}"), i, SAMPLED, SAMPLED, max_frames=12 + i)
         for i in range(6)
     ]
-    return run_graphed(ArkTTSAdapter(model, ArkTokenizer.tiny()), reqs, graphs, async_scheduling, capture_all)
+    return run_graphed(
+        Audio8TTSAdapter(model, Audio8Tokenizer.tiny()), reqs, graphs, async_scheduling, capture_all
+    )
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
@@ -72,8 +74,8 @@ def test_triton_glue_matches_torch_fallback() -> None:
 def test_released_size_runs_graphed_and_step_times() -> None:
     """The 0.6B geometry with random weights in bf16: graphed frame steps per batch bucket, with the time of
     one step printed (run with -s); an Audio8 frame is 46.4 ms of audio."""
-    model = random_init(ArkConfig(), seed=0, device="cuda", dtype=torch.bfloat16)
-    adapter = ArkTTSAdapter(model, ArkTokenizer.tiny())
+    model = random_init(Audio8TalkerConfig(), seed=0, device="cuda", dtype=torch.bfloat16)
+    adapter = Audio8TTSAdapter(model, Audio8Tokenizer.tiny())
     adapter.enable_cuda_graphs()
     eng = TalkerEngine(adapter, EngineConfig(max_num_seqs=64, max_model_len=2048, max_num_batched_tokens=512))
     eng.submit(TalkerRequest("warm", SpeechSpec(text="hello there"), 0, SAMPLED, SAMPLED, max_frames=4))

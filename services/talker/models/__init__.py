@@ -42,7 +42,7 @@ def load_talker(
     if source.family == "personaplex":
         return _load_personaplex(source, device=device, dtype=dtype)  # type: ignore[return-value]
     if source.family == "arktts":
-        return _load_arktts(source, device=device, dtype=dtype)
+        return _load_audio8_tts(source, device=device, dtype=dtype)
     if source.family != "qwen3_tts":
         raise ValueError(f"talker: model family {source.family!r} is not implemented")
     from services.talker.models.qwen3_tts.adapter import Qwen3TTSAdapter
@@ -118,20 +118,20 @@ def _load_personaplex(
 
 
 
-def _load_arktts(
+def _load_audio8_tts(
     source: ModelSource, *, device: str | torch.device, dtype: torch.dtype
 ) -> tuple[TalkerAdapter, TalkerInfo]:
-    from services.talker.models.audio8_tts.adapter import VOICES, ArkTTSAdapter
+    from services.talker.models.audio8_tts.adapter import VOICES, Audio8TTSAdapter
     from services.talker.models.audio8_tts.config import read_config, read_generation_config
-    from services.talker.models.audio8_tts.loader import load_arktts_talker, random_init
-    from services.talker.models.audio8_tts.tokenizer import ArkTokenizer
+    from services.talker.models.audio8_tts.loader import load_audio8_talker, random_init
+    from services.talker.models.audio8_tts.tokenizer import Audio8Tokenizer
 
     if source.random_init:  # size-true preset: weights drawn on the device
         config = read_config(source.path)
         model = random_init(config, seed=source.seed, device=device, dtype=dtype)
-        tokenizer = ArkTokenizer.from_dir(source.path)
+        tokenizer = Audio8Tokenizer.from_dir(source.path)
     else:
-        model, config, tokenizer = load_arktts_talker(source.path, device=device, dtype=dtype)
+        model, config, tokenizer = load_audio8_talker(source.path, device=device, dtype=dtype)
     gen = read_generation_config(source.path)
     sampling = SamplingParams(
         do_sample=gen.do_sample, temperature=gen.temperature, top_k=gen.top_k, top_p=gen.top_p
@@ -151,4 +151,4 @@ def _load_arktts(
         default_subtalker_sampling=sampling,
         max_new_frames=config.max_seq_len,
     )
-    return ArkTTSAdapter(model, tokenizer), info  # type: ignore[return-value]
+    return Audio8TTSAdapter(model, tokenizer), info  # type: ignore[return-value]

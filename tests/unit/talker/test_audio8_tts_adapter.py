@@ -9,12 +9,12 @@ import pytest
 import torch
 
 from services.talker.engine import EngineConfig, Finish, TalkerEngine, TalkerOutput, TalkerRequest
-from services.talker.models.audio8_tts.adapter import ArkTTSAdapter
+from services.talker.models.audio8_tts.adapter import Audio8TTSAdapter
 from services.talker.models.audio8_tts.config import parse_config
 from services.talker.models.audio8_tts.loader import random_init
-from services.talker.models.audio8_tts.model import ArkTTSModel
+from services.talker.models.audio8_tts.model import Audio8TTSModel
 from services.talker.models.audio8_tts.presets import preset_config
-from services.talker.models.audio8_tts.tokenizer import ArkTokenizer
+from services.talker.models.audio8_tts.tokenizer import Audio8Tokenizer
 from services.talker.sampling import SamplingParams
 from services.talker.spec import SpeechSpec
 from tests.unit.talker.talker_kit import drive, frames_of
@@ -25,17 +25,17 @@ TEXTS = ["hello there", "the quick brown fox", "a", "what time is it?", "please 
 
 
 @pytest.fixture(scope="module")
-def tok() -> ArkTokenizer:
-    return ArkTokenizer.tiny()
+def tok() -> Audio8Tokenizer:
+    return Audio8Tokenizer.tiny()
 
 
 @pytest.fixture(scope="module")
-def model() -> ArkTTSModel:
+def model() -> Audio8TTSModel:
     return random_init(parse_config(preset_config("audio8-tts-tiny")), seed=0)
 
 
 @pytest.fixture(scope="module")
-def eos_model() -> ArkTTSModel:
+def eos_model() -> Audio8TTSModel:
     """Always prefers <|im_end|>: with every block's output projections zeroed the final hidden state is the
     normalised input embedding, whose channel 0 is made positive, and the eos row is large there."""
     m = random_init(parse_config(preset_config("audio8-tts-tiny")), seed=0)
@@ -49,10 +49,10 @@ def eos_model() -> ArkTTSModel:
     return m
 
 
-def make_engine(model: ArkTTSModel, tok: ArkTokenizer, slots: int, **kw: object) -> TalkerEngine:
+def make_engine(model: Audio8TTSModel, tok: Audio8Tokenizer, slots: int, **kw: object) -> TalkerEngine:
     cfg: dict = dict(max_num_seqs=slots, max_model_len=256, max_num_batched_tokens=16)
     cfg.update(kw)
-    return TalkerEngine(ArkTTSAdapter(model, tok), EngineConfig(**cfg))
+    return TalkerEngine(Audio8TTSAdapter(model, tok), EngineConfig(**cfg))
 
 
 def request(i: int, frames: int = 6, seed: int | None = None, **spec: object) -> TalkerRequest:
@@ -61,7 +61,7 @@ def request(i: int, frames: int = 6, seed: int | None = None, **spec: object) ->
     return TalkerRequest(f"r{i}", s, 1000 + i if seed is None else seed, SAMPLED, SAMPLED, max_frames=frames)
 
 
-def test_frames_are_ten_codes_in_range(model: ArkTTSModel, tok: ArkTokenizer) -> None:
+def test_frames_are_ten_codes_in_range(model: Audio8TTSModel, tok: Audio8Tokenizer) -> None:
     out = drive(make_engine(model, tok, 2), [request(0, frames=12), request(1, frames=5)])
     for rid, n in (("r0", 12), ("r1", 5)):
         codes = frames_of(out[rid])
@@ -73,7 +73,7 @@ def test_frames_are_ten_codes_in_range(model: ArkTTSModel, tok: ArkTokenizer) ->
 
 @pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
 def test_batched_requests_equal_their_alone_runs(
-    model: ArkTTSModel, tok: ArkTokenizer, async_scheduling: bool
+    model: Audio8TTSModel, tok: Audio8Tokenizer, async_scheduling: bool
 ) -> None:
     """Ten requests over 4 slots: they queue, join between ticks, leave (slots compacted by move_slot)."""
     reqs = [request(i, frames=4 + i % 5) for i in range(10)]
@@ -84,7 +84,7 @@ def test_batched_requests_equal_their_alone_runs(
         assert np.array_equal(frames_of(alone[r.request_id]), frames_of(batched[r.request_id])), r.request_id
 
 
-def test_seeded_sampling_is_deterministic(model: ArkTTSModel, tok: ArkTokenizer) -> None:
+def test_seeded_sampling_is_deterministic(model: Audio8TTSModel, tok: Audio8Tokenizer) -> None:
     a = drive(make_engine(model, tok, 2), [request(0, frames=8, seed=7)])["r0"]
     b = drive(make_engine(model, tok, 3), [request(0, frames=8, seed=7)])["r0"]
     c = drive(make_engine(model, tok, 2), [request(0, frames=8, seed=8)])["r0"]
@@ -92,7 +92,9 @@ def test_seeded_sampling_is_deterministic(model: ArkTTSModel, tok: ArkTokenizer)
     assert not np.array_equal(frames_of(a), frames_of(c))
 
 
-def test_cancel_moves_the_last_slot_and_survivors_stay_exact(model: ArkTTSModel, tok: ArkTokenizer) -> None:
+def test_cancel_moves_the_last_slot_and_survivors_stay_exact(
+    model: Audio8TTSModel, tok: Audio8Tokenizer
+) -> None:
     eng = make_engine(model, tok, 3)
     reqs = [request(i, frames=12) for i in range(3)]
     out: dict[str, list[TalkerOutput]] = {}
@@ -114,14 +116,14 @@ def test_cancel_moves_the_last_slot_and_survivors_stay_exact(model: ArkTTSModel,
         assert np.array_equal(frames_of(alone[r.request_id]), frames_of(out[r.request_id])), r.request_id
 
 
-def test_eos_stops_after_min_frames(eos_model: ArkTTSModel, tok: ArkTokenizer) -> None:
+def test_eos_stops_after_min_frames(eos_model: Audio8TTSModel, tok: Audio8Tokenizer) -> None:
     r = request(0, frames=50)
     r.min_frames = 3
     outs = drive(make_engine(eos_model, tok, 2), [r])["r0"]
     assert frames_of(outs).shape == (3, 10) and outs[-1].finish is Finish.EOS
 
 
-def test_max_seq_len_ends_with_eos(model: ArkTTSModel, tok: ArkTokenizer) -> None:
+def test_max_seq_len_ends_with_eos(model: Audio8TTSModel, tok: Audio8Tokenizer) -> None:
     """Prompt + frames fill max_seq_len: the step at the last position reports EOS instead of a frame."""
     small = random_init(parse_config({**preset_config("audio8-tts-tiny"), "max_seq_len": 48}), seed=0)
     eng = make_engine(small, tok, 1, max_model_len=48)
@@ -132,7 +134,7 @@ def test_max_seq_len_ends_with_eos(model: ArkTTSModel, tok: ArkTokenizer) -> Non
     assert frames_of(outs).shape == (48 - prompt_len, 10) and outs[-1].finish is Finish.EOS
 
 
-def test_streamed_text_is_ready_only_when_complete(model: ArkTTSModel, tok: ArkTokenizer) -> None:
+def test_streamed_text_is_ready_only_when_complete(model: Audio8TTSModel, tok: Audio8Tokenizer) -> None:
     whole = drive(make_engine(model, tok, 1), [request(0, text="hello there, how are you?")])["r0"]
     eng = make_engine(model, tok, 1)
     eng.submit(request(0, text="hello there,", text_complete=False))
@@ -144,8 +146,8 @@ def test_streamed_text_is_ready_only_when_complete(model: ArkTTSModel, tok: ArkT
     assert np.array_equal(frames_of(drive(eng, [])["r0"]), frames_of(whole))
 
 
-def test_voices_and_voice_clone_prompts(model: ArkTTSModel, tok: ArkTokenizer) -> None:
-    adapter = ArkTTSAdapter(model, tok)
+def test_voices_and_voice_clone_prompts(model: Audio8TTSModel, tok: Audio8Tokenizer) -> None:
+    adapter = Audio8TTSAdapter(model, tok)
     adapter.allocate(1, 256)
     plain = adapter.prepare(SpeechSpec(text="hello there"))
     tagged = adapter.prepare(SpeechSpec(text="<|speaker:3|>hello there", voice="Default"))
@@ -165,8 +167,8 @@ def test_voices_and_voice_clone_prompts(model: ArkTTSModel, tok: ArkTokenizer) -
     assert frames_of(out["r0"]).shape == (6, 10)
 
 
-def test_graph_keys_cover_every_bucket(model: ArkTTSModel, tok: ArkTokenizer) -> None:
-    adapter = ArkTTSAdapter(model, tok)
+def test_graph_keys_cover_every_bucket(model: Audio8TTSModel, tok: Audio8Tokenizer) -> None:
+    adapter = Audio8TTSAdapter(model, tok)
     adapter.allocate(6, 256)
     decode, prefill = adapter.graph_keys()
     assert [b for b, _ in decode[:: len(decode) // 3]] == [1, 2, 4]

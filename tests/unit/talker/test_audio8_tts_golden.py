@@ -15,9 +15,9 @@ import pytest
 import torch
 
 from services.talker.engine import EngineConfig, Finish, TalkerEngine, TalkerRequest
-from services.talker.models.audio8_tts.adapter import ArkTTSAdapter
-from services.talker.models.audio8_tts.model import ArkTTSModel
-from services.talker.models.audio8_tts.prompt import ArkPrompt
+from services.talker.models.audio8_tts.adapter import Audio8TTSAdapter
+from services.talker.models.audio8_tts.model import Audio8TTSModel
+from services.talker.models.audio8_tts.prompt import Audio8Prompt
 from services.talker.sampling import SamplingParams
 from tests.golden_audio8_tts import checkpoint_shapes, fixture_model, load_fixture
 
@@ -29,7 +29,7 @@ def doc() -> dict[str, Any]:
     return load_fixture()
 
 
-def run_prompt(model: ArkTTSModel, doc: dict[str, Any]) -> dict[str, torch.Tensor]:
+def run_prompt(model: Audio8TTSModel, doc: dict[str, Any]) -> dict[str, torch.Tensor]:
     """The served code paths on the fixture's inputs: one whole-prompt slow forward, then the fast AR
     teacher-forced over the fixture's codes."""
     a = doc["arrays"]
@@ -49,7 +49,7 @@ def run_prompt(model: ArkTTSModel, doc: dict[str, Any]) -> dict[str, torch.Tenso
     }
 
 
-def max_diffs(model: ArkTTSModel, doc: dict[str, Any]) -> dict[str, float]:
+def max_diffs(model: Audio8TTSModel, doc: dict[str, Any]) -> dict[str, float]:
     with torch.no_grad():
         ours = run_prompt(model, doc)
     return {k: float((v - torch.from_numpy(doc["arrays"][k])).abs().max()) for k, v in ours.items()}
@@ -76,10 +76,10 @@ def test_bf16_rope_table_shift_is_small_but_real(doc: dict[str, Any]) -> None:
 def test_greedy_frames_through_the_engine_equal_the_reference(doc: dict[str, Any]) -> None:
     a = doc["arrays"]
     model = fixture_model(doc, torch.float32)
-    adapter = ArkTTSAdapter(model, tokenizer=None)
+    adapter = Audio8TTSAdapter(model, tokenizer=None)
     cfg = EngineConfig(max_num_seqs=2, max_model_len=doc["config"]["max_seq_len"], max_num_batched_tokens=8)
     engine = TalkerEngine(adapter, cfg)
-    prompt = ArkPrompt(ids=a["prompt.ids"], codes=a["prompt.codes"], text_chars=0)
+    prompt = Audio8Prompt(ids=a["prompt.ids"], codes=a["prompt.codes"], text_chars=0)
     want = a["greedy.codes"]
     greedy = SamplingParams(do_sample=False)
     engine.submit(TalkerRequest("g", prompt, 0, greedy, greedy, max_frames=len(want), min_frames=0))

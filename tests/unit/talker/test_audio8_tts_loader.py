@@ -10,9 +10,9 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from services.talker.models import load_talker
-from services.talker.models.audio8_tts.adapter import ArkTTSAdapter
+from services.talker.models.audio8_tts.adapter import Audio8TTSAdapter
 from services.talker.models.audio8_tts.config import parse_config
-from services.talker.models.audio8_tts.loader import load_arktts_talker, random_init, save_checkpoint
+from services.talker.models.audio8_tts.loader import load_audio8_talker, random_init, save_checkpoint
 from services.talker.models.audio8_tts.presets import preset_config, write_preset
 from voxstage.checkpoint import CheckpointError
 from voxstage.presets import ModelSource
@@ -23,7 +23,7 @@ torch.set_num_threads(1)
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny checkpoint written in the released layout, bf16 weights as released."""
-    out = tmp_path_factory.mktemp("arktts_ckpt")
+    out = tmp_path_factory.mktemp("audio8_ckpt")
     raw = preset_config("audio8-tts-tiny")
     save_checkpoint(out, random_init(parse_config(raw), seed=5), raw)
     return out
@@ -51,7 +51,7 @@ def test_released_flat_layout_loads_strictly(checkpoint: Path) -> None:
         "fast_layers.0.feed_forward.w3.weight",
     } <= keys
     assert "fast_layers.0.attention.wqkv.bias" not in keys and "fast_project_in.weight" not in keys
-    model, config, tokenizer = load_arktts_talker(checkpoint, dtype=torch.float32)
+    model, config, tokenizer = load_audio8_talker(checkpoint, dtype=torch.float32)
     assert tokenizer is None  # no tokenizer.json in this directory
     assert config == parse_config(preset_config("audio8-tts-tiny"))
     want = random_init(config, seed=5)
@@ -66,18 +66,18 @@ def test_released_flat_layout_loads_strictly(checkpoint: Path) -> None:
 def test_missing_and_unexpected_keys_are_named(checkpoint: Path, tmp_path: Path) -> None:
     missing = _rewrite(checkpoint, tmp_path / "missing", {"layers.1.attention.wqkv.bias": None})
     with pytest.raises(CheckpointError, match=r"missing keys: layers\.1\.attention\.wqkv\.bias"):
-        load_arktts_talker(missing)
+        load_audio8_talker(missing)
     extra = _rewrite(checkpoint, tmp_path / "extra", {"output.weight": torch.zeros(4, 64)})
     with pytest.raises(CheckpointError, match=r"unexpected keys: output\.weight"):
-        load_arktts_talker(extra)
+        load_audio8_talker(extra)
     shape = _rewrite(checkpoint, tmp_path / "shape", {"fast_output.weight": torch.zeros(1024, 64)})
     with pytest.raises(CheckpointError, match=r"fast_output\.weight: checkpoint \(1024, 64\)"):
-        load_arktts_talker(shape)
+        load_audio8_talker(shape)
 
 
 def test_rotary_buffers_in_a_checkpoint_are_skipped(checkpoint: Path, tmp_path: Path) -> None:
     extra = {"freqs_cis": torch.zeros(2048, 8, 2), "fast_freqs_cis": torch.zeros(10, 8, 2)}
-    model, _, _ = load_arktts_talker(_rewrite(checkpoint, tmp_path / "freqs", extra))  # type: ignore[arg-type]
+    model, _, _ = load_audio8_talker(_rewrite(checkpoint, tmp_path / "freqs", extra))  # type: ignore[arg-type]
     assert "freqs_cis" not in model.state_dict()
 
 
@@ -89,7 +89,7 @@ def test_fast_project_in_is_required_when_dim_differs(checkpoint: Path, tmp_path
     with pytest.raises(
         CheckpointError, match=r"missing keys: fast_project_in\.bias, fast_project_in\.weight"
     ):
-        load_arktts_talker(out)
+        load_audio8_talker(out)
 
 
 def test_random_init_is_seeded() -> None:
@@ -103,7 +103,7 @@ def test_random_init_is_seeded() -> None:
 def test_presets_load_through_load_talker(tmp_path: Path) -> None:
     assert write_preset("audio8-tts-tiny", tmp_path / "tiny") is False
     adapter, info = load_talker(ModelSource("audio8-tts-tiny", tmp_path / "tiny", "arktts"))
-    assert isinstance(adapter, ArkTTSAdapter) and adapter.tokenizer is not None
+    assert isinstance(adapter, Audio8TTSAdapter) and adapter.tokenizer is not None
     assert (info.family, info.num_code_groups, info.variant, info.max_new_frames) == (
         "arktts",
         10,

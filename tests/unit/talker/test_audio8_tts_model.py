@@ -7,9 +7,9 @@ import logging
 import pytest
 import torch
 
-from services.talker.models.audio8_tts.config import ArkConfig, parse_config, parse_generation_config
+from services.talker.models.audio8_tts.config import Audio8TalkerConfig, parse_config, parse_generation_config
 from services.talker.models.audio8_tts.loader import build_model, random_init
-from services.talker.models.audio8_tts.model import ArkTTSModel, rope_table
+from services.talker.models.audio8_tts.model import Audio8TTSModel, rope_table
 from services.talker.models.audio8_tts.presets import preset_config
 from voxstage.checkpoint import CheckpointError
 
@@ -17,12 +17,12 @@ torch.set_num_threads(1)
 
 
 @pytest.fixture(scope="module")
-def tiny() -> ArkTTSModel:
+def tiny() -> Audio8TTSModel:
     return random_init(parse_config(preset_config("audio8-tts-tiny")), seed=3)
 
 
 def test_released_geometry_has_0_6b_params_on_meta() -> None:
-    model = build_model(ArkConfig(), "meta", torch.bfloat16)
+    model = build_model(Audio8TalkerConfig(), "meta", torch.bfloat16)
     params = dict(model.named_parameters())
 
     def total(prefix: str) -> int:
@@ -34,7 +34,7 @@ def test_released_geometry_has_0_6b_params_on_meta() -> None:
     assert total("fast_layers.") == 59_644_928
     assert total("fast_embeddings.") + total("fast_output.") == 7_340_032
     n = sum(p.numel() for p in params.values())
-    assert n == ArkConfig().param_count() == 601_159_424  # ~0.60 B
+    assert n == Audio8TalkerConfig().param_count() == 601_159_424  # ~0.60 B
     assert "fast_project_in.weight" not in params  # dim == fast_dim: absent, as released
 
 
@@ -103,7 +103,7 @@ def test_rope_table_is_bf16_as_released_with_an_fp32_switch() -> None:
     assert torch.equal(rope_table(2048, 16, 1e6, torch.bfloat16), fp32.rope.to(torch.bfloat16))
 
 
-def test_codebook_embeddings_only_at_semantic_positions(tiny: ArkTTSModel) -> None:
+def test_codebook_embeddings_only_at_semantic_positions(tiny: Audio8TTSModel) -> None:
     c = tiny.config
     ids = torch.tensor([10, c.semantic_begin_id + 7, c.eos_token_id, c.semantic_end_id])
     codes = torch.randint(0, 1024, (4, 10), generator=torch.Generator().manual_seed(0))
@@ -117,7 +117,7 @@ def test_codebook_embeddings_only_at_semantic_positions(tiny: ArkTTSModel) -> No
         torch.testing.assert_close(got[i], want, rtol=0, atol=1e-6)
 
 
-def test_compact_head_equals_the_tied_full_head(tiny: ArkTTSModel) -> None:
+def test_compact_head_equals_the_tied_full_head(tiny: Audio8TTSModel) -> None:
     c = tiny.config
     h = torch.randn(3, c.dim, generator=torch.Generator().manual_seed(1))
     full = h @ tiny.embeddings.weight.T
@@ -127,7 +127,7 @@ def test_compact_head_equals_the_tied_full_head(tiny: ArkTTSModel) -> None:
     torch.testing.assert_close(tiny.logits(h), full[:, allowed], rtol=1e-5, atol=1e-5)
 
 
-def test_chunked_prefill_and_decode_equal_one_full_forward(tiny: ArkTTSModel) -> None:
+def test_chunked_prefill_and_decode_equal_one_full_forward(tiny: Audio8TTSModel) -> None:
     """Prefill in chunks into slot 1 of a 3-slot pool, then one-token decode steps (batched with a row of
     another slot), equal the whole sequence run at once."""
     c = tiny.config

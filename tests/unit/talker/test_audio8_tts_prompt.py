@@ -6,15 +6,15 @@ import numpy as np
 import pytest
 from tokenizers import Tokenizer
 
-from services.talker.models.audio8_tts.prompt import ArkPrompt, build_prompt, check_prompt_length
-from services.talker.models.audio8_tts.tokenizer import ArkTokenizer, tiny_tokenizer_json
+from services.talker.models.audio8_tts.prompt import Audio8Prompt, build_prompt, check_prompt_length
+from services.talker.models.audio8_tts.tokenizer import Audio8Tokenizer, tiny_tokenizer_json
 
 SEMANTIC_BEGIN = 151678
 
 
 @pytest.fixture(scope="module")
-def tok() -> ArkTokenizer:
-    return ArkTokenizer.tiny()
+def tok() -> Audio8Tokenizer:
+    return Audio8Tokenizer.tiny()
 
 
 @pytest.fixture(scope="module")
@@ -48,7 +48,7 @@ def ref_codes(frames: int, seed: int = 0) -> np.ndarray:
     return codes
 
 
-def test_plain_tts_token_sequence(tok: ArkTokenizer, raw: Tokenizer) -> None:
+def test_plain_tts_token_sequence(tok: Audio8Tokenizer, raw: Tokenizer) -> None:
     p = build_prompt(tok, "  Hello   there,\n world!  ")
     expected = plain_template(raw, "Hello there, world!")
     assert p.ids.tolist() == expected
@@ -61,7 +61,7 @@ def test_plain_tts_token_sequence(tok: ArkTokenizer, raw: Tokenizer) -> None:
     assert rows.shape == (11, len(expected)) and rows[0].tolist() == expected and not rows[1:].any()
 
 
-def test_voice_clone_token_sequence_and_code_rows(tok: ArkTokenizer, raw: Tokenizer) -> None:
+def test_voice_clone_token_sequence_and_code_rows(tok: Audio8Tokenizer, raw: Tokenizer) -> None:
     codes = ref_codes(7)
     p = build_prompt(tok, "Say this.", ref_text="  the reference\ntranscript ", ref_codes=codes)
     prefix = enc(
@@ -92,7 +92,7 @@ def test_voice_clone_token_sequence_and_code_rows(tok: ArkTokenizer, raw: Tokeni
     assert ids.tolist() == semantic[:2] and (c == codes[:2]).all()
 
 
-def test_ref_text_with_its_own_speaker_tag_gets_no_default_tag(tok: ArkTokenizer, raw: Tokenizer) -> None:
+def test_ref_text_with_its_own_speaker_tag_gets_no_default_tag(tok: Audio8Tokenizer, raw: Tokenizer) -> None:
     p = build_prompt(tok, "x", ref_text="<|speaker:2|>hi", ref_codes=ref_codes(1))
     prefix = enc(
         raw,
@@ -105,7 +105,7 @@ def test_ref_text_with_its_own_speaker_tag_gets_no_default_tag(tok: ArkTokenizer
     assert 151647 not in p.ids.tolist()  # no <|speaker:0|>
 
 
-def test_speaker_tags_in_text_and_speaker_option(tok: ArkTokenizer, raw: Tokenizer) -> None:
+def test_speaker_tags_in_text_and_speaker_option(tok: Audio8Tokenizer, raw: Tokenizer) -> None:
     p = build_prompt(tok, "<|speaker:3|>Hello")
     expected = plain_template(raw, "<|speaker:3|>Hello")
     assert p.ids.tolist() == expected and 151650 in expected
@@ -127,12 +127,12 @@ def test_speaker_tags_in_text_and_speaker_option(tok: ArkTokenizer, raw: Tokeniz
         (np.array([[0] * 9 + [4096]]), r"ref_codes: the residual code \(codebook 9\)"),
     ],
 )
-def test_ref_codes_validation(tok: ArkTokenizer, codes: np.ndarray, match: str) -> None:
+def test_ref_codes_validation(tok: Audio8Tokenizer, codes: np.ndarray, match: str) -> None:
     with pytest.raises(ValueError, match=match):
         build_prompt(tok, "x", ref_text="ref", ref_codes=codes)
 
 
-def test_clone_needs_both_parts(tok: ArkTokenizer) -> None:
+def test_clone_needs_both_parts(tok: Audio8Tokenizer) -> None:
     with pytest.raises(ValueError, match=r"^ref_text: "):
         build_prompt(tok, "x", ref_codes=ref_codes(2))
     with pytest.raises(ValueError, match=r"^ref_text: "):
@@ -141,7 +141,7 @@ def test_clone_needs_both_parts(tok: ArkTokenizer) -> None:
         build_prompt(tok, "x", ref_text="ref")
 
 
-def test_empty_text_and_bad_tags_name_the_field(tok: ArkTokenizer) -> None:
+def test_empty_text_and_bad_tags_name_the_field(tok: Audio8Tokenizer) -> None:
     with pytest.raises(ValueError, match=r"^text: .*empty"):
         build_prompt(tok, "   \n\t")
     with pytest.raises(ValueError, match=r"^input: .*empty"):
@@ -152,7 +152,7 @@ def test_empty_text_and_bad_tags_name_the_field(tok: ArkTokenizer) -> None:
         build_prompt(tok, "hi", ref_text="a <|voice|>", ref_codes=ref_codes(1), text_field="input")
 
 
-def test_prompt_length_must_leave_room(tok: ArkTokenizer) -> None:
+def test_prompt_length_must_leave_room(tok: Audio8Tokenizer) -> None:
     check_prompt_length(2047, text_chars=10)
     with pytest.raises(ValueError, match=r"^text: .*10 characters.*2048 of the model's 2048"):
         check_prompt_length(2048, text_chars=10)
@@ -169,4 +169,4 @@ def test_prompt_length_must_leave_room(tok: ArkTokenizer) -> None:
 
 def test_prompt_dataclass_rejects_mismatched_parts() -> None:
     with pytest.raises(ValueError):
-        ArkPrompt(ids=np.zeros(3, dtype=np.int64), codes=np.zeros((2, 10), dtype=np.int64), text_chars=1)
+        Audio8Prompt(ids=np.zeros(3, dtype=np.int64), codes=np.zeros((2, 10), dtype=np.int64), text_chars=1)

@@ -10,7 +10,7 @@ import torch
 from services.talker.models.audio8_tts.sampling import (
     COMPACT_VOCAB,
     EOS_INDEX,
-    ArkSamplingState,
+    Audio8SamplingState,
     RasParams,
     compact_vocab_ids,
     draw,
@@ -34,8 +34,8 @@ def compact(values: dict[int, float], b: int = 1) -> torch.Tensor:
 
 def state_with(
     n: int, params: SamplingParams, ras: RasParams = RAS_OFF, min_frames: int = 0, seed0: int = 0
-) -> ArkSamplingState:
-    st = ArkSamplingState.allocate(n)
+) -> Audio8SamplingState:
+    st = Audio8SamplingState.allocate(n)
     for s in range(n):
         st.reset_slot(s, seed=seed0 + s, params=params, ras=ras, min_frames=min_frames)
     return st
@@ -143,8 +143,8 @@ def test_top_k_1_and_temperature_0_are_argmax() -> None:
 
 def test_batch_invariance_alone_vs_batched_at_another_index() -> None:
     params = SamplingParams(temperature=0.8, top_k=30, top_p=0.95)
-    alone = ArkSamplingState.allocate(4)
-    batched = ArkSamplingState.allocate(4)
+    alone = Audio8SamplingState.allocate(4)
+    batched = Audio8SamplingState.allocate(4)
     alone.reset_slot(2, seed=99, params=params)
     batched.reset_slot(2, seed=99, params=params)
     for s, seed in ((0, 1), (1, 2), (3, 3)):
@@ -171,14 +171,14 @@ def test_batch_invariance_alone_vs_batched_at_another_index() -> None:
     assert torch.equal(alone.history[2, :10], batched.history[2, :10])
 
 
-def _ras_setup(n: int) -> tuple[torch.Tensor, ArkSamplingState]:
+def _ras_setup(n: int) -> tuple[torch.Tensor, Audio8SamplingState]:
     # Three equal candidates 7, 8, 9. Normal draw: top_p 0.3 keeps only the first (7). RAS draw: top_p 0.9
     # keeps {7, 8} (cum 1/3, 2/3; 9 crosses 0.9), at temperature 1.
     logits = compact({7: 0.0, 8: 0.0, 9: 0.0}, n)
     return logits, state_with(n, SamplingParams(temperature=0.7, top_k=50, top_p=0.3), ras=RasParams())
 
 
-def _ras_draw(logits: torch.Tensor, st: ArkSamplingState, step: int) -> torch.Tensor:
+def _ras_draw(logits: torch.Tensor, st: Audio8SamplingState, step: int) -> torch.Tensor:
     n = logits.shape[0]
     noise = gumbel_noise(st.seed[:n], torch.full((n,), step), 1, COMPACT_VOCAB)
     return draw(logits, torch.full((n,), 1.0), torch.full((n,), 50), torch.full((n,), 0.9), noise)
@@ -297,14 +297,14 @@ def test_fast_streams_are_independent_per_codebook() -> None:
 def test_fast_uses_its_own_parameters() -> None:
     n = 8
     logits = torch.randn(n, 4096, generator=torch.Generator().manual_seed(5))
-    st = ArkSamplingState.allocate(n)
+    st = Audio8SamplingState.allocate(n)
     for s in range(n):
         st.reset_slot(s, seed=s, params=SamplingParams(temperature=1.5), fast_params=SamplingParams(top_k=1))
     assert sample_fast(logits, torch.arange(n), st, 0, 2).tolist() == logits.argmax(-1).tolist()
 
 
 def test_reset_slot_validation() -> None:
-    st = ArkSamplingState.allocate(2, max_window=10)
+    st = Audio8SamplingState.allocate(2, max_window=10)
     with pytest.raises(ValueError, match="repetition_penalty"):
         st.reset_slot(0, seed=1, params=SamplingParams(repetition_penalty=1.05))
     with pytest.raises(ValueError, match="ras_window_size"):
@@ -329,8 +329,8 @@ def test_sampler_captures_as_one_cuda_graph_and_replays_exactly() -> None:
     n = 8
     params = SamplingParams(temperature=0.8, top_k=50, top_p=0.9)
 
-    def fresh() -> ArkSamplingState:
-        st = ArkSamplingState.allocate(n, dev)
+    def fresh() -> Audio8SamplingState:
+        st = Audio8SamplingState.allocate(n, dev)
         for s in range(n):
             st.reset_slot(s, seed=10 + s, params=params, min_frames=2)
         return st
@@ -342,7 +342,7 @@ def test_sampler_captures_as_one_cuda_graph_and_replays_exactly() -> None:
     fast_logits = torch.zeros(n, 4096, device=dev)
     step = torch.zeros(n, dtype=torch.int64, device=dev)
 
-    def tick(st: ArkSamplingState) -> tuple[torch.Tensor, torch.Tensor]:
+    def tick(st: Audio8SamplingState) -> tuple[torch.Tensor, torch.Tensor]:
         d = sample_semantic(logits, rows, st, step, active=active)
         codes = [d.code] + [sample_fast(fast_logits, rows, st, step, k) for k in range(1, 10)]
         return d.token, torch.stack(codes, dim=1)

@@ -10,7 +10,7 @@ from tokenizers import Tokenizer
 
 from services.talker.models.audio8_tts import tokenizer as ark_tokenizer
 from services.talker.models.audio8_tts.tokenizer import (
-    ArkTokenizer,
+    Audio8Tokenizer,
     clean_text,
     released_config_ids,
     tiny_special_tokens,
@@ -23,8 +23,8 @@ VOCAB_SIZE = 155776
 
 
 @pytest.fixture(scope="module")
-def tok() -> ArkTokenizer:
-    return ArkTokenizer.tiny()
+def tok() -> Audio8Tokenizer:
+    return Audio8Tokenizer.tiny()
 
 
 def _write_checkpoint(d: Path, **config: object) -> Path:
@@ -60,7 +60,7 @@ def test_tiny_file_is_deterministic() -> None:
     assert again == tiny_tokenizer_json()
 
 
-def test_special_ids_of_the_loaded_tokenizer(tok: ArkTokenizer) -> None:
+def test_special_ids_of_the_loaded_tokenizer(tok: Audio8Tokenizer) -> None:
     ids = tok.ids
     assert (ids.pad, ids.im_start, ids.im_end, ids.eos, ids.voice) == (151643, 151644, 151645, 151645, 151646)
     assert (ids.semantic_begin, ids.semantic_end, ids.num_semantic) == (151678, 155773, 4096)
@@ -74,17 +74,17 @@ def test_special_ids_of_the_loaded_tokenizer(tok: ArkTokenizer) -> None:
     "text",
     ["Hello, the world! It's 42.", "héllo wörld — 日本語, emoji 🎙️", "tabs\tand\nnewlines  kept verbatim", ""],
 )
-def test_raw_encoding_round_trips(tok: ArkTokenizer, text: str) -> None:
+def test_raw_encoding_round_trips(tok: Audio8Tokenizer, text: str) -> None:
     assert tok.decode(tok.encode_raw(text)) == text
 
 
-def test_whitespace_is_collapsed_and_stripped(tok: ArkTokenizer) -> None:
+def test_whitespace_is_collapsed_and_stripped(tok: Audio8Tokenizer) -> None:
     assert clean_text("  a \n\t b\u3000c  \n") == "a b c"
     assert tok.encode_segment("  Hello \n\n  there\t world  ") == tok.encode_raw("Hello there world")
     assert tok.encode_user_text(" one\n two ") == tok.encode_raw("one two")
 
 
-def test_speaker_tag_in_text_becomes_its_id(tok: ArkTokenizer) -> None:
+def test_speaker_tag_in_text_becomes_its_id(tok: Audio8Tokenizer) -> None:
     ids = tok.encode_user_text("Hi <|speaker:1|>there", field="input")
     assert 151648 in ids
     assert ids == tok.encode_raw("Hi ") + [151648] + tok.encode_raw("there")
@@ -103,7 +103,7 @@ def test_speaker_tag_in_text_becomes_its_id(tok: ArkTokenizer) -> None:
         "<|made_up|> tag",
     ],
 )
-def test_control_tags_in_request_text_are_refused_naming_the_field(tok: ArkTokenizer, bad: str) -> None:
+def test_control_tags_in_request_text_are_refused_naming_the_field(tok: Audio8Tokenizer, bad: str) -> None:
     with pytest.raises(ValueError, match=r"^input: "):
         tok.encode_user_text(bad, field="input")
     with pytest.raises(ValueError, match=r"^ref_text: "):
@@ -111,8 +111,8 @@ def test_control_tags_in_request_text_are_refused_naming_the_field(tok: ArkToken
 
 
 def test_from_dir_checks_config_ids(tmp_path: Path) -> None:
-    loaded = ArkTokenizer.from_dir(_write_checkpoint(tmp_path / "ok"))
-    assert loaded.ids == ArkTokenizer.tiny().ids
+    loaded = Audio8Tokenizer.from_dir(_write_checkpoint(tmp_path / "ok"))
+    assert loaded.ids == Audio8Tokenizer.tiny().ids
     for key, value in (
         ("semantic_begin_id", 151679),
         ("semantic_end_id", 155772),
@@ -123,17 +123,17 @@ def test_from_dir_checks_config_ids(tmp_path: Path) -> None:
     ):
         d = _write_checkpoint(tmp_path / key, **{key: value})
         with pytest.raises(CheckpointError, match=key):
-            ArkTokenizer.from_dir(d)
+            Audio8Tokenizer.from_dir(d)
     with pytest.raises(CheckpointError, match="must be an integer"):
-        ArkTokenizer.from_dir(_write_checkpoint(tmp_path / "str", eos_token_id="151645"))
+        Audio8Tokenizer.from_dir(_write_checkpoint(tmp_path / "str", eos_token_id="151645"))
 
 
 def test_from_dir_missing_files(tmp_path: Path) -> None:
     with pytest.raises(CheckpointError, match="tokenizer.json"):
-        ArkTokenizer.from_dir(tmp_path)
+        Audio8Tokenizer.from_dir(tmp_path)
     write_tiny_tokenizer(tmp_path)
     with pytest.raises(CheckpointError, match="config.json"):
-        ArkTokenizer.from_dir(tmp_path)
+        Audio8Tokenizer.from_dir(tmp_path)
 
 
 def test_a_file_without_voice_token_is_refused() -> None:
@@ -141,7 +141,7 @@ def test_a_file_without_voice_token_is_refused() -> None:
     data["added_tokens"] = [t for t in data["added_tokens"] if t["content"] != "<|voice|>"]
     del data["model"]["vocab"]["<|voice|>"]
     with pytest.raises(CheckpointError, match="voice"):
-        ArkTokenizer.from_json_str(json.dumps(data))
+        Audio8Tokenizer.from_json_str(json.dumps(data))
 
 
 def test_non_contiguous_semantic_tokens_are_refused() -> None:
@@ -149,4 +149,4 @@ def test_non_contiguous_semantic_tokens_are_refused() -> None:
     data["added_tokens"] = [t for t in data["added_tokens"] if t["content"] != "<|semantic:7|>"]
     del data["model"]["vocab"]["<|semantic:7|>"]
     with pytest.raises(CheckpointError, match="semantic"):
-        ArkTokenizer.from_json_str(json.dumps(data))
+        Audio8Tokenizer.from_json_str(json.dumps(data))

@@ -42,12 +42,12 @@ from services.talker.sampling import SamplingParams
 from services.talker.spec import SpeechSpec
 from voxstage.cudagraphs import GraphCache
 
-from .config import ArkConfig
+from .config import Audio8TalkerConfig
 from .frame import FrameState, frame_step
-from .model import ArkTTSModel, KVPool
-from .prompt import ArkPrompt, build_prompt
+from .model import Audio8TTSModel, KVPool
+from .prompt import Audio8Prompt, build_prompt
 from .sampling import RasParams, check_sampling_params
-from .tokenizer import ArkTokenizer
+from .tokenizer import Audio8Tokenizer
 
 DEFAULT_VOICE = "default"
 VOICES = (DEFAULT_VOICE,)
@@ -62,16 +62,16 @@ def check_voice(voice: str | None) -> None:
         )
 
 
-class ArkPrepared:
+class Audio8Prepared:
     """One request's prompt; a streamed text accumulates until it is complete, then the prompt is built.
 
-    An ``ArkPrompt`` given instead of a ``SpeechSpec`` is taken as is (pre-tokenized input: benchmarks, a
+    An ``Audio8Prompt`` given instead of a ``SpeechSpec`` is taken as is (pre-tokenized input: benchmarks, a
     weights-only checkpoint without ``tokenizer.json``, golden tests)."""
 
-    def __init__(self, adapter: ArkTTSAdapter, spec: SpeechSpec | ArkPrompt) -> None:
+    def __init__(self, adapter: Audio8TTSAdapter, spec: SpeechSpec | Audio8Prompt) -> None:
         self._adapter = adapter
-        self.prompt: ArkPrompt | None = None
-        if isinstance(spec, ArkPrompt):
+        self.prompt: Audio8Prompt | None = None
+        if isinstance(spec, Audio8Prompt):
             if len(spec) + 1 > adapter.config.max_seq_len:
                 raise ValueError(f"prompt: {len(spec)} positions leave no room under max_seq_len")
             self.prompt, self._complete = spec, True
@@ -135,19 +135,19 @@ class ArkPrepared:
         )
 
 
-class ArkTTSAdapter(PackedDecodeAdapter):
+class Audio8TTSAdapter(PackedDecodeAdapter):
     """Launch / collect and CUDA graphs come from ``PackedDecodeAdapter`` (shared with Qwen3-TTS)."""
 
     def __init__(
         self,
-        model: ArkTTSModel,
-        tokenizer: ArkTokenizer | None,
+        model: Audio8TTSModel,
+        tokenizer: Audio8Tokenizer | None,
         *,
         min_attn_bucket: int = 64,
         prefix_cache_bytes: int = 0,
     ) -> None:
         self.model = model
-        self.config: ArkConfig = model.config
+        self.config: Audio8TalkerConfig = model.config
         self.tokenizer = tokenizer
         self.num_groups = self.config.num_codebooks
         self.codebook_size = self.config.codebook_size
@@ -174,8 +174,8 @@ class ArkTTSAdapter(PackedDecodeAdapter):
         self.allocate_launch(self.model, self.kv, num_slots, max_len)
 
     # -- requests ------------------------------------------------------------------------------------------
-    def prepare(self, spec: SpeechSpec | ArkPrompt) -> ArkPrepared:
-        return ArkPrepared(self, spec)
+    def prepare(self, spec: SpeechSpec | Audio8Prompt) -> Audio8Prepared:
+        return Audio8Prepared(self, spec)
 
     def check_sampling(self, sampling: SamplingParams, subtalker: SamplingParams) -> None:
         """Refuse what the released sampler cannot do (a repetition penalty), naming the field."""
@@ -185,7 +185,7 @@ class ArkTTSAdapter(PackedDecodeAdapter):
     def admit(
         self,
         slot: int,
-        prepared: ArkPrepared,
+        prepared: Audio8Prepared,
         *,
         seed: int,
         sampling: SamplingParams,
@@ -206,7 +206,7 @@ class ArkTTSAdapter(PackedDecodeAdapter):
         """Nothing to queue: prompts are built from the complete text."""
 
     @torch.inference_mode()
-    def prefill_many(self, chunks: Sequence[tuple[int, ArkPrepared, int, int]]) -> None:
+    def prefill_many(self, chunks: Sequence[tuple[int, Audio8Prepared, int, int]]) -> None:
         """Embed each chunk ``(slot, prompt, start, n)``; the shared runner batches the tick's chunks."""
         work = []
         for slot, prepared, start, n in chunks:
@@ -220,7 +220,7 @@ class ArkTTSAdapter(PackedDecodeAdapter):
             # Parking position: a masked decode row writes its junk K/V here, which the next chunk overwrites.
             self.state.positions[slot].fill_(start + n)
 
-    def start_decode(self, slot: int, prepared: ArkPrepared) -> None:
+    def start_decode(self, slot: int, prepared: Audio8Prepared) -> None:
         assert prepared.prompt is not None
         p = prepared.prompt
         self.state.next_ids[slot].fill_(int(p.ids[-1]))
@@ -240,8 +240,8 @@ class ArkTTSAdapter(PackedDecodeAdapter):
         self.kv.copy_slot(src, dst, kv_len)
         self.state.move(src, dst)
 
-    def reuse_prefix(self, slot: int, prepared: ArkPrepared, limit: int) -> int:
+    def reuse_prefix(self, slot: int, prepared: Audio8Prepared, limit: int) -> int:
         return 0  # no prefix cache (see the module docstring)
 
-    def store_prefix(self, slot: int, prepared: ArkPrepared) -> None:
+    def store_prefix(self, slot: int, prepared: Audio8Prepared) -> None:
         return None

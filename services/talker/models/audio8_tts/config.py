@@ -83,7 +83,7 @@ class StackConfig:
 
 
 @dataclass(frozen=True)
-class ArkConfig:
+class Audio8TalkerConfig:
     """The flat ``config.json`` (field names as in the file); defaults are the released 0.6B values."""
 
     vocab_size: int = 155776
@@ -175,10 +175,10 @@ class ArkConfig:
         return n
 
 
-_FIELDS = {f.name: f for f in dataclasses.fields(ArkConfig)}
+_FIELDS = {f.name: f for f in dataclasses.fields(Audio8TalkerConfig)}
 
 
-def parse_config(raw: dict[str, Any], source: str = CONFIG_FILE) -> ArkConfig:
+def parse_config(raw: dict[str, Any], source: str = CONFIG_FILE) -> Audio8TalkerConfig:
     """Released values overridden by what ``raw`` sets; raises ``CheckpointError`` naming the field."""
     if not isinstance(raw, dict):
         raise CheckpointError(f"{source}: must hold a JSON object")
@@ -200,7 +200,7 @@ def parse_config(raw: dict[str, Any], source: str = CONFIG_FILE) -> ArkConfig:
             continue
         values[name] = _typed(raw[name], type(f.default), name, source)
     try:
-        config = ArkConfig(**values)
+        config = Audio8TalkerConfig(**values)
     except TypeError as exc:  # pragma: no cover - every field is typed above
         raise CheckpointError(f"{source}: {exc}") from exc
     _validate(config, source)
@@ -217,7 +217,7 @@ def _typed(value: object, kind: type, name: str, source: str) -> object:
     return value
 
 
-def _validate(c: ArkConfig, source: str) -> None:
+def _validate(c: Audio8TalkerConfig, source: str) -> None:
     def fail(why: str) -> CheckpointError:
         return CheckpointError(f"{source}: {why}")
 
@@ -258,7 +258,7 @@ def _validate(c: ArkConfig, source: str) -> None:
         )
 
 
-def read_config(path: Path | str) -> ArkConfig:
+def read_config(path: Path | str) -> Audio8TalkerConfig:
     """``config.json`` of a checkpoint directory (or the file itself)."""
     path = Path(path)
     if path.is_dir():

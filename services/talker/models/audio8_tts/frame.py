@@ -29,8 +29,8 @@ from dataclasses import dataclass
 
 import torch
 
-from .model import ArkTTSModel, KVPool
-from .sampling import ArkSamplingState, fast_noise, sample_fast, sample_semantic
+from .model import Audio8TTSModel, KVPool
+from .sampling import Audio8SamplingState, fast_noise, sample_fast, sample_semantic
 
 
 @dataclass
@@ -45,10 +45,10 @@ class FrameState:
     rows: torch.Tensor  # [S] int64: arange, the slot of each row of a packed batch
     codes_out: torch.Tensor  # [S, Q] int64: the last step's frame
     eos_out: torch.Tensor  # [S] bool
-    sampling: ArkSamplingState
+    sampling: Audio8SamplingState
 
     @classmethod
-    def allocate(cls, model: ArkTTSModel, num_slots: int) -> FrameState:
+    def allocate(cls, model: Audio8TTSModel, num_slots: int) -> FrameState:
         c, dev = model.config, model.device
 
         def zeros(*shape: int, dtype: torch.dtype = torch.int64) -> torch.Tensor:
@@ -63,7 +63,7 @@ class FrameState:
             rows=torch.arange(num_slots, device=dev),
             codes_out=zeros(num_slots, c.num_codebooks),
             eos_out=zeros(num_slots, dtype=torch.bool),
-            sampling=ArkSamplingState.allocate(
+            sampling=Audio8SamplingState.allocate(
                 num_slots,
                 dev,
                 max_window=max(c.ras_window_size, 1),
@@ -91,7 +91,7 @@ class FrameState:
 
 
 def frame_step(
-    model: ArkTTSModel, kv: KVPool, fast_kv: KVPool, st: FrameState, b: int, attn_len: int
+    model: Audio8TTSModel, kv: KVPool, fast_kv: KVPool, st: FrameState, b: int, attn_len: int
 ) -> None:
     """Step slots ``[0, b)`` over ``kv`` positions ``[0, attn_len)``; results in ``st.codes_out`` /
     ``st.eos_out``, next inputs and clocks of active rows advanced (the captured unit)."""

@@ -24,41 +24,41 @@ from .config import (
     CONFIG_FILE,
     GENERATION_CONFIG_FILE,
     WEIGHTS_FILE,
-    ArkConfig,
+    Audio8TalkerConfig,
     parse_config,
     read_config,
 )
-from .model import RELEASED_ROPE_DTYPE, ArkTTSModel
-from .tokenizer import ArkTokenizer
+from .model import RELEASED_ROPE_DTYPE, Audio8TTSModel
+from .tokenizer import Audio8Tokenizer
 
 INIT_STD = 0.02  # the DualAR reference's initializer_range
 SKIPPED_SUFFIXES = ("freqs_cis",)  # rotary tables some exports persist; recomputed here
 
 
 def build_model(
-    config: ArkConfig,
+    config: Audio8TalkerConfig,
     device: torch.device | str,
     dtype: torch.dtype,
     rope_dtype: torch.dtype = RELEASED_ROPE_DTYPE,
-) -> ArkTTSModel:
+) -> Audio8TTSModel:
     """The module tree on ``device`` in ``dtype`` (``meta``: no memory, e.g. to count parameters)."""
-    return build_module(lambda: ArkTTSModel(config, rope_dtype=rope_dtype), device, dtype)
+    return build_module(lambda: Audio8TTSModel(config, rope_dtype=rope_dtype), device, dtype)
 
 
-def load_weights(model: ArkTTSModel, state: dict[str, torch.Tensor], source: str) -> None:
+def load_weights(model: Audio8TTSModel, state: dict[str, torch.Tensor], source: str) -> None:
     """Strict copy of ``state`` (checkpoint key names) into ``model``, then the compact head is sliced."""
     skipped = [k for k in state if k.endswith(SKIPPED_SUFFIXES)]
     load_state_dict_strict(model, state, source=source, ignore=skipped)
     model.refresh_head()
 
 
-def load_arktts_talker(
+def load_audio8_talker(
     checkpoint_dir: Path | str,
     *,
     device: torch.device | str = "cpu",
     dtype: torch.dtype = torch.float32,
     rope_dtype: torch.dtype = RELEASED_ROPE_DTYPE,
-) -> tuple[ArkTTSModel, ArkConfig, ArkTokenizer | None]:
+) -> tuple[Audio8TTSModel, Audio8TalkerConfig, Audio8Tokenizer | None]:
     """``(model, config, tokenizer)`` from a checkpoint directory; the tokenizer is None when the directory
     has no ``tokenizer.json`` (a weights-only export: requests then need pre-tokenized prompts)."""
     checkpoint_dir = Path(checkpoint_dir)
@@ -67,7 +67,7 @@ def load_arktts_talker(
     config = read_config(checkpoint_dir)
     tokenizer = None
     if (checkpoint_dir / "tokenizer.json").is_file():
-        tokenizer = ArkTokenizer.from_dir(checkpoint_dir)
+        tokenizer = Audio8Tokenizer.from_dir(checkpoint_dir)
     # Built on the device and copied into (0.6 B params: the transient host copy is 1.2 GB in bf16); an
     # in-place copy keeps the fused [w1 | w3] feed-forward weights intact.
     model = build_model(config, device, dtype, rope_dtype)
@@ -77,12 +77,12 @@ def load_arktts_talker(
 
 @torch.no_grad()
 def random_init(
-    config: ArkConfig,
+    config: Audio8TalkerConfig,
     seed: int,
     device: torch.device | str = "cpu",
     dtype: torch.dtype = torch.float32,
     rope_dtype: torch.dtype = RELEASED_ROPE_DTYPE,
-) -> ArkTTSModel:
+) -> Audio8TTSModel:
     """Seeded weights with the reference's init (N(0, 0.02) matrices and embeddings, zero biases, unit
     norms), drawn on ``device`` from a generator seeded with ``seed``: the size-true preset never writes
     weights to disk. The same seed gives the same model on the same device type."""
@@ -92,14 +92,14 @@ def random_init(
     return model
 
 
-def checkpoint_state(model: ArkTTSModel) -> dict[str, torch.Tensor]:
+def checkpoint_state(model: Audio8TTSModel) -> dict[str, torch.Tensor]:
     """The model's weights under their checkpoint names (flat ``model.safetensors`` keys)."""
     return {k: v.detach().contiguous() for k, v in model.state_dict().items()}
 
 
 def save_checkpoint(
     out_dir: Path | str,
-    model: ArkTTSModel,
+    model: Audio8TTSModel,
     config_dict: dict[str, Any],
     *,
     generation: dict[str, Any] | None = None,

@@ -33,7 +33,7 @@ from services.talker.kv import (
 from voxstage.nn.fused import add_rmsnorm, rope_rotate, silu_mul
 from voxstage.nn.layers import FusedLinears, RMSNorm
 
-from .config import ArkConfig, StackConfig
+from .config import Audio8TalkerConfig, StackConfig
 
 RELEASED_ROPE_DTYPE = torch.bfloat16
 
@@ -149,10 +149,10 @@ def _attend(
     return attn.wo(out.view(b * t, s.q_size))
 
 
-class ArkTTSModel(nn.Module):
+class Audio8TTSModel(nn.Module):
     """Slow AR (token + codebook embeddings, ``layers``, ``norm``, tied head) and fast AR (``fast_*``)."""
 
-    def __init__(self, config: ArkConfig, rope_dtype: torch.dtype = RELEASED_ROPE_DTYPE) -> None:
+    def __init__(self, config: Audio8TalkerConfig, rope_dtype: torch.dtype = RELEASED_ROPE_DTYPE) -> None:
         super().__init__()
         c = config
         self.config = c

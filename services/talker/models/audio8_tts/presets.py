@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from .config import GENERATION_CONFIG_FILE, ArkConfig, GenerationConfig, parse_config
+from .config import GENERATION_CONFIG_FILE, Audio8TalkerConfig, GenerationConfig, parse_config
 from .loader import random_init, save_checkpoint
 from .tokenizer import write_tiny_tokenizer
 
@@ -43,7 +43,7 @@ def preset_config(name: str) -> dict[str, Any]:
     """The flat ``config.json`` of preset ``name`` (every field written out, ``model_type`` included)."""
     if name not in PRESETS:
         raise ValueError(f"unknown Audio8-TTS preset {name!r}; expected one of {sorted(PRESETS)}")
-    return {**ArkConfig().to_dict(), **PRESETS[name]}
+    return {**Audio8TalkerConfig().to_dict(), **PRESETS[name]}
 
 
 def preset_generation_config() -> dict[str, Any]:

@@ -1,7 +1,7 @@
 """Prompt construction for Audio8 TTS (arktts), as the reference processor builds it (models.md §2.4).
 
 The model input is ``[1 + 10, T]``: row 0 holds token ids, rows 1..10 the 10 codes of a frame (0 at text
-positions). An ``ArkPrompt`` keeps the two parts as ``ids [T]`` and ``codes [T, 10]``.
+positions). An ``Audio8Prompt`` keeps the two parts as ``ids [T]`` and ``codes [T, 10]``.
 
 Segments are encoded one at a time with ``add_special_tokens=False``; template segments verbatim, request
 text cleaned (strip, whitespace runs collapsed to one space) and checked (``<|speaker:N|>`` tags only):
@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .tokenizer import ArkTokenizer, clean_text
+from .tokenizer import Audio8Tokenizer, clean_text
 
 NUM_CODEBOOKS = 10
 CODEBOOK_SIZE = 4096  # every row of ref_codes is checked against it (the residual codec clamps at 1024)
@@ -43,7 +43,7 @@ _HAS_SPEAKER_TAG = re.compile(r"<\|speaker:\d+\|>")
 
 
 @dataclass(frozen=True)
-class ArkPrompt:
+class Audio8Prompt:
     """One request's prompt: ``ids [T]`` (row 0) and ``codes [T, 10]`` (rows 1..10), both int64.
 
     Reference-audio positions are ``[ref_start, ref_start + ref_frames)``: there ``ids`` is
@@ -58,7 +58,7 @@ class ArkPrompt:
 
     def __post_init__(self) -> None:
         if self.ids.ndim != 1 or self.codes.shape != (self.ids.shape[0], NUM_CODEBOOKS):
-            raise ValueError(f"ArkPrompt: ids [T] and codes [T, {NUM_CODEBOOKS}] disagree")
+            raise ValueError(f"Audio8Prompt: ids [T] and codes [T, {NUM_CODEBOOKS}] disagree")
 
     def __len__(self) -> int:
         return int(self.ids.shape[0])
@@ -127,7 +127,7 @@ def check_prompt_length(
 
 
 def build_prompt(
-    tok: ArkTokenizer,
+    tok: Audio8Tokenizer,
     text: str,
     *,
     ref_text: str | None = None,
@@ -135,7 +135,7 @@ def build_prompt(
     text_field: str = "text",
     max_seq_len: int = MAX_SEQ_LEN,
     min_new_frames: int = 1,
-) -> ArkPrompt:
+) -> Audio8Prompt:
     """The prompt for ``text`` (plain TTS), or a voice clone when ``ref_text`` and ``ref_codes`` are given.
 
     ``ref_codes`` is ``[T_ref, 10]`` (the codec stage's encoding of the reference audio).
@@ -193,6 +193,6 @@ def build_prompt(
         min_new_frames=min_new_frames,
         text_field=text_field,
     )
-    return ArkPrompt(
+    return Audio8Prompt(
         ids=ids, codes=codes, text_chars=len(cleaned), ref_start=ref_start, ref_frames=ref_frames
     )

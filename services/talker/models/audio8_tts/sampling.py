@@ -150,7 +150,7 @@ class SemanticDraw:
 
 
 @dataclass
-class ArkSamplingState:
+class Audio8SamplingState:
     """Per-slot sampling state ``[S, ...]`` on device, owned by the engine/adapter.
 
     Written at admission (``reset_slot``, host-side, outside captured graphs); read, and for the RAS
@@ -182,7 +182,7 @@ class ArkSamplingState:
         max_window: int = 10,
         semantic_begin_id: int = 151678,
         eos_token_id: int = 151645,
-    ) -> ArkSamplingState:
+    ) -> Audio8SamplingState:
         if max_window < 1:
             raise ValueError(f"max_window must be >= 1, got {max_window}")
 
@@ -257,7 +257,7 @@ def _as_rows(step: torch.Tensor | int, like: torch.Tensor) -> torch.Tensor:
 def sample_semantic(
     logits: torch.Tensor,
     rows: torch.Tensor,
-    state: ArkSamplingState,
+    state: Audio8SamplingState,
     step: torch.Tensor | int,
     *,
     active: torch.Tensor | None = None,
@@ -322,7 +322,7 @@ def sample_semantic(
 
 
 def _record(
-    state: ArkSamplingState,
+    state: Audio8SamplingState,
     rows: torch.Tensor,
     draws: torch.Tensor,
     index: torch.Tensor,
@@ -336,7 +336,7 @@ def _record(
 
 
 def fast_noise(
-    rows: torch.Tensor, state: ArkSamplingState, step: torch.Tensor | int, num_codebooks: int = 10
+    rows: torch.Tensor, state: Audio8SamplingState, step: torch.Tensor | int, num_codebooks: int = 10
 ):
     """Gumbel noise ``[B, num_codebooks - 1, 4096]`` for codebooks 1..num_codebooks-1 in one call (the
     same numbers ``sample_fast`` would draw one codebook at a time)."""
@@ -348,7 +348,7 @@ def fast_noise(
 def sample_fast(
     logits: torch.Tensor,
     rows: torch.Tensor,
-    state: ArkSamplingState,
+    state: Audio8SamplingState,
     step: torch.Tensor | int,
     codebook_index: int,
     *,

@@ -65,7 +65,7 @@ def clean_text(text: str) -> str:
 
 
 @dataclass(frozen=True)
-class ArkSpecialIds:
+class Audio8SpecialIds:
     pad: int  # <|endoftext|>
     im_start: int
     im_end: int  # = eos
@@ -86,11 +86,11 @@ class ArkSpecialIds:
         return self.semantic_begin <= token_id <= self.semantic_end
 
 
-class ArkTokenizer(BackedTokenizer):
+class Audio8Tokenizer(BackedTokenizer):
     """The checkpoint's byte-level BPE and the ids of the arktts special tokens (``decode``, ``token_id``
     and ``backend`` come from ``BackedTokenizer``)."""
 
-    def __init__(self, tokenizer: Tokenizer, ids: ArkSpecialIds) -> None:
+    def __init__(self, tokenizer: Tokenizer, ids: Audio8SpecialIds) -> None:
         super().__init__(tokenizer)
         self.ids = ids
         self._speaker_by_content = {speaker_token(n): tid for n, tid in enumerate(ids.speakers)}
@@ -98,7 +98,7 @@ class ArkTokenizer(BackedTokenizer):
 
     # ---- construction ----------------------------------------------------------------------------
     @classmethod
-    def from_dir(cls, directory: Path | str) -> ArkTokenizer:
+    def from_dir(cls, directory: Path | str) -> Audio8Tokenizer:
         """Load ``tokenizer.json`` and check its special ids against ``config.json`` in ``directory``."""
         directory = Path(directory)
         path = directory / "tokenizer.json"
@@ -114,7 +114,7 @@ class ArkTokenizer(BackedTokenizer):
     @classmethod
     def from_json_str(
         cls, text: str, config: Mapping[str, Any] | None = None, *, source: str = "tokenizer.json"
-    ) -> ArkTokenizer:
+    ) -> Audio8Tokenizer:
         """Build from a ``tokenizer.json`` string; ``config`` (default: the released values) is checked."""
         try:
             tok = Tokenizer.from_str(text)
@@ -123,14 +123,14 @@ class ArkTokenizer(BackedTokenizer):
         return cls._checked(tok, config or {}, source=source, config_source="config")
 
     @classmethod
-    def tiny(cls) -> ArkTokenizer:
+    def tiny(cls) -> Audio8Tokenizer:
         """The tiny preset's tokenizer (``tiny_tokenizer_json()``) with the released config ids."""
         return cls.from_json_str(tiny_tokenizer_json(), source="tiny tokenizer.json")
 
     @classmethod
     def _checked(
         cls, tok: Tokenizer, config: Mapping[str, Any], *, source: str, config_source: str
-    ) -> ArkTokenizer:
+    ) -> Audio8Tokenizer:
         def config_int(key: str, default: int) -> int:
             value = config.get(key, default)
             if isinstance(value, bool) or not isinstance(value, int):
@@ -193,7 +193,7 @@ class ArkTokenizer(BackedTokenizer):
             raise CheckpointError(f"{source}: <|speaker:N|> tokens must be numbered 0, 1, 2, ... (no gaps)")
         if not speakers:
             raise CheckpointError(f"{source}: the special token '<|speaker:0|>' is missing")
-        ids = ArkSpecialIds(
+        ids = Audio8SpecialIds(
             pad=pad,
             im_start=im_start,
             im_end=im_end,
