@@ -33,11 +33,11 @@ from gateway.auth import ApiKeyInterceptor, KeyCheck, PublicHttpGuard, load_api_
 from gateway.catalog import ModelInfo
 from gateway.core import GatewayCore
 from gateway.errors import GatewayError, abort, invalid
-from gateway.grpc_api import SpeechServicer
-from gateway.http_api import build_app
-from gateway.http_limits import http_config
-from gateway.reflection_v1 import SERVICE_NAME as REFLECTION_V1
-from gateway.reflection_v1 import reflection_v1_binding
+from gateway.grpc.reflection import SERVICE_NAME as REFLECTION_V1
+from gateway.grpc.reflection import reflection_v1_binding
+from gateway.grpc.speech import SpeechServicer
+from gateway.http.app import build_app
+from gateway.http.limits import http_config
 from gateway.voice_aliases import log_broken_aliases
 from voxstage.config import DeployConfig
 from voxstage.server import ServiceBinding, StageServer, start_stage_server
@@ -180,7 +180,7 @@ class GatewayServer:
         check = KeyCheck(load_api_keys(gw))  # read before anything binds: a bad setting fails fast
         tls = read_tls(gw)
         bindings = [ServiceBinding(SPEECH_SERVICE, SpeechServicer(self.core), add_speech_servicer)]
-        if gw.reflection:  # v1alpha comes with start_stage_server; v1 is ours (reflection_v1.py)
+        if gw.reflection:  # v1alpha comes with start_stage_server; v1 is ours (grpc/reflection.py)
             listed = (SPEECH_SERVICE, REFLECTION_V1, health.SERVICE_NAME, reflection.SERVICE_NAME)
             bindings.append(reflection_v1_binding(listed))
         self.stage = await start_public_grpc(

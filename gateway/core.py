@@ -26,9 +26,9 @@ from gateway.admission import Admission
 from gateway.auth import read_link_tls
 from gateway.catalog import ModelInfo, build_model_info
 from gateway.discovery import Discovery
+from gateway.duplex.sessions import SessionManager
 from gateway.routing import ReplicaPool, codec_status, talker_status
-from gateway.sessions import SessionManager
-from gateway.synthesis import Synthesizer
+from gateway.tts.synthesis import Synthesizer
 from voxstage.config import DeployConfig
 from voxstage.resolver import Resolver, SystemResolver
 from voxstage.transport.shm_reader import ShmReader

@@ -25,7 +25,7 @@ SPEECH = "/v1/audio/speech"
 
 async def _app_schema() -> dict[str, Any]:
     from gateway.core import GatewayCore
-    from gateway.http_api import build_app
+    from gateway.http.app import build_app
     from voxstage.config import load_deploy_config
 
     # The app is only built, never served: the replica addresses are placeholders nothing dials (the pools'
@@ -38,7 +38,7 @@ async def _app_schema() -> dict[str, Any]:
 
 
 def build_schema() -> dict[str, Any]:
-    from gateway.http_speech import SpeechRequest
+    from gateway.http.speech import SpeechRequest
 
     schema = asyncio.run(_app_schema())
     body = SpeechRequest.model_json_schema(ref_template="#/components/schemas/{model}")

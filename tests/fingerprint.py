@@ -30,8 +30,8 @@ import torch
 
 from services.codec.main import build_engine
 from services.codec.models import load_codec, load_duplex_codec
-from services.talker.duplex import DuplexConfig, DuplexEngine
-from services.talker.duplex_worker import DuplexWorker
+from services.talker.duplex.engine import DuplexConfig, DuplexEngine
+from services.talker.duplex.worker import DuplexWorker
 from services.talker.engine import EngineConfig, TalkerEngine
 from services.talker.models import load_talker
 from services.talker.request_params import request_params

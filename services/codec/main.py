@@ -184,8 +184,8 @@ def _build_duplex(
 ) -> StageParts:
     """A duplex family's codec (PersonaPlex: Mimi): sessions on the 80 ms clock, one batched encode per tick
     and one batched decode per talker step (docs/protocol.md §11)."""
-    from services.codec.duplex import DuplexCodecConfig, DuplexCodecEngine
-    from services.codec.duplex_worker import DuplexCodecWorker
+    from services.codec.duplex.engine import DuplexCodecConfig, DuplexCodecEngine
+    from services.codec.duplex.worker import DuplexCodecWorker
     from services.codec.models import load_duplex_codec
     from services.codec.servicer import SERVICE_NAME, CodecServicer
     from services.codec.upstream import TalkerPool
@@ -215,7 +215,7 @@ def _build_duplex(
     calls = None
     graphed = device == "cuda" and not stage.enforce_eager
     if graphed:
-        from services.codec.duplex_graphs import GraphedDuplexCalls
+        from services.codec.duplex.graphs import GraphedDuplexCalls
 
         # Captured for every batch bucket by the warm-up, before the stage reports SERVING.
         calls = GraphedDuplexCalls(runtime.codec, max_batch=sessions, device=device)

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import grpc
 
-from services.codec.duplex_stream import DuplexCodecStream
-from services.codec.duplex_worker import DuplexCodecSnapshot, DuplexCodecWorker
+from services.codec.duplex.stream import DuplexCodecStream
+from services.codec.duplex.worker import DuplexCodecSnapshot, DuplexCodecWorker
 from services.codec.stream import CodecStream
 from services.codec.upstream import TalkerPool
 from services.codec.worker import CodecSnapshot, CodecWorker

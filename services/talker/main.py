@@ -125,8 +125,8 @@ def _family_limits(adapter: Any, family: str) -> tuple[int, int]:
 
 def _build_duplex(config: Any, device: str, adapter: Any, info: Any) -> StageParts:
     """A duplex family's talker: sessions over the ring-KV pool, one batched frame step per tick."""
-    from services.talker.duplex import DuplexConfig, DuplexEngine
-    from services.talker.duplex_worker import DuplexWorker
+    from services.talker.duplex.engine import DuplexConfig, DuplexEngine
+    from services.talker.duplex.worker import DuplexWorker
     from services.talker.servicer import SERVICE_NAME, TalkerServicer
     from services.talker.worker import TalkerDefaults
     from voxstage.internal.v1 import stage_pb2_grpc

@@ -11,8 +11,8 @@ from collections.abc import Mapping
 
 import grpc
 
-from services.talker.duplex_stream import DuplexTalkerStream
-from services.talker.duplex_worker import DuplexWorker
+from services.talker.duplex.stream import DuplexTalkerStream
+from services.talker.duplex.worker import DuplexWorker
 from services.talker.stream import TalkerStream
 from services.talker.worker import RequestSnapshot, TalkerSnapshot, TalkerWorker
 from voxstage.config import ChunkPlan

@@ -14,10 +14,10 @@ import grpc
 import numpy as np
 import torch
 
-from services.codec.duplex import DuplexCodecEngine
-from services.codec.duplex_calls import PackedCalls
-from services.codec.duplex_types import AgentAudio, AgentFrame, DuplexCodecConfig, UserCodes
-from services.codec.duplex_worker import DuplexCodecWorker
+from services.codec.duplex.calls import PackedCalls
+from services.codec.duplex.engine import DuplexCodecEngine
+from services.codec.duplex.types import AgentAudio, AgentFrame, DuplexCodecConfig, UserCodes
+from services.codec.duplex.worker import DuplexCodecWorker
 from services.codec.models import DuplexCodecRuntime
 from services.codec.models.mimi.model import MimiModel
 from services.codec.models.mimi.streaming import MimiStreamingCodec

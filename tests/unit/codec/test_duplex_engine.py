@@ -23,11 +23,11 @@ from codec_duplex_kit import (
     speech,
 )
 
-from services.codec.duplex import DuplexCodecEngine
-from services.codec.duplex_calls import PackedCalls
-from services.codec.duplex_graphs import GraphedDuplexCalls
-from services.codec.duplex_reference import prepare_reference
-from services.codec.duplex_types import AgentFrame, DuplexAdmissionError, DuplexCodecConfig
+from services.codec.duplex.calls import PackedCalls
+from services.codec.duplex.engine import DuplexCodecEngine
+from services.codec.duplex.graphs import GraphedDuplexCalls
+from services.codec.duplex.reference import prepare_reference
+from services.codec.duplex.types import AgentFrame, DuplexAdmissionError, DuplexCodecConfig
 from services.codec.models.mimi.loader import random_init
 from services.codec.models.mimi.loudness import integrated_loudness
 from services.codec.models.mimi.model import MimiModel

@@ -13,7 +13,7 @@ import pytest
 import torch
 from codec_duplex_kit import CODE, MODEL, SPF, FakeTalker, Session, only_message, speech, stage
 
-from services.codec.duplex_reference import prepare_reference
+from services.codec.duplex.reference import prepare_reference
 from services.codec.models.mimi.loader import random_init
 from services.codec.models.mimi.model import MimiModel
 from services.codec.models.mimi.presets import tiny_config

@@ -16,7 +16,7 @@ import grpc
 import pytest
 from codec_duplex_kit import FakeTalker, Session, only_message, stage
 
-from services.codec.duplex import DuplexCodecEngine
+from services.codec.duplex.engine import DuplexCodecEngine
 from services.codec.models.mimi.loader import random_init
 from services.codec.models.mimi.model import MimiModel
 from services.codec.models.mimi.presets import tiny_config

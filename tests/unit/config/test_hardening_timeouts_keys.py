@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.http_limits import GuardedH11, http_config
+from gateway.http.limits import GuardedH11, http_config
 from voxstage.config import ConfigError, load_deploy_config
 
 REPO = Path(__file__).resolve().parents[3]

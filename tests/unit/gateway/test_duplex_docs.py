@@ -1,12 +1,12 @@
 """docs/api.md states the duplex formats, limits and events that the code enforces (one source of truth:
-``voxstage.duplex_audio`` and ``gateway/realtime_events.py``)."""
+``voxstage.duplex_audio`` and ``gateway/realtime/events.py``)."""
 
 from __future__ import annotations
 
 import re
 from pathlib import Path
 
-from gateway.realtime_events import UNSUPPORTED
+from gateway.realtime.events import UNSUPPORTED
 from voxstage import metrics
 from voxstage.duplex_audio import FORMATS, INPUT_BUFFER_SECONDS, MAX_APPEND_BYTES, MAX_EVENT_BYTES
 

@@ -15,7 +15,8 @@ import pytest
 from gateway_fakes import expected_samples
 from gateway_kit import MakeStack
 
-from gateway import grpc_api, http_speech
+from gateway.grpc import speech as grpc_api
+from gateway.http import speech as http_speech
 from voxstage import formats
 from voxstage.audio import AudioFormat, StreamingEncoder, decode_audio, encode_clip
 from voxstage.client import AsyncSpeechClient

@@ -21,7 +21,7 @@ import soundfile as sf
 from gateway_fakes import FakeTalker, expected_samples
 from gateway_kit import MakeStack, write_checkpoint_config
 
-import gateway.request as request_module
+import gateway.tts.request as request_module
 from voxstage.audio import AudioError, decode_audio
 from voxstage.v1 import speech_pb2
 

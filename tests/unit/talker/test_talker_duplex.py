@@ -6,7 +6,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from services.talker.duplex import DuplexAdmissionError, DuplexConfig, DuplexEngine, DuplexRequest, Finish
+from services.talker.duplex.engine import (
+    DuplexAdmissionError,
+    DuplexConfig,
+    DuplexEngine,
+    DuplexRequest,
+    Finish,
+)
 from services.talker.models.personaplex.adapter import PersonaPlexAdapter
 from services.talker.models.personaplex.model import PersonaPlexLM
 from services.talker.sampling import SamplingParams

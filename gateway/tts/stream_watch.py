@@ -32,7 +32,7 @@ from typing import Any
 import grpc
 
 from gateway.errors import GatewayError
-from gateway.synthesis import Flush, InputItem
+from gateway.tts.synthesis import Flush, InputItem
 from gateway.upstream import CodecStream
 
 IDLE_SETTING = "gateway.stream_idle_timeout_s"

@@ -29,9 +29,9 @@ from starlette.types import Receive, Scope, Send
 
 from gateway.accounting import RequestAccounting
 from gateway.errors import GatewayError, invalid, openai_body
-from gateway.grpc_api import as_gateway_error
-from gateway.request import HTTP_FIELDS, RawRequest, ReferenceInput, sampling_from
-from gateway.synthesis import AudioOut, Event, Finished
+from gateway.grpc.speech import as_gateway_error
+from gateway.tts.request import HTTP_FIELDS, RawRequest, ReferenceInput, sampling_from
+from gateway.tts.synthesis import AudioOut, Event, Finished
 from voxstage import formats
 from voxstage.audio import AudioError, AudioFormat, StreamingEncoder, encode_clip, parse_format
 

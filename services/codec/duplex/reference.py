@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from services.codec.duplex_types import MAX_REFERENCE_SECONDS, MIMI_SAMPLE_RATE, SAMPLES_PER_FRAME
+from services.codec.duplex.types import MAX_REFERENCE_SECONDS, MIMI_SAMPLE_RATE, SAMPLES_PER_FRAME
 from services.codec.models.mimi.loudness import normalize_loudness
 from voxstage.audio import resample
 

@@ -16,8 +16,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from gateway.duplex_session import Ended
-from gateway.duplex_settings import SessionSettings, SettingsUpdate
+from gateway.duplex.session import Ended
+from gateway.duplex.settings import SessionSettings, SettingsUpdate
 from gateway.errors import GatewayError, invalid, openai_body
 from voxstage import duplex_audio
 from voxstage.duplex_audio import DuplexAudioError, DuplexFormat, check_format, format_of_type

@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from services.talker.duplex import DuplexOutput, Finish
-from services.talker.duplex_worker import DuplexWorker, SessionSnapshot
+from services.talker.duplex.engine import DuplexOutput, Finish
+from services.talker.duplex.worker import DuplexWorker, SessionSnapshot
 from services.talker.request_params import request_params
 from voxstage import wire
 from voxstage.internal.v1 import stage_pb2

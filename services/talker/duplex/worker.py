@@ -16,7 +16,7 @@ from typing import Protocol
 
 import numpy as np
 
-from services.talker.duplex import DuplexAdmissionError, DuplexEngine, DuplexOutput, DuplexRequest
+from services.talker.duplex.engine import DuplexAdmissionError, DuplexEngine, DuplexOutput, DuplexRequest
 from services.talker.models import TalkerInfo
 from services.talker.worker import MAX_SEED, RequestParams, TalkerDefaults, apply_overrides
 from voxstage.stage.errors import StageFailure

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from services.codec.duplex_types import MAX_REFERENCE_SECONDS, REFERENCE_RATES
+from services.codec.duplex.types import MAX_REFERENCE_SECONDS, REFERENCE_RATES
 from voxstage import wire
 from voxstage.internal.v1 import stage_pb2 as S
 from voxstage.stage.errors import StageFailure

@@ -22,10 +22,10 @@ from google.protobuf import duration_pb2
 
 from gateway.accounting import RequestAccounting
 from gateway.catalog import ModelInfo
-from gateway.converse_grpc import converse
 from gateway.core import GatewayCore
 from gateway.errors import GatewayError, abort, invalid, not_found
-from gateway.request import (
+from gateway.grpc.converse import converse
+from gateway.tts.request import (
     GRPC_FIELDS,
     RawRequest,
     SynthesisJob,
@@ -33,8 +33,8 @@ from gateway.request import (
     check_text,
     reference_from_grpc,
 )
-from gateway.stream_watch import StreamWatch
-from gateway.synthesis import FLUSH, AudioOut, Finished, InputItem, SegmentEnd, Started, whole_text
+from gateway.tts.stream_watch import StreamWatch
+from gateway.tts.synthesis import FLUSH, AudioOut, Finished, InputItem, SegmentEnd, Started, whole_text
 from voxstage import formats
 from voxstage.audio import AudioError, AudioFormat, StreamingEncoder, encode_clip
 from voxstage.v1 import speech_pb2, speech_pb2_grpc
@@ -214,7 +214,7 @@ class SpeechServicer(speech_pb2_grpc.SpeechServicer):
             await abort(context, err)
             return
         encoder = StreamingEncoder(job.fmt, job.sample_rate)
-        # Idle timeout and lifetime limit (stream_watch.py): without them a client that never sends text nor
+        # Idle timeout and lifetime limit (gateway/tts/stream_watch.py): without them a client that never sends text nor
         # half-closes holds its admission slot and codec stream forever.
         watch = StreamWatch(gw.stream_idle_timeout_s, gw.max_stream_lifetime_s)
         inputs = watch.inputs(_inputs(request_iterator))

@@ -25,8 +25,8 @@ from typing import TYPE_CHECKING
 import grpc
 import numpy as np
 
-from gateway.duplex_settings import DuplexFields, SessionSettings, SettingsUpdate, apply_update
-from gateway.duplex_upstream import AgentPcm, DuplexCodecStream
+from gateway.duplex.settings import DuplexFields, SessionSettings, SettingsUpdate, apply_update
+from gateway.duplex.upstream import AgentPcm, DuplexCodecStream
 from gateway.errors import GatewayError, invalid
 from gateway.routing import Replica, open_on_pair
 from gateway.upstream import Timeouts
@@ -47,7 +47,7 @@ from voxstage.transport.host import local_hello
 from voxstage.transport.payload import hello_to_proto
 
 if TYPE_CHECKING:
-    from gateway.sessions import SessionManager
+    from gateway.duplex.sessions import SessionManager
 
 CLOSE_GRACE_S = 5.0  # a clean close waits this long for the codec's terminal before cancelling
 MAX_TRACKED_FRAMES = 512  # user frames awaiting their answer, for the response-latency histogram

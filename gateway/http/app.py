@@ -22,11 +22,11 @@ from starlette.requests import ClientDisconnect
 from gateway.accounting import RequestAccounting
 from gateway.core import GatewayCore
 from gateway.errors import GatewayError, not_found, openai_body, openai_error, retry_after_header
-from gateway.grpc_api import as_gateway_error, voices_of
-from gateway.http_speech import delivery, parse_speech, raw_request, stream, whole_clip
-from gateway.realtime_ws import register_realtime
-from gateway.request import HTTP_FIELDS, build_job, check_text
-from gateway.synthesis import whole_text
+from gateway.grpc.speech import as_gateway_error, voices_of
+from gateway.http.speech import delivery, parse_speech, raw_request, stream, whole_clip
+from gateway.realtime.ws import register_realtime
+from gateway.tts.request import HTTP_FIELDS, build_job, check_text
+from gateway.tts.synthesis import whole_text
 from voxstage import metrics
 
 # Reference audio is capped at 10 MiB; base64 inflates it by 4/3, plus room for the other fields.

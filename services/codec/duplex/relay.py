@@ -16,14 +16,14 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from services.codec.duplex_types import AgentFrame
+from services.codec.duplex.types import AgentFrame
 from services.codec.relay import TalkerRelay
 from voxstage import wire
 from voxstage.internal.v1 import stage_pb2 as S
 from voxstage.stage.errors import StageFailure
 
 if TYPE_CHECKING:
-    from services.codec.duplex_stream import DuplexCodecStream
+    from services.codec.duplex.stream import DuplexCodecStream
     from services.codec.upstream import TalkerPool
 
 # User frames (one per tick) held for a talker that grants no user-code credit before the session fails: a

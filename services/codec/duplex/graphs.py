@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from services.codec.duplex_calls import PackedCalls
+from services.codec.duplex.calls import PackedCalls
 from services.codec.engine import batch_bucket
 from voxstage.cudagraphs import GraphCache
 

@@ -17,9 +17,9 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from services.codec.duplex import DuplexCodecEngine
-from services.codec.duplex_reference import prepare_reference
-from services.codec.duplex_types import AgentFrame, DuplexAdmissionError, DuplexOutput
+from services.codec.duplex.engine import DuplexCodecEngine
+from services.codec.duplex.reference import prepare_reference
+from services.codec.duplex.types import AgentFrame, DuplexAdmissionError, DuplexOutput
 from voxstage.stage.errors import StageFailure
 from voxstage.stage.worker import StageWorker
 

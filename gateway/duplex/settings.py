@@ -16,7 +16,7 @@ import numpy as np
 
 from gateway.catalog import ModelInfo
 from gateway.errors import GatewayError, invalid, not_found
-from gateway.request import check_number, check_sampling, resolve_model
+from gateway.tts.request import check_number, check_sampling, resolve_model
 from gateway.voice_aliases import resolve_alias
 from voxstage import limits
 from voxstage.audio import AudioError, decode_audio
@@ -25,7 +25,7 @@ from voxstage.v1 import speech_pb2
 
 # Sampling fields a duplex session honours: the text stream's sampler (docs/protocol.md §11).
 DUPLEX_SAMPLING = ("temperature", "top_k", "top_p")
-# A voice recording: the codec encodes at most 30 s of it (services/codec/duplex_reference.py).
+# A voice recording: the codec encodes at most 30 s of it (services/codec/duplex/reference.py).
 MAX_VOICE_S = 30.0
 MAX_VOICE_BYTES = 8 * 1024 * 1024
 

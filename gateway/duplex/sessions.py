@@ -16,8 +16,8 @@ from collections.abc import Callable
 import grpc
 
 from gateway.catalog import ModelInfo
-from gateway.duplex_session import DuplexSession, SessionLimits
-from gateway.duplex_settings import SessionSettings, session_mode_error
+from gateway.duplex.session import DuplexSession, SessionLimits
+from gateway.duplex.settings import SessionSettings, session_mode_error
 from gateway.errors import GatewayError
 from gateway.routing import ReplicaPool
 from gateway.upstream import Timeouts

@@ -29,11 +29,11 @@ from pydantic import ValidationError
 from starlette.websockets import WebSocketDisconnect
 
 from gateway.core import GatewayCore
-from gateway.duplex_send import SendStalled, bounded_send, count_stalled, stalled_in
-from gateway.duplex_session import AgentAudio, DuplexSession, Ended, Notice
-from gateway.duplex_settings import WS_FIELDS
+from gateway.duplex.send import SendStalled, bounded_send, count_stalled, stalled_in
+from gateway.duplex.session import AgentAudio, DuplexSession, Ended, Notice
+from gateway.duplex.settings import WS_FIELDS
 from gateway.errors import GatewayError, invalid
-from gateway.realtime_events import (
+from gateway.realtime.events import (
     UNSUPPORTED,
     InputAudioBufferAppendEvent,
     SessionUpdateEvent,
@@ -44,7 +44,7 @@ from gateway.realtime_events import (
     session_json,
     settings_update,
 )
-from gateway.request import resolve_model
+from gateway.tts.request import resolve_model
 from voxstage.duplex_audio import MAX_EVENT_BYTES, DuplexAudioError, decode_base64
 
 log = logging.getLogger(__name__)

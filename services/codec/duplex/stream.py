@@ -21,9 +21,9 @@ from typing import TYPE_CHECKING, Any
 import grpc
 import numpy as np
 
-from services.codec.duplex_open import check_open, talker_open
-from services.codec.duplex_relay import DuplexTalkerRelay
-from services.codec.duplex_types import AgentAudio, AgentFrame, DuplexOutput, UserCodes
+from services.codec.duplex.open import check_open, talker_open
+from services.codec.duplex.relay import DuplexTalkerRelay
+from services.codec.duplex.types import AgentAudio, AgentFrame, DuplexOutput, UserCodes
 from services.codec.relay import TalkerRefused
 from services.codec.stream import CodecStageStream
 from voxstage import wire
@@ -34,7 +34,7 @@ from voxstage.transport.payload import ack_message, read_payload
 from voxstage.transport.shm_layout import InvalidShmReference, ShmError, StaleShmReference
 
 if TYPE_CHECKING:
-    from services.codec.duplex_worker import DuplexCodecWorker
+    from services.codec.duplex.worker import DuplexCodecWorker
     from services.codec.servicer import CodecServicer
     from voxstage.transport.shm_reader import ShmReader
 

@@ -23,8 +23,8 @@ import numpy as np
 from gateway.accounting import RequestAccounting
 from gateway.admission import Admission
 from gateway.errors import GatewayError, invalid
-from gateway.request import SynthesisJob, check_text
 from gateway.routing import Replica, ReplicaPool, open_on_pair
+from gateway.tts.request import SynthesisJob, check_text
 from gateway.upstream import CodecStream, Pcm, Timeouts
 from voxstage.audio import StreamingResampler
 from voxstage.config import DeployConfig

@@ -28,9 +28,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from services.codec.duplex_calls import PackedCalls, move_session_state
-from services.codec.duplex_reference import ReferenceJobs
-from services.codec.duplex_types import (
+from services.codec.duplex.calls import PackedCalls, move_session_state
+from services.codec.duplex.reference import ReferenceJobs
+from services.codec.duplex.types import (
     MIMI_SAMPLE_RATE,
     AgentAudio,
     AgentFrame,

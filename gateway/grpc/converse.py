@@ -32,11 +32,11 @@ import grpc
 from google.protobuf import duration_pb2
 
 from gateway.core import GatewayCore
-from gateway.duplex_send import SendStalled, bounded_send, count_stalled, stalled_in
-from gateway.duplex_session import AgentAudio, DuplexSession, Ended, Notice
-from gateway.duplex_settings import GRPC_FIELDS, SessionSettings, SettingsUpdate
+from gateway.duplex.send import SendStalled, bounded_send, count_stalled, stalled_in
+from gateway.duplex.session import AgentAudio, DuplexSession, Ended, Notice
+from gateway.duplex.settings import GRPC_FIELDS, SessionSettings, SettingsUpdate
 from gateway.errors import GatewayError, abort, invalid, openai_body
-from gateway.realtime_events import UNSUPPORTED
+from gateway.realtime.events import UNSUPPORTED
 from voxstage.duplex_audio import (
     FRAME_SECONDS,
     DuplexAudioError,
