@@ -38,6 +38,7 @@ from gateway.grpc.reflection import reflection_v1_binding
 from gateway.grpc.speech import SpeechServicer
 from gateway.http.app import build_app
 from gateway.http.limits import http_config
+from gateway.realtime.ws import register_realtime
 from gateway.voice_aliases import log_broken_aliases
 from voxstage.config import DeployConfig
 from voxstage.server import ServiceBinding, StageServer, start_stage_server
@@ -200,7 +201,9 @@ class GatewayServer:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((self.host, self._http_port))
         self.http_port = sock.getsockname()[1]
-        app = PublicHttpGuard(build_app(self.core), check, public_metrics=gw.public_metrics)
+        api = build_app(self.core)
+        register_realtime(api, self.core)  # the WebSocket face shares the HTTP face's port
+        app = PublicHttpGuard(api, check, public_metrics=gw.public_metrics)
         config = http_config(app, gw, grace_s=self.grace_s)
         if tls is not None:
             config.ssl_certfile, config.ssl_keyfile = gw.tls_cert_file, gw.tls_key_file

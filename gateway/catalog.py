@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
 from voxstage.internal.v1 import stage_pb2
+from voxstage.v1 import speech_pb2
 
 log = logging.getLogger(__name__)
 
@@ -218,3 +219,28 @@ def build_model_info(
         variant=variant or None,
         aliases=aliases,
     )
+
+
+def voices_of(model: ModelInfo, language: str) -> list[speech_pb2.Voice]:
+    """The catalog's voices, filtered by language; one unnamed entry when the voice list is unknown."""
+    if model.voices is None:
+        return [
+            speech_pb2.Voice(
+                name="",
+                model=model.name,
+                native_sample_rate_hz=model.sample_rate_hz,
+                description="voice list unavailable: the gateway cannot read this model's checkpoint config",
+            )
+        ]
+    if language and model.resolve_language(language) is None:
+        return []
+    return [
+        speech_pb2.Voice(
+            name=v.name,
+            model=model.name,
+            languages=list(v.languages),
+            description=v.description,
+            native_sample_rate_hz=model.sample_rate_hz,
+        )
+        for v in model.voices
+    ]

@@ -7,6 +7,7 @@ gRPC status, in ``{"error": {"param": ...}}`` and in logs. Retryable refusals ca
 
 from __future__ import annotations
 
+import logging
 import math
 from typing import Any
 
@@ -14,6 +15,8 @@ import grpc
 from google.protobuf import duration_pb2
 from google.rpc import code_pb2, error_details_pb2, status_pb2
 from grpc_status import rpc_status
+
+log = logging.getLogger(__name__)
 
 # The HTTP status each gRPC code maps to (google.rpc.Code's documented HTTP mapping).
 HTTP_STATUS: dict[grpc.StatusCode, int] = {
@@ -136,3 +139,11 @@ def retry_after_header(err: GatewayError) -> dict[str, str]:
     if err.retry_after_s is None:
         return {}
     return {"Retry-After": str(max(1, math.ceil(err.retry_after_s)))}
+
+
+def as_gateway_error(exc: Exception) -> GatewayError:
+    """Any failure as a status: a bug still answers INTERNAL with its cause, never UNKNOWN."""
+    if isinstance(exc, GatewayError):
+        return exc
+    log.exception("request failed", exc_info=exc)
+    return GatewayError(grpc.StatusCode.INTERNAL, f"internal error: {type(exc).__name__}: {exc}")

@@ -15,8 +15,8 @@ import grpc
 import numpy as np
 
 from gateway.catalog import ModelInfo
+from gateway.checks import check_number, check_sampling, resolve_model
 from gateway.errors import GatewayError, invalid, not_found
-from gateway.tts.request import check_number, check_sampling, resolve_model
 from gateway.voice_aliases import resolve_alias
 from voxstage import limits
 from voxstage.audio import AudioError, decode_audio
@@ -28,6 +28,24 @@ DUPLEX_SAMPLING = ("temperature", "top_k", "top_p")
 # A voice recording: the codec encodes at most 30 s of it (services/codec/duplex/reference.py).
 MAX_VOICE_S = 30.0
 MAX_VOICE_BYTES = 8 * 1024 * 1024
+_TURN_BASED = (
+    "full duplex: audio goes to the model as it arrives and the model decides when to speak, in one "
+    "long-running response per session"
+)
+# Client events of the Realtime GA vocabulary that a full-duplex session does not take, and why: both faces
+# answer them (Converse by their Realtime names) with an error naming the reason.
+UNSUPPORTED: dict[str, str] = {
+    "input_audio_buffer.commit": f"{_TURN_BASED}; there is no buffer to commit",
+    "input_audio_buffer.clear": f"{_TURN_BASED}; there is no uncommitted buffer to clear",
+    "response.create": f"{_TURN_BASED}; responses are not requested",
+    "response.cancel": f"{_TURN_BASED}; it cannot be cancelled (speak to interrupt the model)",
+    "conversation.item.create": "the conversation is the audio stream; items cannot be added",
+    "conversation.item.truncate": "the conversation is the audio stream; items cannot be truncated",
+    "conversation.item.delete": "the conversation is the audio stream; items cannot be deleted",
+    "conversation.item.retrieve": "the conversation is the audio stream; items cannot be retrieved",
+    "output_audio_buffer.clear": "output_audio_buffer is a WebRTC/SIP event; this is a WebSocket session",
+    "transcription_session.update": "transcription sessions are not served; this endpoint converses",
+}
 
 
 @dataclass(frozen=True)

@@ -34,9 +34,8 @@ from google.protobuf import duration_pb2
 from gateway.core import GatewayCore
 from gateway.duplex.send import SendStalled, bounded_send, count_stalled, stalled_in
 from gateway.duplex.session import AgentAudio, DuplexSession, Ended, Notice
-from gateway.duplex.settings import GRPC_FIELDS, SessionSettings, SettingsUpdate
+from gateway.duplex.settings import GRPC_FIELDS, UNSUPPORTED, SessionSettings, SettingsUpdate
 from gateway.errors import GatewayError, abort, invalid, openai_body
-from gateway.realtime.events import UNSUPPORTED
 from voxstage.duplex_audio import (
     FRAME_SECONDS,
     DuplexAudioError,

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -21,9 +20,9 @@ import numpy as np
 from google.protobuf import duration_pb2
 
 from gateway.accounting import RequestAccounting
-from gateway.catalog import ModelInfo
+from gateway.catalog import voices_of
 from gateway.core import GatewayCore
-from gateway.errors import GatewayError, abort, invalid, not_found
+from gateway.errors import GatewayError, abort, as_gateway_error, invalid, not_found
 from gateway.grpc.converse import converse
 from gateway.tts.request import (
     GRPC_FIELDS,
@@ -42,15 +41,6 @@ from voxstage.v1 import speech_pb2, speech_pb2_grpc
 # gRPC's spelling of the one format table (voxstage.formats), shared with HTTP, the SDK and the CLI.
 ENCODINGS: dict[int, AudioFormat] = {f.encoding: AudioFormat(f.name) for f in formats.FORMATS}
 Context: TypeAlias = grpc.aio.ServicerContext[Any, Any]
-log = logging.getLogger(__name__)
-
-
-def as_gateway_error(exc: Exception) -> GatewayError:
-    """Any failure as a status: a bug still answers INTERNAL with its cause, never UNKNOWN."""
-    if isinstance(exc, GatewayError):
-        return exc
-    log.exception("request failed", exc_info=exc)
-    return GatewayError(grpc.StatusCode.INTERNAL, f"internal error: {type(exc).__name__}: {exc}")
 
 
 def _duration(seconds: float) -> duration_pb2.Duration:
@@ -214,8 +204,8 @@ class SpeechServicer(speech_pb2_grpc.SpeechServicer):
             await abort(context, err)
             return
         encoder = StreamingEncoder(job.fmt, job.sample_rate)
-        # Idle timeout and lifetime limit (gateway/tts/stream_watch.py): without them a client that never sends text nor
-        # half-closes holds its admission slot and codec stream forever.
+        # Idle timeout and lifetime limit (gateway/tts/stream_watch.py): without them a client that never
+        # sends text nor half-closes holds its admission slot and codec stream forever.
         watch = StreamWatch(gw.stream_idle_timeout_s, gw.max_stream_lifetime_s)
         inputs = watch.inputs(_inputs(request_iterator))
         run = self.core.synth.run(
@@ -273,31 +263,6 @@ class SpeechServicer(speech_pb2_grpc.SpeechServicer):
         self, request_iterator: AsyncIterator[speech_pb2.ConverseRequest], context: Context
     ) -> None:
         await converse(self.core, request_iterator, context)
-
-
-def voices_of(model: ModelInfo, language: str) -> list[speech_pb2.Voice]:
-    """The catalog's voices, filtered by language; one unnamed entry when the voice list is unknown."""
-    if model.voices is None:
-        return [
-            speech_pb2.Voice(
-                name="",
-                model=model.name,
-                native_sample_rate_hz=model.sample_rate_hz,
-                description="voice list unavailable: the gateway cannot read this model's checkpoint config",
-            )
-        ]
-    if language and model.resolve_language(language) is None:
-        return []
-    return [
-        speech_pb2.Voice(
-            name=v.name,
-            model=model.name,
-            languages=list(v.languages),
-            description=v.description,
-            native_sample_rate_hz=model.sample_rate_hz,
-        )
-        for v in model.voices
-    ]
 
 
 async def _inputs(

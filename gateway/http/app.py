@@ -20,11 +20,17 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
 from gateway.accounting import RequestAccounting
+from gateway.catalog import voices_of
 from gateway.core import GatewayCore
-from gateway.errors import GatewayError, not_found, openai_body, openai_error, retry_after_header
-from gateway.grpc.speech import as_gateway_error, voices_of
+from gateway.errors import (
+    GatewayError,
+    as_gateway_error,
+    not_found,
+    openai_body,
+    openai_error,
+    retry_after_header,
+)
 from gateway.http.speech import delivery, parse_speech, raw_request, stream, whole_clip
-from gateway.realtime.ws import register_realtime
 from gateway.tts.request import HTTP_FIELDS, build_job, check_text
 from gateway.tts.synthesis import whole_text
 from voxstage import metrics
@@ -106,8 +112,6 @@ def build_app(core: GatewayCore) -> FastAPI:
             err = as_gateway_error(exc)
             acct.finish(err.outcome, code=err.code.name)
             return _error_response(err)
-
-    register_realtime(app, core)
 
     @app.get("/v1/models")
     async def models() -> JSONResponse:

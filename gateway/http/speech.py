@@ -28,8 +28,7 @@ from starlette.requests import ClientDisconnect
 from starlette.types import Receive, Scope, Send
 
 from gateway.accounting import RequestAccounting
-from gateway.errors import GatewayError, invalid, openai_body
-from gateway.grpc.speech import as_gateway_error
+from gateway.errors import GatewayError, as_gateway_error, invalid, openai_body
 from gateway.tts.request import HTTP_FIELDS, RawRequest, ReferenceInput, sampling_from
 from gateway.tts.synthesis import AudioOut, Event, Finished
 from voxstage import formats

@@ -5,8 +5,8 @@ A full-duplex model listens and speaks at once and decides by itself when to tal
 vocabulary only the audio-in/audio-out subset applies: ``session.update`` and ``input_audio_buffer.append``
 in; ``session.created``/``updated``, one long-running response (``response.created``, audio and transcript
 deltas, ``response.done``) and ``error`` out. Client events of the turn-based flow are answered with an
-``error`` naming why (``UNSUPPORTED``), and the session goes on. voxstage's own settings ride under the
-vendor key ``session.voxstage``.
+``error`` naming why (``gateway.duplex.settings.UNSUPPORTED``), and the session goes on. voxstage's own
+settings ride under the vendor key ``session.voxstage``.
 """
 
 from __future__ import annotations
@@ -22,24 +22,6 @@ from gateway.errors import GatewayError, invalid, openai_body
 from voxstage import duplex_audio
 from voxstage.duplex_audio import DuplexAudioError, DuplexFormat, check_format, format_of_type
 from voxstage.v1 import speech_pb2
-
-_TURN_BASED = (
-    "full duplex: audio goes to the model as it arrives and the model decides when to speak, in one "
-    "long-running response per session"
-)
-# Client events of the Realtime GA vocabulary that a full-duplex session does not take, and why.
-UNSUPPORTED: dict[str, str] = {
-    "input_audio_buffer.commit": f"{_TURN_BASED}; there is no buffer to commit",
-    "input_audio_buffer.clear": f"{_TURN_BASED}; there is no uncommitted buffer to clear",
-    "response.create": f"{_TURN_BASED}; responses are not requested",
-    "response.cancel": f"{_TURN_BASED}; it cannot be cancelled (speak to interrupt the model)",
-    "conversation.item.create": "the conversation is the audio stream; items cannot be added",
-    "conversation.item.truncate": "the conversation is the audio stream; items cannot be truncated",
-    "conversation.item.delete": "the conversation is the audio stream; items cannot be deleted",
-    "conversation.item.retrieve": "the conversation is the audio stream; items cannot be retrieved",
-    "output_audio_buffer.clear": "output_audio_buffer is a WebRTC/SIP event; this is a WebSocket session",
-    "transcription_session.update": "transcription sessions are not served; this endpoint converses",
-}
 
 
 class _Strict(BaseModel):

@@ -28,13 +28,13 @@ from fastapi import FastAPI, WebSocket
 from pydantic import ValidationError
 from starlette.websockets import WebSocketDisconnect
 
+from gateway.checks import resolve_model
 from gateway.core import GatewayCore
 from gateway.duplex.send import SendStalled, bounded_send, count_stalled, stalled_in
 from gateway.duplex.session import AgentAudio, DuplexSession, Ended, Notice
-from gateway.duplex.settings import WS_FIELDS
+from gateway.duplex.settings import UNSUPPORTED, WS_FIELDS
 from gateway.errors import GatewayError, invalid
 from gateway.realtime.events import (
-    UNSUPPORTED,
     InputAudioBufferAppendEvent,
     SessionUpdateEvent,
     audio_delta,
@@ -44,7 +44,6 @@ from gateway.realtime.events import (
     session_json,
     settings_update,
 )
-from gateway.tts.request import resolve_model
 from voxstage.duplex_audio import MAX_EVENT_BYTES, DuplexAudioError, decode_base64
 
 log = logging.getLogger(__name__)

@@ -18,14 +18,12 @@ import grpc
 import numpy as np
 
 from gateway.catalog import AUTO_LANGUAGE, ModelInfo
+from gateway.checks import SAMPLING, check_number, check_sampling, resolve_model
 from gateway.errors import GatewayError, invalid, not_found
 from gateway.voice_aliases import resolve_alias
 from voxstage import formats, limits
 from voxstage.audio import AudioError, AudioFormat, audio_from_base64, decode_audio
 from voxstage.v1 import speech_pb2
-
-_SAMPLED = (limits.TEMPERATURE, limits.TOP_K, limits.TOP_P, limits.REPETITION_PENALTY, limits.MAX_FRAMES)
-_SAMPLING = {limit.name: limit for limit in _SAMPLED}  # keyed by the SamplingParams field
 
 
 @dataclass(frozen=True)
@@ -152,20 +150,6 @@ def check_text(text: str, name: str, limit: int, *, already: int = 0, delta: boo
         )
 
 
-def check_number(limit: limits.IntRange | limits.FloatRange, value: object, name: str) -> None:
-    """Refuse ``value`` outside ``limit`` (src/voxstage/limits.py), naming the field."""
-    if (why := limit.problem(value)) is not None:
-        raise invalid(name, why)
-
-
-def check_sampling(
-    params: speech_pb2.SamplingParams | speech_pb2.SubtalkerSamplingParams, prefix: str
-) -> None:
-    for key, limit in _SAMPLING.items():
-        if key in params.DESCRIPTOR.fields_by_name and params.HasField(key):
-            check_number(limit, getattr(params, key), f"{prefix}{key}")
-
-
 def check_subtalker(params: speech_pb2.SubtalkerSamplingParams, prefix: str) -> None:
     check_sampling(params, prefix)
     if params.do_sample and params.HasField("temperature") and params.temperature == 0:
@@ -178,25 +162,9 @@ def sampling_from(values: Mapping[str, object], prefix: str) -> speech_pb2.Sampl
     params = speech_pb2.SamplingParams()
     for key, value in values.items():
         if value is not None:
-            check_number(_SAMPLING[key], value, f"{prefix}{key}")
+            check_number(SAMPLING[key], value, f"{prefix}{key}")
             setattr(params, key, value)
     return params
-
-
-def resolve_model(name: str, served: ModelInfo | None, field_name: str) -> ModelInfo:
-    if served is None:
-        raise GatewayError(
-            grpc.StatusCode.UNAVAILABLE,
-            "no talker has reported its model yet",
-            field="talker",
-            retry_after_s=1.0,
-            reason="talker_unavailable",
-        )
-    if not name or name in served.aliases or name == served.name:
-        return served
-    raise not_found(
-        field_name, f"model {name!r} is not served here; served: {served.name}", reason="model_not_found"
-    )
 
 
 def _resolve_voice(

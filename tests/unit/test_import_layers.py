@@ -65,6 +65,38 @@ def test_namespace_does_not_import(importer: str, forbidden: tuple[str, ...]) ->
     assert not found, sorted(found)
 
 
+FACES = ("gateway.http", "gateway.grpc", "gateway.realtime")
+
+
+@pytest.mark.parametrize("face", FACES)
+def test_gateway_faces_borrow_nothing_from_each_other(face: str) -> None:
+    """A face translates its wire form to the core (``gateway.tts``, ``gateway.duplex``, routing, admission);
+    what two faces share lives in the core, so a face never imports another."""
+    others = tuple(f for f in FACES if f != face)
+    folder = ROOT / "gateway" / face.split(".")[1]
+    found = {
+        f"{path.relative_to(ROOT)} imports {name}"
+        for path in sorted(folder.rglob("*.py"))
+        for name in imported_modules(path)
+        if any(_within(name, other) for other in others)
+    }
+    assert not found, sorted(found)
+
+
+def test_gateway_core_imports_no_face() -> None:
+    """Only the process module (``gateway/app.py``) composes the faces; the core serves all of them."""
+    faces = {ROOT / "gateway" / face.split(".")[1] for face in FACES}
+    found = {
+        f"{path.relative_to(ROOT)} imports {name}"
+        for path in sorted((ROOT / "gateway").rglob("*.py"))
+        if path.name != "app.py" or path.parent != ROOT / "gateway"
+        if not any(folder in path.parents for folder in faces)
+        for name in imported_modules(path)
+        if any(_within(name, face) for face in FACES)
+    }
+    assert not found, sorted(found)
+
+
 def submodule_graph(package: str) -> dict[str, set[str]]:
     """Which of ``package``'s modules each one imports; a name taken from the package itself (``from
     voxstage.config import DeployConfig``) is an import of its ``__init__``."""

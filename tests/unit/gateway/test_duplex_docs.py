@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from gateway.realtime.events import UNSUPPORTED
+from gateway.duplex.settings import UNSUPPORTED
 from voxstage import metrics
 from voxstage.duplex_audio import FORMATS, INPUT_BUFFER_SECONDS, MAX_APPEND_BYTES, MAX_EVENT_BYTES
 
