@@ -23,7 +23,7 @@ import numpy as np
 from gateway.routing import Replica, ReplicaPool
 from gateway.upstream import CodecStream, Event, Pcm, Timeouts
 from voxstage import metrics
-from voxstage.duplex_audio import FRAME_SAMPLES, FRAME_SECONDS
+from voxstage.duplex import FRAME_SAMPLES, FRAME_SECONDS
 from voxstage.internal.v1 import stage_pb2
 from voxstage.transport.shm_reader import ShmReader
 

@@ -10,7 +10,7 @@ import dataclasses
 import logging
 from typing import TYPE_CHECKING, Any
 
-from voxstage.stage.process import StageParts, register_stage, stage_parts
+from voxstage.stage.process import StageParts, StageStartError, register_stage, stage_parts
 
 if TYPE_CHECKING:
     from services.codec.engine import CodecEngine
@@ -189,6 +189,7 @@ def _build_duplex(
     from services.codec.models import load_duplex_codec
     from services.codec.servicer import SERVICE_NAME, CodecServicer
     from services.codec.upstream import TalkerPool
+    from voxstage import duplex as duplex_frame
     from voxstage.config import DuplexSessionConfig
     from voxstage.internal.v1 import stage_pb2_grpc
     from voxstage.server import ServiceBinding
@@ -198,6 +199,12 @@ def _build_duplex(
     stage = config.codec
     sessions = stage.max_num_seqs
     runtime = load_duplex_codec(source, device=device, dtype=dtype, max_sessions=sessions)
+    frame = (runtime.sample_rate, runtime.samples_per_frame)
+    if frame != (duplex_frame.SAMPLE_RATE, duplex_frame.FRAME_SAMPLES):
+        raise StageStartError(
+            f"codec: {runtime.model} runs at {frame[0]} Hz x {frame[1]} samples per frame; duplex sessions "
+            f"need {duplex_frame.SAMPLE_RATE} Hz x {duplex_frame.FRAME_SAMPLES} (voxstage.duplex)"
+        )
     budget = device_budget(device, stage.gpu_memory_utilization, "codec")
     if budget is not None:
         # The pool is already allocated (it is part of what memory_allocated measured): check the total.

@@ -31,10 +31,8 @@ import torch
 from services.codec.duplex.calls import PackedCalls, move_session_state
 from services.codec.duplex.reference import ReferenceJobs
 from services.codec.duplex.types import (
-    MIMI_SAMPLE_RATE,
     AgentAudio,
     AgentFrame,
-    DuplexAdmissionError,
     DuplexCodecConfig,
     DuplexOutput,
     SessionInfo,
@@ -42,6 +40,7 @@ from services.codec.duplex.types import (
 )
 from services.codec.engine import batch_bucket
 from voxstage import metrics
+from voxstage.duplex import DuplexAdmissionError
 
 log = logging.getLogger(__name__)
 
@@ -91,7 +90,7 @@ class DuplexCodecEngine:
         self.clock = clock
         self.spf: int = codec.samples_per_frame
         self.groups: int = codec.num_codebooks
-        self.sample_rate = MIMI_SAMPLE_RATE
+        self.sample_rate: int = codec.sample_rate
         if config.jitter_samples < self.spf:
             raise ValueError(f"jitter_samples must hold one frame ({self.spf}), got {config.jitter_samples}")
         self.calls = calls if calls is not None else PackedCalls(codec)

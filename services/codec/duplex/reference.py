@@ -1,10 +1,10 @@
-"""Voice recordings of duplex sessions: 24 kHz, -24 LUFS, Mimi codes (docs/protocol.md §11).
+"""Voice recordings of duplex sessions (docs/protocol.md §11): checked, conditioned by the family, encoded.
 
-``prepare_reference`` (numpy only; the worker runs it off both the event loop and the engine thread)
-resamples a recording to 24 kHz, normalises its loudness as PersonaPlex does and pads it to whole frames.
-``ReferenceJobs`` encodes prepared recordings on the engine thread in chunks, each from a fresh state on the
-pool's reference slot: exact streaming equals the offline encode, and a long recording delays the other
-sessions' ticks by at most one chunk.
+``check_recording`` holds a recording to the protocol's limits; the family's codec runtime conditions it
+(``DuplexCodecRuntime.prepare_recording``: its rate, its loudness, whole frames; numpy only, run by the
+worker off both the event loop and the engine thread). ``ReferenceJobs`` encodes prepared recordings on the
+engine thread in chunks, each from a fresh state on the pool's reference slot: exact streaming equals the
+offline encode, and a long recording delays the other sessions' ticks by at most one chunk.
 """
 
 from __future__ import annotations
@@ -20,19 +20,17 @@ from typing import Any
 import numpy as np
 import torch
 
-from services.codec.duplex.types import MAX_REFERENCE_SECONDS, MIMI_SAMPLE_RATE, SAMPLES_PER_FRAME
-from services.codec.models.mimi.loudness import normalize_loudness
-from voxstage.audio import resample
+from services.codec.duplex.types import MAX_REFERENCE_SECONDS
 
 log = logging.getLogger(__name__)
-TARGET_LUFS = -24.0
 
 
-def prepare_reference(
-    pcm: np.ndarray, sample_rate: int, *, max_seconds: float = MAX_REFERENCE_SECONDS
+def check_recording(
+    pcm: np.ndarray, sample_rate: int, max_seconds: float = MAX_REFERENCE_SECONDS
 ) -> np.ndarray:
-    """A mono recording at any rate -> float32 at 24 kHz, loudness-normalised to -24 LUFS (silence and clips
-    under 400 ms stay as they are), right-padded with zeros to whole 1920-sample frames."""
+    """A voice recording as the protocol allows it (non-empty mono, a positive rate, at most
+    ``max_seconds``, finite), as float32; the family's codec conditions it from there
+    (``DuplexCodecRuntime.prepare_recording``)."""
     x = np.asarray(pcm, dtype=np.float32)
     if x.ndim != 1 or x.size == 0:
         raise ValueError(f"reference.audio: must be non-empty mono audio, got shape {x.shape}")
@@ -43,9 +41,7 @@ def prepare_reference(
         raise ValueError(f"reference.audio: {seconds:.1f} s exceeds the limit of {max_seconds:g} s")
     if not np.isfinite(x).all():
         raise ValueError("reference.audio: contains NaN or infinite samples")
-    x = normalize_loudness(resample(x, sample_rate, MIMI_SAMPLE_RATE), MIMI_SAMPLE_RATE, TARGET_LUFS)
-    pad = -x.size % SAMPLES_PER_FRAME
-    return np.concatenate([x, np.zeros(pad, np.float32)]).astype(np.float32, copy=False)
+    return x
 
 
 @dataclass
@@ -70,7 +66,7 @@ class ReferenceJobs:
         self.codec = codec
         self.spf: int = codec.samples_per_frame
         self.chunk_frames = chunk_frames
-        self.max_frames = int(MAX_REFERENCE_SECONDS * MIMI_SAMPLE_RATE) // self.spf + 1
+        self.max_frames = int(MAX_REFERENCE_SECONDS * codec.sample_rate) // self.spf + 1
         self.device = device
         self.clock = clock
         self._slot = torch.tensor([slot], dtype=torch.int64, device=device)

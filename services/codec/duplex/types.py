@@ -11,8 +11,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-MIMI_SAMPLE_RATE = 24000
-SAMPLES_PER_FRAME = 1920  # one 80 ms Mimi frame at 24 kHz
+from voxstage.duplex import SAMPLE_RATE
+
 # A voice recording is encoded between ticks in chunks, so its length only delays its own session's open;
 # the bound keeps that delay (and the talker's prompt) short: 30 s is 375 frames of a 3000-frame window.
 MAX_REFERENCE_SECONDS = 30.0
@@ -22,7 +22,8 @@ REFERENCE_RATES = (8000, 192000)  # accepted audio_sample_rate_hz of a voice rec
 @dataclass(frozen=True)
 class DuplexCodecConfig:
     max_sessions: int
-    jitter_samples: int = MIMI_SAMPLE_RATE  # user audio a session may buffer (1 s); also the gateway's credit
+    # User audio a session may buffer (1 s); also the gateway's credit.
+    jitter_samples: int = SAMPLE_RATE
     tick_s: float = 0.08
     gather_s: float = 0.005
     max_burst_frames: int = 4  # agent frames of one session decoded in one call (a talker running ahead)
@@ -37,10 +38,6 @@ class DuplexCodecConfig:
             raise ValueError("tick_s must be > 0 and gather_s >= 0")
         if self.max_burst_frames < 1 or self.reference_chunk_frames < 1:
             raise ValueError("max_burst_frames and reference_chunk_frames must be >= 1")
-
-
-class DuplexAdmissionError(RuntimeError):
-    """Every session slot is held (sessions never queue); maps to RESOURCE_EXHAUSTED."""
 
 
 @dataclass(frozen=True)
@@ -67,11 +64,11 @@ class UserCodes:
 
 @dataclass(frozen=True)
 class AgentAudio:
-    """One agent frame decoded: 1920 samples at 24 kHz plus what the gateway needs alongside."""
+    """One agent frame decoded: one session frame of PCM plus what the gateway needs alongside."""
 
     session_id: str
     frame: int  # agent frame index
-    pcm: np.ndarray  # float32 [1920] at 24 kHz
+    pcm: np.ndarray  # float32, one frame (voxstage.duplex.FRAME_SAMPLES)
     text_token: int
     transcript: str
     user_frame: int  # the gateway's user frame the talker's step consumed; -1: silence fill or prompt

@@ -13,25 +13,15 @@ import asyncio
 import concurrent.futures
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 
 from services.codec.duplex.engine import DuplexCodecEngine
-from services.codec.duplex.reference import prepare_reference
-from services.codec.duplex.types import AgentFrame, DuplexAdmissionError, DuplexOutput
+from services.codec.duplex.types import AgentFrame, DuplexOutput
+from voxstage.duplex import DuplexAdmissionError, DuplexListener
 from voxstage.stage.errors import StageFailure
 from voxstage.stage.worker import StageWorker
-
-
-class DuplexListener(Protocol):
-    def on_output(self, output: DuplexOutput) -> None: ...
-
-    def on_session_error(self, code: str, message: str) -> None:
-        """A session command failed on the engine thread; the session is left."""
-        ...
-
-    def on_engine_failed(self, message: str) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -43,7 +33,7 @@ class DuplexCodecSnapshot:
     slots: dict[str, int]  # session key -> slot
 
 
-class DuplexCodecWorker(StageWorker[DuplexOutput, DuplexListener]):
+class DuplexCodecWorker(StageWorker[DuplexOutput, DuplexListener[DuplexOutput]]):
     role = "codec"
     admission_errors = (DuplexAdmissionError,)
     invalid_errors = (ValueError,)
@@ -60,7 +50,7 @@ class DuplexCodecWorker(StageWorker[DuplexOutput, DuplexListener]):
     async def reference_codes(self, pcm: np.ndarray, sample_rate: int) -> np.ndarray:
         """Mimi codes ``[frames, K]`` of a voice recording (any rate, mono float32)."""
         try:
-            prepared = await asyncio.to_thread(prepare_reference, pcm, sample_rate)
+            prepared = await asyncio.to_thread(self.runtime.prepare_recording, pcm, sample_rate)
         except ValueError as exc:
             raise StageFailure("INVALID_ARGUMENT", str(exc)) from exc
         future: concurrent.futures.Future[np.ndarray] = await self._call(
@@ -75,7 +65,7 @@ class DuplexCodecWorker(StageWorker[DuplexOutput, DuplexListener]):
         except Exception as exc:  # noqa: BLE001 - a model failure on this recording fails this open only
             raise StageFailure("INTERNAL", f"voice recording: {type(exc).__name__}: {exc}") from exc
 
-    async def join(self, key: str, listener: DuplexListener) -> int:
+    async def join(self, key: str, listener: DuplexListener[DuplexOutput]) -> int:
         """Admit a session (RESOURCE_EXHAUSTED when every slot is held); it ticks after ``start_session``."""
         self._listeners[key] = listener
         try:
@@ -137,7 +127,7 @@ class DuplexCodecWorker(StageWorker[DuplexOutput, DuplexListener]):
     def _route(self, output: DuplexOutput) -> tuple[str, bool]:
         return output.session_id, False  # a session ends when its stream leaves, never by an output
 
-    def _deliver(self, listener: DuplexListener, output: DuplexOutput) -> None:
+    def _deliver(self, listener: DuplexListener[DuplexOutput], output: DuplexOutput) -> None:
         listener.on_output(output)
 
     def _fail_all(self, message: str) -> None:

@@ -11,6 +11,7 @@ drives). Everything here runs on the codec's engine thread.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -84,6 +85,9 @@ class DuplexCodecRuntime:
     sample_rate: int
     samples_per_frame: int
     state_bytes_per_stream: int
+    # A voice recording (mono float32, any rate) -> what the pool encodes: the family's rate and loudness,
+    # whole frames (numpy only; the worker runs it on a helper thread).
+    prepare_recording: Callable[[np.ndarray, int], np.ndarray]
 
     @property
     def frame_rate_hz(self) -> float:
@@ -103,6 +107,7 @@ def load_duplex_codec(
         raise ValueError(f"codec: model family {source.family!r} has no duplex codec")
     from services.codec.models.mimi import loader
     from services.codec.models.mimi.presets import full_config
+    from services.codec.models.mimi.recording import prepare_reference
     from services.codec.models.mimi.streaming import MimiStreamingCodec
 
     if source.random_init:
@@ -121,6 +126,7 @@ def load_duplex_codec(
         sample_rate=pool.sample_rate,
         samples_per_frame=pool.samples_per_frame,
         state_bytes_per_stream=pool.state_bytes_per_stream(),
+        prepare_recording=prepare_reference,
     )
 
 

@@ -27,10 +27,7 @@ import numpy as np
 
 from services.talker.sampling import SamplingParams
 from voxstage import metrics
-
-
-class DuplexAdmissionError(RuntimeError):
-    """No free slot (sessions never queue); maps to RESOURCE_EXHAUSTED."""
+from voxstage.duplex import DuplexAdmissionError
 
 
 class DuplexAdapter(Protocol):

@@ -12,27 +12,17 @@ import secrets
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
 
 import numpy as np
 
-from services.talker.duplex.engine import DuplexAdmissionError, DuplexEngine, DuplexOutput, DuplexRequest
+from services.talker.duplex.engine import DuplexEngine, DuplexOutput, DuplexRequest
 from services.talker.models import TalkerInfo
 from services.talker.worker import MAX_SEED, RequestParams, TalkerDefaults, apply_overrides
+from voxstage.duplex import DuplexAdmissionError, DuplexListener
 from voxstage.stage.errors import StageFailure
 from voxstage.stage.worker import StageWorker
 
 log = logging.getLogger(__name__)
-
-
-class DuplexListener(Protocol):
-    def on_output(self, output: DuplexOutput) -> None: ...
-
-    def on_session_error(self, code: str, message: str) -> None:
-        """A session command failed on the engine thread (the session is cancelled)."""
-        ...
-
-    def on_engine_failed(self, message: str) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -76,7 +66,7 @@ class _Tracked:
         return outputs
 
 
-class DuplexWorker(StageWorker[DuplexOutput, DuplexListener]):
+class DuplexWorker(StageWorker[DuplexOutput, DuplexListener[DuplexOutput]]):
     role = "talker"
     admission_errors = (DuplexAdmissionError,)
     invalid_errors = (ValueError,)  # PromptError is a ValueError
@@ -140,7 +130,7 @@ class DuplexWorker(StageWorker[DuplexOutput, DuplexListener]):
             audio=apply_overrides(d.subtalker, params.subtalker, "subtalker_sampling"),
         )
 
-    async def open(self, request: DuplexRequest, listener: DuplexListener) -> None:
+    async def open(self, request: DuplexRequest, listener: DuplexListener[DuplexOutput]) -> None:
         key = request.session_id
         self._listeners[key] = listener
 
@@ -204,5 +194,5 @@ class DuplexWorker(StageWorker[DuplexOutput, DuplexListener]):
     def _route(self, output: DuplexOutput) -> tuple[str, bool]:
         return output.session_id, output.finish is not None
 
-    def _deliver(self, listener: DuplexListener, output: DuplexOutput) -> None:
+    def _deliver(self, listener: DuplexListener[DuplexOutput], output: DuplexOutput) -> None:
         listener.on_output(output)

@@ -20,6 +20,7 @@ from services.codec.duplex.types import AgentAudio, AgentFrame, DuplexCodecConfi
 from services.codec.duplex.worker import DuplexCodecWorker
 from services.codec.models import DuplexCodecRuntime
 from services.codec.models.mimi.model import MimiModel
+from services.codec.models.mimi.recording import prepare_reference
 from services.codec.models.mimi.streaming import MimiStreamingCodec
 from services.codec.servicer import CodecServicer
 from services.codec.upstream import TalkerPool
@@ -224,7 +225,7 @@ async def stage(model: MimiModel, talker: FakeTalker, *, jitter: int = 24000) ->
     sessions = 2
     codec = MimiStreamingCodec(model, sessions + 1)
     runtime = DuplexCodecRuntime(
-        "personaplex", MODEL, codec, 8, 2048, 24000, SPF, codec.state_bytes_per_stream()
+        "personaplex", MODEL, codec, 8, 2048, 24000, SPF, codec.state_bytes_per_stream(), prepare_reference
     )
     engine = DuplexCodecEngine(
         codec, DuplexCodecConfig(max_sessions=sessions, jitter_samples=jitter, tick_s=0.02)

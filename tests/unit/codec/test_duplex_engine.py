@@ -26,14 +26,15 @@ from codec_duplex_kit import (
 from services.codec.duplex.calls import PackedCalls
 from services.codec.duplex.engine import DuplexCodecEngine
 from services.codec.duplex.graphs import GraphedDuplexCalls
-from services.codec.duplex.reference import prepare_reference
-from services.codec.duplex.types import AgentFrame, DuplexAdmissionError, DuplexCodecConfig
+from services.codec.duplex.types import AgentFrame, DuplexCodecConfig
 from services.codec.models.mimi.loader import random_init
 from services.codec.models.mimi.loudness import integrated_loudness
 from services.codec.models.mimi.model import MimiModel
 from services.codec.models.mimi.presets import tiny_config
+from services.codec.models.mimi.recording import prepare_reference
 from services.codec.models.mimi.streaming import MimiStreamingCodec
 from voxstage import metrics
+from voxstage.duplex import DuplexAdmissionError
 
 K = 8
 TICK = 0.08
