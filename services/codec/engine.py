@@ -50,6 +50,7 @@ import torch
 from services.codec.engine_state import Launched, StreamState, read_back
 from voxstage import metrics
 from voxstage.chunking import next_boundary, whole_chunks
+from voxstage.stage.engine_loop import Steppable
 
 
 class CodecAdmissionError(RuntimeError):
@@ -116,7 +117,7 @@ def batch_bucket(n: int, cap: int) -> int:
     return min(1 << (n - 1).bit_length(), cap)
 
 
-class CodecEngine:
+class CodecEngine(Steppable[CodecOutput]):
     """Owned by one thread (see ``voxstage.stage.engine_loop``); call methods only from it."""
 
     def __init__(

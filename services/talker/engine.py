@@ -29,6 +29,7 @@ import numpy as np
 from services.talker.adapter import PreparedPrompt, TalkerAdapter
 from services.talker.sampling import SamplingParams
 from voxstage import metrics
+from voxstage.stage.engine_loop import Steppable
 
 log = logging.getLogger(__name__)
 
@@ -115,7 +116,7 @@ class _Seq:
         return self.prefilled if self.phase is _Phase.PREFILL else self.position
 
 
-class TalkerEngine:
+class TalkerEngine(Steppable[TalkerOutput]):
     def __init__(self, adapter: TalkerAdapter, config: EngineConfig) -> None:
         self.adapter = adapter
         self.cfg = config

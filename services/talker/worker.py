@@ -12,8 +12,9 @@ import dataclasses
 import logging
 import secrets
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import numpy as np
 
@@ -25,10 +26,12 @@ from voxstage import limits
 from voxstage.config import SamplingParams as DeploySampling
 from voxstage.config import SegmentsConfig, StageConfig
 from voxstage.segments import FrameCap
+from voxstage.stage.engine_loop import Steppable
 from voxstage.stage.errors import StageFailure
 from voxstage.stage.worker import StageWorker
 
 log = logging.getLogger(__name__)
+O = TypeVar("O")
 MAX_SEED = limits.SEED.end - 1  # [0, 2**63): src/voxstage/limits.py, shared with the gateway
 
 
@@ -126,7 +129,7 @@ class OutputListener(Protocol):
 
 @dataclass(frozen=True)
 class RequestSnapshot:
-    state: str  # TalkerEngine.request_state: waiting | prefill | decode
+    state: str  # the engine's phase of it: waiting | prefill | decode
     slot: int
     last_tick: int
     admitted_at: float | None
@@ -141,22 +144,41 @@ class TalkerSnapshot:
     requests: dict[str, RequestSnapshot]
 
 
-class _TrackedEngine:
-    """What the engine thread drives: the engine plus each request's phase and the tick it changed."""
+class TrackedEngine(Protocol[O]):
+    """What the tracker needs of a talker engine (text-to-speech or duplex)."""
 
-    def __init__(self, engine: TalkerEngine) -> None:
+    ticks: int
+
+    def has_work(self) -> bool: ...
+
+    def step(self) -> list[O]: ...
+
+    def idle_timeout(self) -> float | None: ...
+
+    def slot_of(self, key: str) -> int: ...
+
+
+class PhaseTracker(Steppable[O]):
+    """What the engine thread drives for both talker workers: the engine plus each request's (or session's)
+    phase and the tick it changed; leaving ``waiting`` is its admission."""
+
+    def __init__(self, engine: TrackedEngine[O], state_of: Callable[[str], str]) -> None:
         self.engine = engine
+        self.state_of = state_of  # key -> phase, "absent" once the engine forgot it
         self.phases: dict[str, tuple[str, int]] = {}
         self.admitted_at: dict[str, float] = {}
 
     def has_work(self) -> bool:
         return self.engine.has_work()
 
-    def step(self) -> list[TalkerOutput]:
+    def idle_timeout(self) -> float | None:
+        return self.engine.idle_timeout()
+
+    def step(self) -> list[O]:
         outputs = self.engine.step()
         tick = self.engine.ticks
         for key, (old, _) in list(self.phases.items()):
-            state = self.engine.request_state(key)
+            state = self.state_of(key)
             if state == "absent":
                 del self.phases[key]
             elif state != old:
@@ -165,8 +187,12 @@ class _TrackedEngine:
                     self.admitted_at[key] = time.perf_counter()
         return outputs
 
-    def slot_of(self, key: str) -> int:
-        return self.engine.slot_of(key)
+    def requests(self) -> dict[str, RequestSnapshot]:
+        """Engine thread: every tracked request's phase, slot, tick of its last change and admission."""
+        return {
+            key: RequestSnapshot(state, self.engine.slot_of(key), tick, self.admitted_at.get(key))
+            for key, (state, tick) in self.phases.items()
+        }
 
 
 class TalkerWorker(StageWorker[TalkerOutput, OutputListener]):
@@ -178,7 +204,7 @@ class TalkerWorker(StageWorker[TalkerOutput, OutputListener]):
         self.engine = engine
         self.info = info
         self.defaults = defaults
-        self._tracked = _TrackedEngine(engine)
+        self._tracked = PhaseTracker(engine, engine.request_state)
         super().__init__(self._tracked)
 
     # -- lifecycle (event loop) -------------------------------------------------------------------------
@@ -305,12 +331,8 @@ class TalkerWorker(StageWorker[TalkerOutput, OutputListener]):
 
     async def snapshot(self) -> TalkerSnapshot:
         def run() -> TalkerSnapshot:
-            t = self._tracked
-            reqs = {
-                key: RequestSnapshot(state, t.slot_of(key), tick, t.admitted_at.get(key))
-                for key, (state, tick) in t.phases.items()
-            }
             e = self.engine
+            reqs = self._tracked.requests()
             return TalkerSnapshot(e.ticks, e.cfg.max_num_seqs, e.slots_in_use(), e.queue_depth(), reqs)
 
         return await self._call(run)

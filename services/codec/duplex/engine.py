@@ -41,6 +41,7 @@ from services.codec.duplex.types import (
 from services.codec.engine import batch_bucket
 from voxstage import metrics
 from voxstage.duplex import DuplexAdmissionError
+from voxstage.stage.engine_loop import Steppable
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +68,7 @@ class _Session:
         return self.start_sample + self.audio.size
 
 
-class DuplexCodecEngine:
+class DuplexCodecEngine(Steppable[DuplexOutput]):
     """Call methods only from the engine thread. ``clock`` (seconds, monotonic) is injectable for tests."""
 
     def __init__(

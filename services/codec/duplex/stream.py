@@ -24,7 +24,6 @@ import numpy as np
 from services.codec.duplex.open import check_open, talker_open
 from services.codec.duplex.relay import DuplexTalkerRelay
 from services.codec.duplex.types import AgentAudio, AgentFrame, DuplexOutput, UserCodes
-from services.codec.relay import TalkerRefused
 from services.codec.stream import CodecStageStream
 from voxstage import wire
 from voxstage.audio import StreamingResampler
@@ -48,6 +47,7 @@ class _Piece:
 
 
 class DuplexCodecStream(CodecStageStream):
+    refused = {kind: "duplex sessions carry user audio, not text" for kind in ("text", "flush")}
 
     def __init__(self, servicer: CodecServicer, context: grpc.aio.ServicerContext) -> None:
         super().__init__(f"cd{next(_keys)}")
@@ -73,43 +73,20 @@ class DuplexCodecStream(CodecStageStream):
         self.relay: DuplexTalkerRelay | None = None
 
     # -- gateway -> codec ----------------------------------------------------------------------------------
-    async def _handle(self, msg: S.CodecStreamRequest) -> None:
-        kind = msg.WhichOneof("request")
-        if not self.opened:
-            if kind != "open":
-                raise StageFailure("INVALID_ARGUMENT", f"first message must be open, got {kind}")
-            await self._open(msg.open)
-            return
-        relay = self.relay
-        assert relay is not None
-        if kind == "open":
-            raise StageFailure("INVALID_ARGUMENT", "open: sent twice on one stream")
+    async def _input(self, kind: str, msg: S.CodecStreamRequest) -> bool:
         if kind == "user_audio":
             self._user_audio(msg.user_audio)
-        elif kind == "credit":
-            if msg.credit.unit != S.CREDIT_UNIT_SAMPLES:
-                raise StageFailure("INVALID_ARGUMENT", "credit.unit: the codec stream counts SAMPLES")
-            self.pcm_credit += msg.credit.amount
-            self.pump()
-        elif kind == "shm_ack":
-            self.loans.ack(msg.shm_ack)
         elif kind == "end_of_input":
             if self.end_of_input:
                 raise StageFailure("INVALID_ARGUMENT", "end_of_input: received twice")
             self.end_of_input = True
             if self.joined:
                 self.worker.end_input(self.key)
-            relay.end_input()
-        elif kind == "cancel":
-            self.cancel_requested = True
-            self.loans.forfeit()
-            self._release()
-            relay.cancel(msg.cancel.reason or "gateway cancelled")
-            self._terminal(S.END_REASON_CANCELLED)
-        elif kind in ("text", "flush"):
-            raise StageFailure("FAILED_PRECONDITION", f"{kind}: duplex sessions carry user audio, not text")
+            assert self.relay is not None  # set by a successful open
+            self.relay.end_input()
         else:
-            raise StageFailure("INVALID_ARGUMENT", f"unknown request {kind!r}")
+            return False
+        return True
 
     async def _open(self, op: S.StreamOpen) -> None:
         srv, rt = self.srv, self.rt
@@ -137,34 +114,13 @@ class DuplexCodecStream(CodecStageStream):
         if hello.verified_peer_probe:
             self.reader = srv.pool.reader
         self.relay = DuplexTalkerRelay(self, srv.pool, op.talker_address, self.context.time_remaining())
-        try:
-            talker = await self.relay.open(talker_open(op, codes))
-        except TalkerRefused as exc:  # no `opened` for us either: its error is our only message
-            self._release()
-            self._terminal(S.END_REASON_ERROR, exc.error)
+        if not await self._open_talker(talker_open(op, codes), op.talker_address, rt.num_groups):
             return
-        if talker.num_code_groups != rt.num_groups:
-            raise StageFailure(
-                "FAILED_PRECONDITION",
-                f"talker {op.talker_address} emits {talker.num_code_groups} code groups; this codec decodes "
-                f"{rt.num_groups} (the two stages serve different models)",
-            )
         self.worker.start_session(self.key)
-        self.opened = True
         self.user_credit = self.worker.engine.cfg.jitter_samples
-        opened = S.StreamOpened(
-            request_id=op.request_id,
-            model=rt.model,
-            family=rt.family,
-            num_code_groups=rt.num_groups,
-            frame_rate_hz=rt.frame_rate_hz,
-            pcm_format=self.fmt,
-            sample_rate_hz=self.rate,
-            channels=1,
-            initial_credit=S.Credit(unit=S.CREDIT_UNIT_SAMPLES, amount=self.user_credit),
-            transport=hello,
-        )
-        self.outbox.put_nowait(S.CodecStreamResponse(opened=opened))
+        grant = S.Credit(unit=S.CREDIT_UNIT_SAMPLES, amount=self.user_credit)
+        fmt = {"pcm_format": self.fmt, "sample_rate_hz": self.rate, "channels": 1}
+        self._send_opened(op, rt, **fmt, initial_credit=grant, transport=hello)
 
     def _user_audio(self, chunk: S.PcmChunk) -> None:
         if self.end_of_input:

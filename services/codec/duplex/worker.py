@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,7 +20,7 @@ from services.codec.duplex.engine import DuplexCodecEngine
 from services.codec.duplex.types import AgentFrame, DuplexOutput
 from voxstage.duplex import DuplexAdmissionError, DuplexListener
 from voxstage.stage.errors import StageFailure
-from voxstage.stage.worker import StageWorker
+from voxstage.stage.worker import SessionWorker
 
 
 @dataclass(frozen=True)
@@ -33,7 +32,7 @@ class DuplexCodecSnapshot:
     slots: dict[str, int]  # session key -> slot
 
 
-class DuplexCodecWorker(StageWorker[DuplexOutput, DuplexListener[DuplexOutput]]):
+class DuplexCodecWorker(SessionWorker[DuplexOutput, DuplexListener[DuplexOutput]]):
     role = "codec"
     admission_errors = (DuplexAdmissionError,)
     invalid_errors = (ValueError,)
@@ -108,21 +107,8 @@ class DuplexCodecWorker(StageWorker[DuplexOutput, DuplexListener[DuplexOutput]])
         return await self._call(run)
 
     # -- engine thread -----------------------------------------------------------------------------------
-    def _command(self, key: str, fn: Callable[[], None]) -> None:
-        """Fire and forget: a bad command leaves the session and reports to its listener only."""
-        if self.failed is None:
-            self._thread.call(lambda: self._guard(key, fn))
-
-    def _guard(self, key: str, fn: Callable[[], None]) -> None:
-        try:
-            fn()
-        except (ValueError, KeyError) as exc:
-            code = "INVALID_ARGUMENT" if isinstance(exc, ValueError) else "FAILED_PRECONDITION"
-            message = str(exc.args[0] if exc.args else exc)
-            self.engine.leave(key)
-            listener = self._listeners.get(key)
-            if listener is not None and self._loop is not None:
-                self._loop.call_soon_threadsafe(listener.on_session_error, code, message)
+    def _end_session(self, key: str) -> None:
+        self.engine.leave(key)
 
     def _route(self, output: DuplexOutput) -> tuple[str, bool]:
         return output.session_id, False  # a session ends when its stream leaves, never by an output

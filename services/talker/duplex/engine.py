@@ -28,6 +28,7 @@ import numpy as np
 from services.talker.sampling import SamplingParams
 from voxstage import metrics
 from voxstage.duplex import DuplexAdmissionError
+from voxstage.stage.engine_loop import Steppable
 
 
 class DuplexAdapter(Protocol):
@@ -116,7 +117,7 @@ class _Session:
         return int(self.prompt.length) - 1
 
 
-class DuplexEngine:
+class DuplexEngine(Steppable[DuplexOutput]):
     def __init__(
         self, adapter: DuplexAdapter, config: DuplexConfig, clock: Callable[[], float] = time.monotonic
     ) -> None:

@@ -14,17 +14,18 @@ import itertools
 import time
 from collections import deque
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from services.talker.duplex.engine import DuplexOutput, Finish
-from services.talker.duplex.worker import DuplexWorker, SessionSnapshot
+from services.talker.duplex.worker import DuplexWorker
 from services.talker.request_params import request_params
+from services.talker.stream import TalkerStageStream
+from services.talker.worker import RequestSnapshot
 from voxstage import wire
 from voxstage.internal.v1 import stage_pb2
 from voxstage.stage.errors import StageFailure
-from voxstage.stage.stream import StageStream
 from voxstage.transport.payload import read_payload
 from voxstage.transport.shm_layout import InvalidShmReference
 
@@ -37,9 +38,8 @@ _keys = itertools.count(1)
 TTS_ONLY = ("language", "non_streaming_mode", "chunk_schedule")
 
 
-class DuplexTalkerStream(StageStream):
-    role = "talker"
-    peer = "codec"
+class DuplexTalkerStream(TalkerStageStream):
+    refused = {kind: "duplex streams carry user codes, not text" for kind in ("text", "flush")}
 
     def __init__(self, servicer: TalkerServicer) -> None:
         super().__init__(f"td{next(_keys)}")
@@ -54,37 +54,21 @@ class DuplexTalkerStream(StageStream):
         self.finished_tick = 0
 
     # -- codec -> talker ---------------------------------------------------------------------------------
-    async def _handle(self, msg: stage_pb2.TalkerStreamRequest) -> None:
-        kind = msg.WhichOneof("request")
-        if not self.opened:
-            if kind != "open":
-                raise StageFailure("INVALID_ARGUMENT", f"first message must be open, got {kind}")
-            await self._open(msg.open)
-        elif kind == "open":
-            raise StageFailure("INVALID_ARGUMENT", "open: sent twice on one stream")
-        elif kind == "user_codes":
+    async def _input(self, kind: str, msg: stage_pb2.TalkerStreamRequest) -> bool:
+        if kind == "user_codes":
             self._user_codes(msg.user_codes)
-        elif kind == "credit":
-            if msg.credit.unit != stage_pb2.CREDIT_UNIT_FRAMES:
-                raise StageFailure("INVALID_ARGUMENT", "credit.unit: the talker stream counts FRAMES")
-            self.credit += msg.credit.amount
-            self.pump()
         elif kind == "end_of_input":
             if self.end_of_input:
                 raise StageFailure("INVALID_ARGUMENT", "end_of_input: received twice")
             self.end_of_input = True
             self.worker.close(self.key)
-        elif kind == "shm_ack":
-            self.loans.ack(msg.shm_ack)
-        elif kind == "cancel":
-            self.cancel_requested = True
-            self.loans.forfeit()
-            if self.finish is None:
-                self.worker.cancel(self.key)  # CANCELLED output -> terminal
-        elif kind in ("text", "flush"):
-            raise StageFailure("FAILED_PRECONDITION", f"{kind}: duplex streams carry user codes, not text")
         else:
-            raise StageFailure("INVALID_ARGUMENT", f"unknown request {kind!r}")
+            return False
+        return True
+
+    def _cancel(self, cancel: stage_pb2.Cancel) -> None:
+        if self.finish is None:
+            self.worker.cancel(self.key)  # CANCELLED output -> terminal
 
     async def _open(self, op: stage_pb2.StreamOpen) -> None:
         srv = self.servicer
@@ -101,25 +85,10 @@ class DuplexTalkerStream(StageStream):
         await self.worker.open(request, self)
         self.submitted = True
         self._lend_shm(srv.shm_writer, op)
-        self.opened = True
-        writer = srv.shm_writer
         # The talker reads no shared memory (user codes are a few bytes): it never offers to.
-        hello = self._hello(writer, stage_pb2.StreamOpen())
-        self.outbox.put_nowait(
-            stage_pb2.TalkerStreamResponse(
-                opened=stage_pb2.StreamOpened(
-                    request_id=op.request_id,
-                    model=srv.model,
-                    family=srv.family,
-                    num_code_groups=srv.num_groups,
-                    frame_rate_hz=srv.frame_rate_hz,
-                    initial_credit=stage_pb2.Credit(
-                        unit=stage_pb2.CREDIT_UNIT_FRAMES, amount=self.worker.engine.cfg.input_queue
-                    ),
-                    transport=hello,
-                )
-            )
-        )
+        hello = self._hello(srv.shm_writer, stage_pb2.StreamOpen())
+        grant = stage_pb2.Credit(unit=stage_pb2.CREDIT_UNIT_FRAMES, amount=self.worker.engine.cfg.input_queue)
+        self._send_opened(op, srv, initial_credit=grant, transport=hello)
 
     def _user_codes(self, frames: stage_pb2.CodecFrames) -> None:
         if self.end_of_input:
@@ -214,16 +183,13 @@ class DuplexTalkerStream(StageStream):
         queued = None if admitted is None else admitted - self.t_open
         self._send_terminal(reason, error, frames=self.sent_frames, queued=queued)
 
-    def _response(self, **fields: Any) -> stage_pb2.TalkerStreamResponse:
-        return stage_pb2.TalkerStreamResponse(**fields)
-
     def close(self) -> None:
         if self.submitted and self.finish is None:
             self.worker.cancel(self.key)
         self.worker.forget(self.key)
         self.loans.close()
 
-    def state(self, snapshot: Mapping[str, SessionSnapshot], tick: int) -> stage_pb2.RequestState:
+    def state(self, snapshot: Mapping[str, RequestSnapshot], tick: int) -> stage_pb2.RequestState:
         snap = snapshot.get(self.key)
         slot, last = -1, self.finished_tick
         if self.terminal_sent:

@@ -10,63 +10,27 @@ from __future__ import annotations
 import logging
 import secrets
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
 
 import numpy as np
 
 from services.talker.duplex.engine import DuplexEngine, DuplexOutput, DuplexRequest
 from services.talker.models import TalkerInfo
-from services.talker.worker import MAX_SEED, RequestParams, TalkerDefaults, apply_overrides
+from services.talker.worker import (
+    MAX_SEED,
+    PhaseTracker,
+    RequestParams,
+    TalkerDefaults,
+    TalkerSnapshot,
+    apply_overrides,
+)
 from voxstage.duplex import DuplexAdmissionError, DuplexListener
 from voxstage.stage.errors import StageFailure
-from voxstage.stage.worker import StageWorker
+from voxstage.stage.worker import SessionWorker
 
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
-class SessionSnapshot:
-    state: str  # prefill | decode
-    slot: int
-    last_tick: int
-    admitted_at: float | None
-
-
-@dataclass(frozen=True)
-class DuplexSnapshot:
-    ticks: int
-    slots_total: int
-    slots_in_use: int
-    queue_depth: int
-    requests: dict[str, SessionSnapshot]
-
-
-class _Tracked:
-    """What the engine thread drives: the engine, plus each session's phase and the tick it changed."""
-
-    def __init__(self, engine: DuplexEngine) -> None:
-        self.engine = engine
-        self.phases: dict[str, tuple[str, int]] = {}
-
-    def has_work(self) -> bool:
-        return self.engine.has_work()
-
-    def idle_timeout(self) -> float | None:
-        return self.engine.idle_timeout()
-
-    def step(self) -> list[DuplexOutput]:
-        outputs = self.engine.step()
-        for key, (old, _) in list(self.phases.items()):
-            state = self.engine.session_state(key)
-            if state == "absent":
-                del self.phases[key]
-            elif state != old:
-                self.phases[key] = (state, self.engine.ticks)
-        return outputs
-
-
-class DuplexWorker(StageWorker[DuplexOutput, DuplexListener[DuplexOutput]]):
+class DuplexWorker(SessionWorker[DuplexOutput, DuplexListener[DuplexOutput]]):
     role = "talker"
     admission_errors = (DuplexAdmissionError,)
     invalid_errors = (ValueError,)  # PromptError is a ValueError
@@ -75,8 +39,7 @@ class DuplexWorker(StageWorker[DuplexOutput, DuplexListener[DuplexOutput]]):
         self.engine = engine
         self.info = info
         self.defaults = defaults
-        self._tracked = _Tracked(engine)
-        self._admitted: dict[str, float] = {}
+        self._tracked = PhaseTracker(engine, engine.session_state)
         super().__init__(self._tracked)
 
     async def warm_up(self) -> float:
@@ -137,7 +100,7 @@ class DuplexWorker(StageWorker[DuplexOutput, DuplexListener[DuplexOutput]]):
         def run() -> None:
             self.engine.open(request)
             self._tracked.phases[key] = ("prefill", self.engine.ticks)
-            self._admitted[key] = time.perf_counter()
+            self._tracked.admitted_at[key] = time.perf_counter()  # sessions never queue
 
         try:
             await self._call(run)
@@ -147,14 +110,10 @@ class DuplexWorker(StageWorker[DuplexOutput, DuplexListener[DuplexOutput]]):
 
     def push_user(self, key: str, first_index: int, codes: np.ndarray) -> None:
         """Queue user frames (fire and forget: an error fails only this session, through its listener)."""
-        if self.failed is None:
-            self._thread.call(
-                lambda: self._guard(key, lambda: self.engine.push_user(key, first_index, codes))
-            )
+        self._command(key, lambda: self.engine.push_user(key, first_index, codes))
 
     def close(self, key: str) -> None:
-        if self.failed is None:
-            self._thread.call(lambda: self._guard(key, lambda: self.engine.close(key)))
+        self._command(key, lambda: self.engine.close(key))
 
     def cancel(self, key: str) -> None:
         if self.failed is None:
@@ -162,33 +121,20 @@ class DuplexWorker(StageWorker[DuplexOutput, DuplexListener[DuplexOutput]]):
 
     def forget(self, key: str) -> None:
         self._listeners.pop(key, None)
-        self._admitted.pop(key, None)
+        self._tracked.admitted_at.pop(key, None)
 
     def admitted_at(self, key: str) -> float | None:
-        return self._admitted.get(key)
+        return self._tracked.admitted_at.get(key)
 
-    async def snapshot(self) -> DuplexSnapshot:
-        def run() -> DuplexSnapshot:
+    async def snapshot(self) -> TalkerSnapshot:
+        def run() -> TalkerSnapshot:
             e = self.engine
-            reqs = {
-                key: SessionSnapshot(state, e.slot_of(key), tick, self._admitted.get(key))
-                for key, (state, tick) in self._tracked.phases.items()
-            }
-            return DuplexSnapshot(e.ticks, e.cfg.max_sessions, e.sessions(), 0, reqs)
+            return TalkerSnapshot(e.ticks, e.cfg.max_sessions, e.sessions(), 0, self._tracked.requests())
 
         return await self._call(run)
 
-    def _guard(self, key: str, fn: Callable[[], None]) -> None:
-        """Run a session command on the engine thread; a bad one fails that session only."""
-        try:
-            fn()
-        except (ValueError, KeyError) as exc:
-            code = "INVALID_ARGUMENT" if isinstance(exc, ValueError) else "FAILED_PRECONDITION"
-            message = str(exc.args[0] if exc.args else exc)
-            self.engine.cancel(key)
-            listener = self._listeners.get(key)
-            if listener is not None and self._loop is not None:
-                self._loop.call_soon_threadsafe(listener.on_session_error, code, message)
+    def _end_session(self, key: str) -> None:
+        self.engine.cancel(key)
 
     # -- engine thread -> event loop ----------------------------------------------------------------------
     def _route(self, output: DuplexOutput) -> tuple[str, bool]:

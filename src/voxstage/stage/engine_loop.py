@@ -26,6 +26,11 @@ class Steppable(Protocol[O]):
 
     def step(self) -> list[O]: ...
 
+    def idle_timeout(self) -> float | None:
+        """Seconds until the engine has work of its own while idle (a duplex step's gather window); None:
+        only a command wakes it."""
+        return None
+
 
 IDLE_POLL_S = 0.05  # how long an idle engine sleeps on its command queue before looking again
 
@@ -73,8 +78,7 @@ class EngineThread(Generic[O]):
     def _idle_wait(self) -> float:
         """An engine with a deadline of its own (``idle_timeout()``: a duplex step's gather window) is woken
         by it; otherwise an idle engine sleeps on its command queue."""
-        hint = getattr(self.engine, "idle_timeout", None)
-        wait = hint() if hint is not None else None
+        wait = self.engine.idle_timeout()
         return IDLE_POLL_S if wait is None else min(wait, IDLE_POLL_S)
 
     def _drain(self, block: bool) -> None:

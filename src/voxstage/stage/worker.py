@@ -26,6 +26,13 @@ class EngineListener(Protocol):
 L = TypeVar("L", bound=EngineListener)
 
 
+class SessionListener(EngineListener, Protocol):
+    def on_session_error(self, code: str, message: str) -> None: ...
+
+
+SL = TypeVar("SL", bound=SessionListener)
+
+
 class StageWorker(Generic[O, L]):
     """One engine thread and the listeners of the streams it serves (keyed by the engine's stream id)."""
 
@@ -103,3 +110,28 @@ class StageWorker(Generic[O, L]):
             listener.on_engine_failed(message)
         if self._on_fatal is not None:
             self._on_fatal(message)
+
+
+class SessionWorker(StageWorker[O, SL]):
+    """A worker whose streams are sessions (duplex): most commands are fire and forget, and one that fails
+    for bad input (ValueError: INVALID_ARGUMENT, KeyError: FAILED_PRECONDITION) ends its session and reports
+    to that session's listener only, never to the engine."""
+
+    def _end_session(self, key: str) -> None:
+        """Engine thread: take the session out of the engine after a failed command."""
+        raise NotImplementedError
+
+    def _command(self, key: str, fn: Callable[[], None]) -> None:
+        if self.failed is None:
+            self._thread.call(lambda: self._guard(key, fn))
+
+    def _guard(self, key: str, fn: Callable[[], None]) -> None:
+        try:
+            fn()
+        except (ValueError, KeyError) as exc:
+            code = "INVALID_ARGUMENT" if isinstance(exc, ValueError) else "FAILED_PRECONDITION"
+            message = str(exc.args[0] if exc.args else exc)
+            self._end_session(key)
+            listener = self._listeners.get(key)
+            if listener is not None and self._loop is not None:
+                self._loop.call_soon_threadsafe(listener.on_session_error, code, message)
