@@ -13,9 +13,11 @@ audio deltas and transcript deltas it receives. Per level it reports:
   deadline) and input underflow ticks, and the gateway's time from a user frame arriving to the agent audio
   that answered it.
 
-    python bench/duplex_loadgen.py --out duplex.json --model personaplex-7b --device cuda --levels 1,8,32,64
-    python bench/duplex_loadgen.py --out smoke.json --model personaplex-tiny --device cpu --levels 1,2 \
-        --seconds 3
+    python bench/duplex_loadgen.py --out duplex.json --device cuda --levels 1,8,32,64   # the size-true preset
+    python bench/duplex_loadgen.py --out smoke.json --model TINY_PRESET --device cpu --levels 1,2 --seconds 3
+
+The model and deploy file default to the duplex family's (``voxstage.families``): its size-true preset and
+its seed deploy file.
 """
 
 from __future__ import annotations
@@ -33,13 +35,15 @@ import grpc
 import numpy as np
 
 from bench.stack import Stack, StackSpec
+from voxstage import families
 from voxstage.v1 import speech_pb2 as P
 from voxstage.v1 import speech_pb2_grpc
 
 RATE = 24000
 FRAME = 1920  # samples per 80 ms
 TICK = 0.08
-DEPLOY = Path(__file__).resolve().parents[1] / "deploy" / "personaplex.yaml"
+DUPLEX = next(f for f in families.families() if f.duplex)
+DEPLOY = Path(__file__).resolve().parents[1] / DUPLEX.deploy_file
 
 
 @dataclass
@@ -182,7 +186,7 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--model", default="personaplex-7b")
+    parser.add_argument("--model", default=next(p.name for p in DUPLEX.presets if p.random_init))
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--levels", default="1,8,32,64")
     parser.add_argument("--seconds", type=float, default=60.0)

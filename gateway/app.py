@@ -20,7 +20,6 @@ import logging
 import signal
 import socket
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
-from pathlib import Path
 from typing import Any
 
 import grpc
@@ -160,7 +159,6 @@ class GatewayServer:
         host: str | None = None,
         grpc_port: int | None = None,
         http_port: int | None = None,
-        model_dirs: Sequence[Path] = (),
         grace_s: float = 30.0,
     ) -> None:
         gw = config.gateway
@@ -168,7 +166,7 @@ class GatewayServer:
         self._grpc_port = gw.grpc_port if grpc_port is None else grpc_port
         self._http_port = gw.http_port if http_port is None else http_port
         self.grace_s = grace_s
-        self.core = GatewayCore(config, codecs, talkers, model_dirs=model_dirs)
+        self.core = GatewayCore(config, codecs, talkers)
         self.stage: StageServer | None = None
         self.http: _EmbeddedUvicorn | None = None
         self._http_task: asyncio.Task[None] | None = None

@@ -20,7 +20,6 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Sequence
-from pathlib import Path
 
 from gateway.admission import Admission
 from gateway.auth import read_link_tls
@@ -45,7 +44,6 @@ class GatewayCore:
         codec_addresses: Sequence[str],
         talker_addresses: Sequence[str],
         *,
-        model_dirs: Sequence[Path] = (),
         probe_interval_s: float = PROBE_INTERVAL_S,
         resolver: Resolver | None = None,
     ) -> None:
@@ -72,7 +70,6 @@ class GatewayCore:
         self.sessions = SessionManager(
             config, self.codecs, self.talkers, model=lambda: self._model, shm_reader=self.shm_reader
         )
-        self.model_dirs = list(model_dirs)
         self.probe_interval_s = probe_interval_s
         self._model: ModelInfo | None = None
         self._model_key: tuple[str, str, int] | None = None
@@ -127,7 +124,7 @@ class GatewayCore:
         if talker is not None:
             key = (talker.model, talker.family, codec.sample_rate_hz if codec is not None else 0)
             if key != self._model_key and (codec is not None or self._model is None):
-                self._model = build_model_info(talker, codec, model_dirs=self.model_dirs)
+                self._model = build_model_info(talker, codec)
                 self._model_key = key
                 log.info(
                     "serving model %s (%s, %d Hz, %s voices)",

@@ -19,18 +19,19 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_OUT = REPO / "docs" / "openapi.json"
-SEED = REPO / "deploy" / "qwen3_tts.yaml"
 SPEECH = "/v1/audio/speech"
 
 
 async def _app_schema() -> dict[str, Any]:
     from gateway.core import GatewayCore
     from gateway.http.app import build_app
+    from voxstage import families
     from voxstage.config import load_deploy_config
 
+    seed = REPO / families.default_family().deploy_file
     # The app is only built, never served: the replica addresses are placeholders nothing dials (the pools'
     # channels need an event loop to be made, and are closed again).
-    core = GatewayCore(load_deploy_config(SEED, platform="cpu"), ["127.0.0.1:1"], ["127.0.0.1:1"])
+    core = GatewayCore(load_deploy_config(seed, platform="cpu"), ["127.0.0.1:1"], ["127.0.0.1:1"])
     try:
         return build_app(core).openapi()
     finally:

@@ -20,13 +20,14 @@ from gateway.errors import GatewayError, invalid, not_found
 from gateway.voice_aliases import resolve_alias
 from voxstage import limits
 from voxstage.audio import AudioError, decode_audio
+from voxstage.duplex import MAX_RECORDING_SECONDS
 from voxstage.duplex_audio import DEFAULT_FORMAT, DuplexFormat
 from voxstage.v1 import speech_pb2
 
 # Sampling fields a duplex session honours: the text stream's sampler (docs/protocol.md §11).
 DUPLEX_SAMPLING = ("temperature", "top_k", "top_p")
-# A voice recording: the codec encodes at most 30 s of it (services/codec/duplex/reference.py).
-MAX_VOICE_S = 30.0
+# A voice recording: the codec encodes at most this much of it (voxstage.duplex).
+MAX_VOICE_S = MAX_RECORDING_SECONDS
 MAX_VOICE_BYTES = 8 * 1024 * 1024
 _TURN_BASED = (
     "full duplex: audio goes to the model as it arrives and the model decides when to speak, in one "

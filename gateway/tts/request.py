@@ -179,7 +179,7 @@ def _resolve_voice(
         raise invalid(
             names.voice,
             f"model {model.name!r} ({model.variant}) has no preset voices; "
-            f"leave it empty{' and send ' + names.ref_audio if model.variant == 'base' else ''}",
+            f"leave it empty{' and send ' + names.ref_audio if model.needs_reference else ''}",
             reason="voice_not_supported",
         )
     found = model.find_voice(voice)
@@ -252,7 +252,7 @@ def _check_job(
         language = resolved
     if raw.instructions:
         if not model.takes_instructions:
-            kind = "a voice-clone (base)" if model.variant == "base" else f"an {model.family}"
+            kind = "a voice-clone (base)" if model.needs_reference else f"an {model.family}"
             raise invalid(
                 names.instructions,
                 f"model {model.name!r} is {kind} model and takes no instructions",
@@ -271,7 +271,7 @@ def _check_job(
             f"model {model.name!r} ({model.variant}) does not support voice cloning; use a base model",
             reason="voice_clone_not_supported",
         )
-    if raw.reference is not None and model.variant == "plain" and not raw.reference.text.strip():
+    if raw.reference is not None and model.needs_reference_text and not raw.reference.text.strip():
         raise invalid(
             names.ref_text,
             f"required with {names.ref_audio}: model {model.name!r} clones a voice from the reference audio "

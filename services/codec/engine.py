@@ -112,6 +112,21 @@ class CodecOutput:
 DecodeFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
 
+class DecodeCalls:
+    """How the engine decodes a batch: eagerly through ``decode`` here, from CUDA graphs in
+    ``graphs.GraphedDecode``, which also captures its graphs up front."""
+
+    def __init__(self, decode: DecodeFn) -> None:
+        self.decode = decode
+
+    def __call__(self, codes: torch.Tensor, slots: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        return self.decode(codes, slots, lengths)
+
+    def capture_all(self, max_frames: int | None = None) -> int:
+        """Capture every graph before serving (the warm-up); returns how many (eager calls have none)."""
+        return 0
+
+
 def batch_bucket(n: int, cap: int) -> int:
     """The batch size ``n`` streams are padded to: the next power of two, at most ``cap``."""
     return min(1 << (n - 1).bit_length(), cap)
@@ -148,7 +163,8 @@ class CodecEngine(Steppable[CodecOutput]):
         self.sample_rate = sample_rate
         self.codebook_size = codebook_size
         self.decode_fn = decode_fn  # GraphedDecode on CUDA: the worker captures its graphs at start-up
-        self._decode = decode_fn or (lambda c, s, n: codec.decode(c, s, n))
+        eager = decode_fn or codec.decode
+        self.calls = decode_fn if isinstance(decode_fn, DecodeCalls) else DecodeCalls(eager)
         self.frame_buckets = tuple(sorted(set(frame_buckets)))
         if left_context < 0:
             raise ValueError(f"left_context must be >= 0, got {left_context}")
@@ -312,7 +328,7 @@ class CodecEngine(Steppable[CodecOutput]):
         slots_t = torch.from_numpy(slots).to(self.device, non_blocking=True)
         if self.left_context:
             self.codec.reset(slots_t[:b_real])  # every chunk starts from frame 0 of its window
-        wav = self._decode(
+        wav = self.calls(
             torch.from_numpy(codes).to(self.device, non_blocking=True),
             slots_t,
             torch.from_numpy(lengths).to(self.device, non_blocking=True),

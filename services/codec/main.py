@@ -62,6 +62,7 @@ def build(args: argparse.Namespace) -> StageParts:
     from services.codec.servicer import SERVICE_NAME, CodecServicer
     from services.codec.upstream import TalkerPool
     from services.codec.worker import CodecWorker
+    from voxstage.families import family
     from voxstage.internal.v1 import stage_pb2_grpc
     from voxstage.server import ServiceBinding
     from voxstage.stage.process import device_budget, load_stage_setup
@@ -73,7 +74,7 @@ def build(args: argparse.Namespace) -> StageParts:
     config, device, dtype, source = load_stage_setup(args, log, cuda_default="float32", role="codec")
     dtype = _family_dtype(config, source, args.dtype, dtype)
     link = getattr(args, "link_tls", None)  # read by run_stage (voxstage.stage.process)
-    if source.family == "personaplex":
+    if family(source.family).duplex:
         return _build_duplex(config, device, dtype, source, allowed, link)
     stage = config.codec
     runtime = load_codec(source, device=device, dtype=dtype, max_streams=stage.max_num_seqs, config=config)
@@ -161,15 +162,18 @@ def build_engine(config: DeployConfig, runtime: CodecRuntime, device: str) -> Co
 
 
 def _family_dtype(config: DeployConfig, source: ModelSource, flag: str, dtype: Any) -> Any:
-    """The Audio8 codec's compute dtype comes from the deploy file's ``audio8_tts_codec_dtype`` unless
-    ``--dtype`` names one; other families never read the key (the config checks warn about it)."""
+    """A family whose descriptor names a ``codec_dtype_key`` takes its codec's compute dtype from that deploy
+    key unless ``--dtype`` names one; other families never read it (the config checks warn about it)."""
     import torch
 
-    chosen = config.stream.audio8_tts_codec_dtype
-    if source.family != "arktts" or chosen is None:
+    from voxstage.families import family
+
+    key = family(source.family).codec_dtype_key
+    chosen = None if key is None else config.stream.family_setting(key)
+    if chosen is None:
         return dtype
     if flag != "auto":
-        log.info("codec: --dtype %s overrides audio8_tts_codec_dtype %s", flag, chosen)
+        log.info("codec: --dtype %s overrides %s %s", flag, key, chosen)
         return dtype
     return getattr(torch, chosen)
 

@@ -42,13 +42,14 @@ class CodecServicer(StageServicer[CodecStream | DuplexCodecStream], stage_pb2_gr
             "num_code_groups": rt.num_groups,
             "frame_rate_hz": rt.frame_rate_hz,
             "sample_rate_hz": rt.sample_rate,
+            "duplex": isinstance(worker, DuplexCodecWorker),
         }
         super().__init__(worker, plan=plan, shm_writer=shm_writer, identity=identity)
         self.stream_config = stream_config
         self.pool = pool
 
     def _new_stream(self, context: grpc.aio.ServicerContext) -> CodecStream | DuplexCodecStream:
-        # The family decides: a duplex model (PersonaPlex) serves duplex sessions only, a TTS model TTS only.
+        # The family decides: a duplex model serves duplex sessions only, a TTS model TTS only.
         if isinstance(self.worker, DuplexCodecWorker):
             return DuplexCodecStream(self, context)
         return CodecStream(self, context)

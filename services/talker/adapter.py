@@ -1,7 +1,9 @@
 """What the talker engine needs from a model family.
 
 The engine schedules; the adapter owns every device tensor (KV pool, per-slot frame state, next inputs)
-and knows the family's prompt format and frame step. All methods run on the engine thread.
+and knows the family's prompt format and frame step. All methods run on the engine thread. The last group
+of methods is optional: a family adapter subclasses ``TalkerAdapter`` and keeps the defaults it does not
+need (no CUDA graphs, no sampling limits of its own, no prefix cache).
 """
 
 from __future__ import annotations
@@ -98,3 +100,24 @@ class TalkerAdapter(Protocol):
         ...
 
     def store_prefix(self, slot: int, prepared: PreparedPrompt) -> None: ...
+
+    # -- optional, with defaults -------------------------------------------------------------------------
+    def set_prefix_cache(self, max_bytes: int) -> None:
+        """Bound the prefix cache (called once by the engine); families without one ignore it."""
+        return None
+
+    def check_sampling(self, sampling: SamplingParams, subtalker: SamplingParams) -> None:
+        """Raise ``ValueError`` naming the field for settings the family cannot honour."""
+        return None
+
+    def enable_cuda_graphs(self) -> bool:
+        """Run the frame step from CUDA graphs from now on; False when the family has none (eager)."""
+        return False
+
+    def graph_variants(self, sampling: SamplingParams, subtalker: SamplingParams) -> list[Any] | None:
+        """The decode-graph variants requests with these settings use, to capture first; None: all."""
+        return None
+
+    def capture_all_graphs(self, variants: list[Any] | None = None) -> int:
+        """Capture every graph before serving (no request in flight); returns how many."""
+        return 0

@@ -49,7 +49,7 @@ class EngineConfig:
     max_num_batched_tokens: int
     max_queue: int = 1024
     enable_prefix_caching: bool = False
-    prefix_cache_bytes: int = 256 * 1024 * 1024
+    prefix_cache_bytes: int = 256 * 1024 * 1024  # the adapter's bound on cached prefixes
     # Launch tick n+1 before reading tick n's results, so host work overlaps the device step. A request that
     # hit EOS at tick n then runs one wasted step at n+1 whose output is dropped.
     async_scheduling: bool = False
@@ -121,6 +121,7 @@ class TalkerEngine(Steppable[TalkerOutput]):
         self.adapter = adapter
         self.cfg = config
         adapter.allocate(config.max_num_seqs, config.max_model_len)
+        adapter.set_prefix_cache(config.prefix_cache_bytes)
         self._waiting: deque[_Seq] = deque()
         self._slots: list[_Seq] = []  # index == slot, packed
         self._by_id: dict[str, _Seq] = {}

@@ -15,12 +15,13 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
+from services.talker.adapter import TalkerAdapter
 from services.talker.launch import HostRing, Pending, all_inactive, bucket, collect, decode_graph_keys
 from services.talker.prefill import KVPoolLike, Prefill, PrefillModel
 from voxstage.cudagraphs import GraphCache
 
 
-class PackedDecodeAdapter:
+class PackedDecodeAdapter(TalkerAdapter):
     num_groups: int
     device: torch.device
     min_attn_bucket: int
@@ -83,7 +84,7 @@ class PackedDecodeAdapter:
         return self.collect(self.launch(active, attn_len))
 
     # -- CUDA graphs ---------------------------------------------------------------------------------------
-    def enable_cuda_graphs(self) -> None:
+    def enable_cuda_graphs(self) -> bool:
         """Graph ``decode_core`` per (batch, context) and the prefill per (rows, length, context) bucket
         (``enforce_eager: false``): all at once with ``capture_all_graphs``, else each on first use."""
         # Warm-up runs execute for real: with every row inactive they leave all slot state as it was (the
@@ -95,6 +96,7 @@ class PackedDecodeAdapter:
         # either, but separate pools keep one's capture from reusing memory the other's outputs occupy.
         if hasattr(self, "prefill_runner"):  # else allocate_launch() enables it once the slots exist
             self.prefill_runner.enable_cuda_graphs()
+        return True
 
     def graph_keys(self) -> tuple[list[tuple[int, ...]], list[tuple[int, int, int]]]:
         """Every (batch, context, *variant) decode key and (rows, length, context) prefill key the engine

@@ -26,7 +26,7 @@ from voxstage import limits
 from voxstage.config import SamplingParams as DeploySampling
 from voxstage.config import SegmentsConfig, StageConfig
 from voxstage.segments import FrameCap
-from voxstage.stage.engine_loop import Steppable
+from voxstage.stage.engine_loop import Steppable, log_capture
 from voxstage.stage.errors import StageFailure
 from voxstage.stage.worker import StageWorker
 
@@ -220,13 +220,8 @@ class TalkerWorker(StageWorker[TalkerOutput, OutputListener]):
             while self.engine.has_work():
                 self.engine.step()
             adapter = self.engine.adapter
-            capture = getattr(adapter, "capture_all_graphs", None)
-            if capture is not None:
-                t1 = time.perf_counter()
-                variants_of = getattr(adapter, "variants_of", None)  # families with sampler variants
-                n = capture(variants_of(d.sampling, d.subtalker)) if variants_of is not None else capture()
-                if n:
-                    log.info("talker: captured %d CUDA graphs in %.1f s", n, time.perf_counter() - t1)
+            variants = adapter.graph_variants(d.sampling, d.subtalker)  # families with sampler variants
+            log_capture(log, "talker", lambda: adapter.capture_all_graphs(variants))
             return time.perf_counter() - t0
 
         return await self._call(run)
@@ -237,7 +232,7 @@ class TalkerWorker(StageWorker[TalkerOutput, OutputListener]):
         voices = self.info.voices
         if params.voice and voices and params.voice.lower() not in voices:
             raise StageFailure("NOT_FOUND", f"voice: {params.voice!r} is not one of {', '.join(voices)}")
-        if not params.voice and self.info.variant == "custom_voice":
+        if not params.voice and self.info.catalog.voice_required:
             raise StageFailure(
                 "INVALID_ARGUMENT", f"voice: required by {self.info.model}; one of {', '.join(voices)}"
             )
@@ -279,12 +274,10 @@ class TalkerWorker(StageWorker[TalkerOutput, OutputListener]):
         )
         sampling = apply_overrides(d.sampling, params.sampling, "sampling")
         subtalker = apply_overrides(d.subtalker, params.subtalker, "subtalker_sampling")
-        check = getattr(self.engine.adapter, "check_sampling", None)  # a family's own sampling limits
-        if check is not None:
-            try:
-                check(sampling, subtalker)
-            except ValueError as exc:
-                raise StageFailure("INVALID_ARGUMENT", str(exc)) from None
+        try:
+            self.engine.adapter.check_sampling(sampling, subtalker)  # a family's own sampling limits
+        except ValueError as exc:
+            raise StageFailure("INVALID_ARGUMENT", str(exc)) from None
         return TalkerRequest(
             key,
             spec,

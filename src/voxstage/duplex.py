@@ -15,6 +15,10 @@ from typing import Protocol, TypeVar
 SAMPLE_RATE = 24_000  # Hz
 FRAME_SAMPLES = 1920  # one 80 ms frame
 FRAME_SECONDS = FRAME_SAMPLES / SAMPLE_RATE
+# A voice recording is encoded between ticks in chunks, so its length only delays its own session's open;
+# the bound keeps that delay (and the talker's prompt) short: 30 s is 375 frames of a 3000-frame window.
+# The gateway refuses a longer one before it reaches the codec.
+MAX_RECORDING_SECONDS = 30.0
 
 O_contra = TypeVar("O_contra", contravariant=True)
 

@@ -1,6 +1,8 @@
-"""The house's import rules, read from the source: the talker and the codec import nothing of each other, the
-gateway imports neither, the shared stage runtime (``voxstage.stage``) imports no stage, and the modules of
-the runtime and of ``voxstage.config`` import each other one way.
+"""The house's import rules, read from the source, in every direction: the shared floor (``voxstage`` less its
+launcher) imports no stage, no gateway and no launcher; the talker and the codec import nothing of each
+other; the gateway imports neither (nor the stage runtime, but for the link TLS both sides speak); only the
+launcher (``voxstage.launch``) composes them all. Inside the gateway, its faces borrow nothing from each
+other and the core no face; the modules of the runtime and of ``voxstage.config`` import each other one way.
 
 Every import in a file counts, also one inside a function or an ``if TYPE_CHECKING`` block: it never runs at
 import time, yet it ties the modules together (a later edit turns it into a runtime loop, and type checkers
@@ -95,6 +97,31 @@ def test_gateway_core_imports_no_face() -> None:
         if any(_within(name, face) for face in FACES)
     }
     assert not found, sorted(found)
+
+
+FLOOR = ROOT / "src" / "voxstage"
+# `python -m voxstage` is the command line's entry point, run and never imported: it hands over to the
+# launcher.
+ENTRY = FLOOR / "__main__.py"
+
+
+def test_the_floor_imports_no_stage_no_gateway_and_no_launcher() -> None:
+    upper = ("services", "gateway", "voxstage.launch")
+    files = [p for p in sorted(FLOOR.rglob("*.py")) if FLOOR / "launch" not in p.parents and p != ENTRY]
+    assert len(files) > 50
+    found = {
+        f"{path.relative_to(ROOT)} imports {name}"
+        for path in files
+        for name in imported_modules(path)
+        if any(_within(name, u) for u in upper)
+    }
+    assert not found, sorted(found)
+
+
+def test_only_the_entry_point_reaches_up_to_the_launcher() -> None:
+    names = set(imported_modules(ENTRY))
+    assert any(_within(n, "voxstage.launch") for n in names), names
+    assert not any(_within(n, "services") or _within(n, "gateway") for n in names), names
 
 
 def submodule_graph(package: str) -> dict[str, set[str]]:

@@ -26,6 +26,10 @@ class PackedCalls:
         """``codes`` [B, K, T] -> PCM [B, T * spf]."""
         return self.codec.decode_packed(codes, lengths)
 
+    def capture_all(self) -> int:
+        """Capture every graph before serving (the warm-up); returns how many (eager calls have none)."""
+        return 0
+
 
 def move_session_state(codec: Any, src: int, dst: int) -> None:
     """Copy slot ``src``'s encode and decode state (histories and frame positions) onto slot ``dst``."""

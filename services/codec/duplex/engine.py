@@ -41,7 +41,7 @@ from services.codec.duplex.types import (
 from services.codec.engine import batch_bucket
 from voxstage import metrics
 from voxstage.duplex import DuplexAdmissionError
-from voxstage.stage.engine_loop import Steppable
+from voxstage.stage.engine_loop import Steppable, log_capture
 
 log = logging.getLogger(__name__)
 
@@ -373,12 +373,7 @@ class DuplexCodecEngine(Steppable[DuplexOutput]):
         while self.references.pending():
             self.references.step()
         future.result()
-        capture = getattr(self.calls, "capture_all", None)
-        if capture is not None:
-            t1 = time.perf_counter()
-            n = capture()
-            if n:
-                log.info("codec: captured %d duplex CUDA graphs in %.1f s", n, time.perf_counter() - t1)
+        log_capture(log, "codec", self.calls.capture_all, what="duplex CUDA graphs")
         return time.perf_counter() - t0
 
     # -- internals -------------------------------------------------------------------------------------

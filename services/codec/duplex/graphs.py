@@ -20,12 +20,13 @@ from services.codec.engine import batch_bucket
 from voxstage.cudagraphs import GraphCache
 
 
-class GraphedDuplexCalls:
+class GraphedDuplexCalls(PackedCalls):
     """A drop-in for ``PackedCalls`` (the engine's ``calls``) that replays captured graphs."""
 
     def __init__(
         self, codec: Any, *, max_batch: int, device: torch.device | str, enabled: bool = True
     ) -> None:
+        super().__init__(codec)
         self.eager = PackedCalls(codec)
         self.max_batch = max_batch
         self.spf: int = codec.samples_per_frame

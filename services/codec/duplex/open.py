@@ -9,8 +9,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from services.codec.duplex.types import MAX_REFERENCE_SECONDS, REFERENCE_RATES
+from services.codec.duplex.types import REFERENCE_RATES
 from voxstage import wire
+from voxstage.duplex import MAX_RECORDING_SECONDS
 from voxstage.internal.v1 import stage_pb2 as S
 from voxstage.stage.errors import StageFailure
 from voxstage.transport.payload import read_payload
@@ -80,10 +81,10 @@ def _recording(ref: S.VoiceReference) -> np.ndarray | None:
         raise StageFailure("INVALID_ARGUMENT", f"reference.audio: {exc}") from exc
     pcm = wire.pcm_from_bytes(data, ref.audio_format, field="reference.audio")
     seconds = pcm.size / ref.audio_sample_rate_hz
-    if seconds > MAX_REFERENCE_SECONDS:
+    if seconds > MAX_RECORDING_SECONDS:
         raise StageFailure(
             "INVALID_ARGUMENT",
-            f"reference.audio: {seconds:.1f} s exceeds the limit of {MAX_REFERENCE_SECONDS:g} s",
+            f"reference.audio: {seconds:.1f} s exceeds the limit of {MAX_RECORDING_SECONDS:g} s",
         )
     return pcm
 

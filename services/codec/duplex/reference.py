@@ -20,13 +20,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from services.codec.duplex.types import MAX_REFERENCE_SECONDS
+from voxstage.duplex import MAX_RECORDING_SECONDS
 
 log = logging.getLogger(__name__)
 
 
 def check_recording(
-    pcm: np.ndarray, sample_rate: int, max_seconds: float = MAX_REFERENCE_SECONDS
+    pcm: np.ndarray, sample_rate: int, max_seconds: float = MAX_RECORDING_SECONDS
 ) -> np.ndarray:
     """A voice recording as the protocol allows it (non-empty mono, a positive rate, at most
     ``max_seconds``, finite), as float32; the family's codec conditions it from there
@@ -66,7 +66,7 @@ class ReferenceJobs:
         self.codec = codec
         self.spf: int = codec.samples_per_frame
         self.chunk_frames = chunk_frames
-        self.max_frames = int(MAX_REFERENCE_SECONDS * codec.sample_rate) // self.spf + 1
+        self.max_frames = int(MAX_RECORDING_SECONDS * codec.sample_rate) // self.spf + 1
         self.device = device
         self.clock = clock
         self._slot = torch.tensor([slot], dtype=torch.int64, device=device)
@@ -79,7 +79,7 @@ class ReferenceJobs:
             raise ValueError(f"reference.audio: needs whole {self.spf}-sample frames, got shape {pcm.shape}")
         if pcm.size // self.spf > self.max_frames:
             raise ValueError(
-                f"reference.audio: more than {self.max_frames} frames ({MAX_REFERENCE_SECONDS:g} s)"
+                f"reference.audio: more than {self.max_frames} frames ({MAX_RECORDING_SECONDS:g} s)"
             )
         future: concurrent.futures.Future[np.ndarray] = concurrent.futures.Future()
         self._jobs.append(_Job(pcm, future))

@@ -13,9 +13,6 @@ import numpy as np
 
 from voxstage.duplex import SAMPLE_RATE
 
-# A voice recording is encoded between ticks in chunks, so its length only delays its own session's open;
-# the bound keeps that delay (and the talker's prompt) short: 30 s is 375 frames of a 3000-frame window.
-MAX_REFERENCE_SECONDS = 30.0
 REFERENCE_RATES = (8000, 192000)  # accepted audio_sample_rate_hz of a voice recording
 
 

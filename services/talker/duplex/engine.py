@@ -1,6 +1,6 @@
 """Duplex talker engine: every live session steps one frame per tick, all sessions in one batched step.
 
-Model-agnostic; a family plugs in through ``DuplexAdapter`` (PersonaPlex: ``models/personaplex/adapter.py``).
+Model-agnostic; a family plugs in through ``DuplexAdapter`` (PersonaPlex's adapter, in its family folder).
 Owned by one thread (``voxstage.stage.engine_loop``); imports no gRPC.
 
 A session joins with a prompt (voice, persona) that is **prefilled** in chunks under the per-tick token
@@ -58,6 +58,19 @@ class DuplexAdapter(Protocol):
     def move_slot(self, src: int, dst: int, kv_len: int) -> None: ...
 
     def transcript(self, token: int) -> str: ...
+
+    def kv_bytes_per_position(self) -> int:
+        """KV bytes one session's ring takes per position (the talker's memory budget)."""
+        ...
+
+    # -- optional, with defaults -------------------------------------------------------------------------
+    def enable_cuda_graphs(self) -> bool:
+        """Run the frame step from CUDA graphs from now on; False when the family has none (eager)."""
+        return False
+
+    def capture_all_graphs(self) -> int:
+        """Capture every graph before serving (no session running); returns how many."""
+        return 0
 
 
 @dataclass(frozen=True)

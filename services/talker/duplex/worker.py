@@ -24,6 +24,7 @@ from services.talker.worker import (
     apply_overrides,
 )
 from voxstage.duplex import DuplexAdmissionError, DuplexListener
+from voxstage.stage.engine_loop import log_capture
 from voxstage.stage.errors import StageFailure
 from voxstage.stage.worker import SessionWorker
 
@@ -60,12 +61,7 @@ class DuplexWorker(SessionWorker[DuplexOutput, DuplexListener[DuplexOutput]]):
                 e.step()
             e.close("__warmup__")
             e.step()
-            capture = getattr(e.adapter, "capture_all_graphs", None)
-            if capture is not None:
-                t1 = time.perf_counter()
-                n = capture()
-                if n:
-                    log.info("talker: captured %d CUDA graphs in %.1f s", n, time.perf_counter() - t1)
+            log_capture(log, "talker", e.adapter.capture_all_graphs)
             return time.perf_counter() - t0
 
         return await self._call(run)

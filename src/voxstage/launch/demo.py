@@ -17,18 +17,22 @@ import time
 from pathlib import Path
 from typing import Any
 
+from voxstage import families
 from voxstage.health_probe import check
 
 DEFAULT_TEXT = "Hello from voxstage. This sentence travelled from the gateway to the codec and the talker."
 
 
 def register(subparsers: Any) -> None:
+    fam = families.default_family()  # the registry's demo family: its deploy file, tiny preset and a voice
+    assert fam.demo is not None
+    preset, voice = fam.demo
     p = subparsers.add_parser("demo", help="run the full stack on the built-in tiny model and write audio")
     p.add_argument("--out", default="out/demo.wav", help="output WAV file")
-    p.add_argument("--config", default="deploy/qwen3_tts.yaml", help="deploy YAML file")
-    p.add_argument("--model", default="qwen3-tts-tiny", help="checkpoint directory or preset")
+    p.add_argument("--config", default=fam.deploy_file, help="deploy YAML file")
+    p.add_argument("--model", default=preset, help="checkpoint directory or preset")
     p.add_argument("--text", default=DEFAULT_TEXT)
-    p.add_argument("--voice", default="ryan")
+    p.add_argument("--voice", default=voice)
     p.add_argument("--max-frames", type=int, default=120, help="cap on generated frames (random weights)")
     p.add_argument("--start-timeout", type=float, default=300.0)
     p.set_defaults(handler=run)

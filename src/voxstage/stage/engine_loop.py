@@ -12,6 +12,7 @@ import concurrent.futures
 import logging
 import queue
 import threading
+import time
 from collections.abc import Callable
 from typing import Any, Generic, Protocol, TypeVar
 
@@ -30,6 +31,16 @@ class Steppable(Protocol[O]):
         """Seconds until the engine has work of its own while idle (a duplex step's gather window); None:
         only a command wakes it."""
         return None
+
+
+def log_capture(
+    logger: logging.Logger, role: str, capture: Callable[[], int], what: str = "CUDA graphs"
+) -> None:
+    """Run a warm-up's graph capture (engine thread) and say how many graphs it took how long to capture."""
+    t0 = time.perf_counter()
+    n = capture()
+    if n:
+        logger.info("%s: captured %d %s in %.1f s", role, n, what, time.perf_counter() - t0)
 
 
 IDLE_POLL_S = 0.05  # how long an idle engine sleeps on its command queue before looking again

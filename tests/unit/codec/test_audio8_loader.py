@@ -190,7 +190,7 @@ def test_random_init_is_seeded() -> None:
 def test_load_codec_runtime(saved: tuple[Audio8Codec, Path, dict]) -> None:
     model, folder, _ = saved
     runtime = load_codec(ModelSource("audio8-test", folder, "arktts"), max_streams=2)
-    assert runtime.family == "arktts" and runtime.speaker_encoder is None
+    assert runtime.family == "audio8_tts" and runtime.speaker_encoder is None
     assert (runtime.num_groups, runtime.codebook_size, runtime.sample_rate) == (10, 4096, 44100)
     assert (runtime.samples_per_frame, runtime.decoder_window_frames) == (2048, 128)
     pool = runtime.decoder

@@ -105,7 +105,7 @@ def test_presets_load_through_load_talker(tmp_path: Path) -> None:
     adapter, info = load_talker(ModelSource("audio8-tts-tiny", tmp_path / "tiny", "arktts"))
     assert isinstance(adapter, Audio8TTSAdapter) and adapter.tokenizer is not None
     assert (info.family, info.num_code_groups, info.variant, info.max_new_frames) == (
-        "arktts",
+        "audio8_tts",
         10,
         "plain",
         2048,

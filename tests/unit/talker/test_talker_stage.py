@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from services.talker.models import TalkerInfo
+from services.talker.models import Catalog, CatalogVoice, TalkerInfo
 from services.talker.sampling import SamplingParams
 from services.talker.takes import sendable
 from services.talker.worker import TalkerDefaults, apply_overrides
@@ -30,6 +30,8 @@ def info() -> TalkerInfo:
         default_sampling=CHECKPOINT,
         default_subtalker_sampling=CHECKPOINT_SUB,
         max_new_frames=8192,
+        max_positions=4096,
+        catalog=Catalog(voices=(CatalogVoice("ryan"),), languages=(), voice_required=True),
     )
 
 

@@ -7,16 +7,15 @@ from __future__ import annotations
 import numpy as np
 
 from services.codec.duplex.reference import check_recording
-from services.codec.duplex.types import MAX_REFERENCE_SECONDS
 from services.codec.models.mimi.loudness import normalize_loudness
 from voxstage.audio import resample
-from voxstage.duplex import FRAME_SAMPLES, SAMPLE_RATE
+from voxstage.duplex import FRAME_SAMPLES, MAX_RECORDING_SECONDS, SAMPLE_RATE
 
 TARGET_LUFS = -24.0
 
 
 def prepare_reference(
-    pcm: np.ndarray, sample_rate: int, *, max_seconds: float = MAX_REFERENCE_SECONDS
+    pcm: np.ndarray, sample_rate: int, *, max_seconds: float = MAX_RECORDING_SECONDS
 ) -> np.ndarray:
     """A mono recording at any rate -> float32 at 24 kHz, loudness-normalised to -24 LUFS (silence and clips
     under 400 ms stay as they are), right-padded with zeros to whole 1920-sample frames."""

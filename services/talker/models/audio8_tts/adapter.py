@@ -41,6 +41,7 @@ from services.talker.prefill import PrefillChunk
 from services.talker.sampling import SamplingParams
 from services.talker.spec import SpeechSpec
 from voxstage.cudagraphs import GraphCache
+from voxstage.families.audio8_tts import OWN_VOICE
 
 from .config import Audio8TalkerConfig
 from .frame import FrameState, frame_step
@@ -49,7 +50,7 @@ from .prompt import Audio8Prompt, build_prompt
 from .sampling import RasParams, check_sampling_params
 from .tokenizer import Audio8Tokenizer
 
-DEFAULT_VOICE = "default"
+DEFAULT_VOICE = OWN_VOICE  # the model speaks in its own voice (voxstage.families.audio8_tts)
 VOICES = (DEFAULT_VOICE,)
 
 
@@ -136,7 +137,8 @@ class Audio8Prepared:
 
 
 class Audio8TTSAdapter(PackedDecodeAdapter):
-    """Launch / collect and CUDA graphs come from ``PackedDecodeAdapter`` (shared with Qwen3-TTS)."""
+    """Launch / collect and CUDA graphs come from ``PackedDecodeAdapter`` (shared with Qwen3-TTS); it keeps no
+    prefix cache (``set_prefix_cache``'s default)."""
 
     def __init__(
         self,
@@ -144,7 +146,6 @@ class Audio8TTSAdapter(PackedDecodeAdapter):
         tokenizer: Audio8Tokenizer | None,
         *,
         min_attn_bucket: int = 64,
-        prefix_cache_bytes: int = 0,
     ) -> None:
         self.model = model
         self.config: Audio8TalkerConfig = model.config
@@ -154,7 +155,6 @@ class Audio8TTSAdapter(PackedDecodeAdapter):
         self.device = model.device
         self.dtype = model.dtype
         self.min_attn_bucket = min_attn_bucket
-        self.prefix_cache_bytes = prefix_cache_bytes  # set by the stage; unused (no prefix cache)
         c = self.config
         self.ras = RasParams(window=c.ras_window_size, temperature=c.ras_temperature, top_p=c.ras_top_p)
         self.graphs: GraphCache | None = None

@@ -17,6 +17,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
+from services.talker.duplex.engine import DuplexAdapter
 from services.talker.launch import HostRing, Pending, all_inactive, bucket, collect
 from voxstage.cudagraphs import GraphCache
 
@@ -31,7 +32,7 @@ from .voices import VoiceLibrary
 MIN_ATTN_BUCKET = 64
 
 
-class PersonaPlexAdapter:
+class PersonaPlexAdapter(DuplexAdapter):
     def __init__(
         self,
         model: PersonaPlexLM,
@@ -175,11 +176,12 @@ class PersonaPlexAdapter:
         frame_step(self.model, self.kv, self.state, self.scratch, b, attn_len, all_greedy=bool(greedy))
 
     # -- CUDA graphs -----------------------------------------------------------------------------------------
-    def enable_cuda_graphs(self) -> None:
+    def enable_cuda_graphs(self) -> bool:
         # Warm-up runs execute for real; with every row inactive they leave all slot state as it was.
         self.graphs = GraphCache(
             self.decode_core, enabled=True, quiesce=lambda key: all_inactive(self.state.active)
         )
+        return True
 
     def graph_keys(self) -> list[tuple[int, int, int]]:
         batches = sorted({bucket(n, self.num_slots) for n in range(1, self.num_slots + 1)})

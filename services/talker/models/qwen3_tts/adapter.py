@@ -13,6 +13,7 @@ import hashlib
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -241,7 +242,10 @@ class Qwen3TTSAdapter(PackedDecodeAdapter):
     def variants(self) -> list[tuple[int, ...]]:
         return [(int(v),) for v in Sampler]
 
-    def variants_of(self, sampling: SamplingParams, subtalker: SamplingParams) -> list[tuple[int, ...]]:
+    def set_prefix_cache(self, max_bytes: int) -> None:
+        self.prefix_cache_bytes = max_bytes
+
+    def graph_variants(self, sampling: SamplingParams, subtalker: SamplingParams) -> list[Any] | None:
         """The variant requests with these settings decode with (the deploy default's, captured first)."""
         return [(int(Sampler.for_params((sampling, subtalker))),)]
 
