@@ -262,6 +262,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ref-python", default=None, help="interpreter for the reference (default: this one)")
     ap.add_argument("--scratch", default="/tmp", help="where exported reference weights go (deleted after)")
     ap.add_argument(
+        "--pack", action="store_true",
+        help="at the end, pack the run for committing (bench/pack_results.py: logs and Prometheus snapshots "
+        "into raw.tar.xz, large per-phase JSON as .json.xz); bench/run_gpu.sh passes it",
+    )  # fmt: skip
+    ap.add_argument(
         "--mps", action="store_true",
         help="run every phase under a CUDA MPS daemon of its own (stage shares: --set "
         "stages.N.mps_active_thread_percentage=P)",
@@ -313,6 +318,10 @@ def main(argv: list[str] | None = None) -> int:
     if failures:
         with (a.out / "failures.log").open("a") as f:
             f.write("\n".join(failures) + "\n")
+    if a.pack:
+        from bench.pack_results import pack_run
+
+        pack_run(a.out)
     return 1 if failures else 0
 
 

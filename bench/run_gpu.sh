@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The one command for the GPU benchmark on an offline H200 box, run from the repository root:
 #
-#   bench/run_gpu.sh OUT_DIR [bench/run_gpu.py options, e.g. --profile full --models qwen3-tts-0.6b]
+#   bench/run_gpu.sh OUT_DIR [bench/run_gpu.py options, e.g. --profile full --models PRESET,PRESET]
 #   bench/run_gpu.sh --install-only; VX_INSTALLED=1 CUDA_VISIBLE_DEVICES=1 bench/run_gpu.sh OUT_DIR ...
 #
 # The box has Python 3.12 and a CUDA torch but no internet, so everything else arrives as carried wheels
@@ -56,4 +56,5 @@ else
 fi
 
 "$PY" -c "import torch, grpc, voxstage; print('torch', torch.__version__, 'cuda', torch.cuda.is_available())"
-exec "$PY" -m bench.run_gpu --out "$OUT_DIR" "${ref_args[@]}" "$@"
+# --pack: the run's logs and Prometheus snapshots end in one raw.tar.xz, so it can be committed as it is.
+exec "$PY" -m bench.run_gpu --out "$OUT_DIR" --pack "${ref_args[@]}" "$@"
