@@ -40,13 +40,13 @@ receptive field, and kept as a documented alternative (docs/models.md gives its 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
 import torch
 
+from services.codec.calls import DecodeCalls, DecodeFn
 from services.codec.engine_state import Launched, StreamState, read_back
 from voxstage import metrics
 from voxstage.chunking import next_boundary, whole_chunks
@@ -107,24 +107,6 @@ class CodecOutput:
     final: bool
     frames: int
     segment_end: bool = False  # this output holds the last frames before an ``end_segment`` mark
-
-
-DecodeFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
-
-
-class DecodeCalls:
-    """How the engine decodes a batch: eagerly through ``decode`` here, from CUDA graphs in
-    ``graphs.GraphedDecode``, which also captures its graphs up front."""
-
-    def __init__(self, decode: DecodeFn) -> None:
-        self.decode = decode
-
-    def __call__(self, codes: torch.Tensor, slots: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
-        return self.decode(codes, slots, lengths)
-
-    def capture_all(self, max_frames: int | None = None) -> int:
-        """Capture every graph before serving (the warm-up); returns how many (eager calls have none)."""
-        return 0
 
 
 def batch_bucket(n: int, cap: int) -> int:

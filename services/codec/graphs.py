@@ -12,7 +12,8 @@ from collections.abc import Iterator, Sequence
 
 import torch
 
-from services.codec.engine import DecodeCalls, StreamingCodec, batch_bucket
+from services.codec.calls import DecodeCalls
+from services.codec.engine import StreamingCodec, batch_bucket
 from voxstage.cudagraphs import GraphCache
 
 

@@ -62,11 +62,31 @@ class CodecStageStream(StageStream):
     frames_sent: int
     samples_sent: int
 
+    # Talker terminals that end the stream normally (its audio still goes out); others are relayed at once.
+    talker_ends: tuple[int, ...] = (S.END_REASON_EOS, S.END_REASON_MAX_FRAMES)
+
     def _release(self) -> None:
         raise NotImplementedError
 
     def pump(self) -> None:
         raise NotImplementedError
+
+    async def _talker_done(self, eos: S.EndOfStream) -> None:
+        """The talker ended normally: send the rest of the audio, then our terminal."""
+        raise NotImplementedError
+
+    async def talker_ended(self, eos: S.EndOfStream, segment_done: S.SegmentDone | None) -> None:
+        """The talker's terminal (called by the relay): its error or cancel relayed at once, a normal end
+        after the last PCM."""
+        if eos.reason == S.END_REASON_ERROR:
+            self._release()
+            e = eos.error
+            self._terminal(S.END_REASON_ERROR, S.StreamError(code=e.code, message=e.message, origin=e.origin))
+        elif eos.reason in self.talker_ends:
+            await self._talker_done(eos)
+        else:
+            self._release()
+            self._terminal(S.END_REASON_CANCELLED)
 
     def _grant(self, amount: int) -> None:
         self.pcm_credit += amount
@@ -126,6 +146,7 @@ class CodecStageStream(StageStream):
 
 class CodecStream(CodecStageStream):
     refused = {"user_audio": "only duplex streams carry user audio"}
+    talker_ends = (S.END_REASON_EOS, S.END_REASON_MAX_FRAMES, S.END_REASON_FRAME_CAP)
 
     def __init__(self, servicer: CodecServicer, context: grpc.aio.ServicerContext) -> None:
         super().__init__(f"cs{next(_keys)}")
@@ -333,20 +354,12 @@ class CodecStream(CodecStageStream):
         self.talker_segments.append(done)
         await self.srv.worker.end_segment(self.key)
 
-    async def talker_ended(self, eos: S.EndOfStream, segment_done: S.SegmentDone | None) -> None:
-        """The talker's terminal: finish decoding (then relay its reason) or relay its error/cancel.
-        ``segment_done`` (the last take's) already arrived through ``segment_in``."""
-        if eos.reason == S.END_REASON_ERROR:
-            self._release()
-            e = eos.error
-            self._terminal(S.END_REASON_ERROR, S.StreamError(code=e.code, message=e.message, origin=e.origin))
-        elif eos.reason in (S.END_REASON_EOS, S.END_REASON_MAX_FRAMES, S.END_REASON_FRAME_CAP):
-            self.end_reason = eos.reason
-            if self.engine_open:
-                await self.srv.worker.finish(self.key)
-        else:
-            self._release()
-            self._terminal(S.END_REASON_CANCELLED)
+    async def _talker_done(self, eos: S.EndOfStream) -> None:
+        """Finish decoding, then relay the talker's reason (``segment_done``, the last take's, already
+        arrived through ``segment_in``)."""
+        self.end_reason = eos.reason
+        if self.engine_open:
+            await self.srv.worker.finish(self.key)
 
     # -- termination -----------------------------------------------------------------------------------
     def _release(self) -> None:

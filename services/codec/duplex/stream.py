@@ -228,18 +228,9 @@ class DuplexCodecStream(CodecStageStream):
         if self.joined and not self.terminal_sent:
             self.worker.push_agent(self.key, frame)
 
-    async def talker_ended(self, eos: S.EndOfStream, segment_done: S.SegmentDone | None) -> None:
-        """The talker's terminal: relay its error or cancel now, its end after the last PCM."""
-        if eos.reason == S.END_REASON_ERROR:
-            self._release()
-            e = eos.error
-            self._terminal(S.END_REASON_ERROR, S.StreamError(code=e.code, message=e.message, origin=e.origin))
-        elif eos.reason in (S.END_REASON_EOS, S.END_REASON_MAX_FRAMES):
-            self.talker_eos = eos
-            self.pump()
-        else:
-            self._release()
-            self._terminal(S.END_REASON_CANCELLED)
+    async def _talker_done(self, eos: S.EndOfStream) -> None:
+        self.talker_eos = eos
+        self.pump()
 
     # -- termination -------------------------------------------------------------------------------------
     def _release(self) -> None:
