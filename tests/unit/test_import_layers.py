@@ -47,11 +47,11 @@ def _within(name: str, namespace: str) -> bool:
 @pytest.mark.parametrize(
     "importer,forbidden",
     [
-        ("services.talker", ("services.codec", "gateway")),
-        ("services.codec", ("services.talker", "gateway")),
+        ("services.talker", ("services.codec", "gateway", "voxstage.launch")),
+        ("services.codec", ("services.talker", "gateway", "voxstage.launch")),
         # The gateway dials the stages over the same mutual-TLS links they serve (voxstage.stage.tls) and
         # uses nothing else of the stage runtime.
-        ("gateway", ("services.talker", "services.codec", "voxstage.stage")),
+        ("gateway", ("services.talker", "services.codec", "voxstage.stage", "voxstage.launch")),
         ("voxstage.stage", ("services.talker", "services.codec", "gateway")),
     ],
 )
