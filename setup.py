@@ -1,26 +1,17 @@
-"""Maps the card's physical folders onto the single ``voxstage`` import namespace.
+"""Package discovery: every import name is its folder.
 
-``src/voxstage`` holds shared code; ``services/talker``, ``services/codec`` and ``gateway`` are imported as
-``voxstage.talker``, ``voxstage.codec`` and ``voxstage.gateway``. Package lists are discovered so a new
-subpackage needs no edit here.
+``services/talker`` is ``services.talker``, ``services/codec`` is ``services.codec`` and ``gateway/`` is
+``gateway`` (top-level packages of their own, found from the repository root); the one mapped folder is the
+shared floor, ``src/voxstage``, imported as ``voxstage``. docs/architecture.md says why the folders are the
+import names.
 """
 
 from setuptools import find_packages, setup
 
-HOMES = {
-    "voxstage": "src/voxstage",
-    "voxstage.talker": "services/talker",
-    "voxstage.codec": "services/codec",
-    "voxstage.gateway": "gateway",
-}
+STAGES = find_packages(include=["services", "services.*", "gateway", "gateway.*"])
 
-
-def _packages() -> list[str]:
-    found: list[str] = []
-    for name, folder in HOMES.items():
-        found.append(name)
-        found += [f"{name}.{sub}" for sub in find_packages(folder)]
-    return found
-
-
-setup(packages=_packages(), package_dir=HOMES, package_data={"voxstage": ["py.typed", "presets/**/*"]})
+setup(
+    packages=[*STAGES, *find_packages("src")],
+    package_dir={"voxstage": "src/voxstage"},
+    package_data={"voxstage": ["py.typed", "presets/**/*"]},
+)

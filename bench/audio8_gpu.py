@@ -2,9 +2,9 @@
 
 With the size-true ``audio8-tts-0.6b`` random-weight preset:
 
-* ``talker_frame_step``: one engine tick of ``ArkTTSAdapter`` (slow AR step, compact 4097-row head, semantic
-  draw with RAS, 9 fast-AR steps with their draws), CUDA-graphed as the stage runs it, bf16, at each batch
-  size, with the released sampling (0.7 / 50 / 0.9); plus graph = eager agreement of the sampled codes;
+* ``talker_frame_step``: one engine tick of ``Audio8TTSAdapter`` (slow AR step, compact 4097-row head,
+  semantic draw with RAS, 9 fast-AR steps with their draws), CUDA-graphed as the stage runs it, bf16, at each
+  batch size, with the released sampling (0.7 / 50 / 0.9); plus graph = eager agreement of the sampled codes;
 * ``codec``: the streaming decode through the engine's ``GraphedDecode`` at (batch, chunk) buckets, fp32 (the
   default) and bf16, in audio-seconds per GPU-second, plus the bf16 error against fp32 on the same codes and
   the cost of one overlap+crop chunk (25 new frames behind 25 of context) against a stateful one;
@@ -27,14 +27,14 @@ from typing import Any
 import numpy as np
 import torch
 
-from voxstage.codec.graphs import GraphedDecode
-from voxstage.codec.models.audio8.loader import random_init as random_codec
-from voxstage.codec.models.audio8.presets import codec_preset
-from voxstage.codec.models.audio8.streaming import Audio8StreamingDecoder
+from services.codec.graphs import GraphedDecode
+from services.codec.models.audio8_tts.loader import random_init as random_codec
+from services.codec.models.audio8_tts.presets import codec_preset
+from services.codec.models.audio8_tts.streaming import Audio8StreamingDecoder
+from services.talker.models import load_talker
+from services.talker.sampling import SamplingParams
+from services.talker.spec import SpeechSpec
 from voxstage.presets import resolve_model
-from voxstage.talker.models import load_talker
-from voxstage.talker.sampling import SamplingParams
-from voxstage.talker.spec import SpeechSpec
 
 RATE, SPF = 44_100, 2048
 SAMPLING = SamplingParams(temperature=0.7, top_k=50, top_p=0.9)

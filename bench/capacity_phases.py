@@ -1,6 +1,6 @@
 """``bench/run_gpu.py``'s phases for issues 27 and 28: ``realtime`` and ``timeline``.
 
-* ``realtime`` (duplex models, e.g. ``personaplex-7b``): ``bench.realtime_loadgen``'s levels through the
+* ``realtime`` (a duplex family's presets): ``bench.realtime_loadgen``'s levels through the
   ``/v1/realtime`` WebSocket with the official ``openai`` client (``--realtime-levels``,
   ``--realtime-seconds`` each, ``--client-procs`` client processes), on a stack started for the top level.
   Writes
@@ -62,7 +62,7 @@ def phases_for(model: str, fam: Family, phases: list[str]) -> list[str]:
     skipped = [p for p in phases if p not in PHASES and p != "report"]
     if skipped:
         print(f"\n== {model}: {','.join(skipped)} skipped: TTS phases; a duplex model is measured by "
-              "realtime and timeline (its frame step: bench/personaplex_gpu.py)", flush=True)  # fmt: skip
+              f"realtime and timeline (its frame step: bench/{fam.engine_script})", flush=True)  # fmt: skip
     return [p for p in phases if p not in skipped]
 
 

@@ -19,10 +19,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from voxstage.codec.models.qwen3_tts.decoder import Qwen3TokenizerDecoder
-from voxstage.codec.models.qwen3_tts.loader import random_init
-from voxstage.codec.models.qwen3_tts.presets import decoder_preset
-from voxstage.codec.models.qwen3_tts.streaming import StreamingDecoder
+from services.codec.models.qwen3_tts.decoder import Qwen3TokenizerDecoder
+from services.codec.models.qwen3_tts.loader import random_init
+from services.codec.models.qwen3_tts.presets import decoder_preset
+from services.codec.models.qwen3_tts.streaming import StreamingDecoder
 
 CHUNK = 25  # the deploy file's steady codec chunk
 
@@ -78,8 +78,8 @@ def main(argv: list[str] | None = None) -> int:
         if source == "golden":
             import tempfile
 
+            from services.codec.models.qwen3_tts.loader import load_qwen3_tts_decoder
             from tests.golden import materialize_checkpoint  # the dev checkout's fixtures
-            from voxstage.codec.models.qwen3_tts.loader import load_qwen3_tts_decoder
 
             with tempfile.TemporaryDirectory() as tmp:
                 ckpt = materialize_checkpoint("custom_voice", Path(tmp))

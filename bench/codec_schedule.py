@@ -5,7 +5,7 @@ first, and stops at the first one still decoding once it has audio in hand, so a
 does not wait for the read-back of a bulk decode of other streams' steady chunks. ``engine.early_handout``
 switches that break off; nothing else differs between the arms.
 
-Engines are built as the codec stage builds them (``voxstage.codec.main.build_engine`` over ``load_codec``,
+Engines are built as the codec stage builds them (``services.codec.main.build_engine`` over ``load_codec``,
 the deploy file's chunk schedule, frame buckets and ``async_scheduling``; CUDA graphs pre-captured by the
 stage's own warm-up, ``CodecWorker.warm_up``), a fresh one per arm. Workload, closed-loop on the wall clock,
 one thread (what the talker sends): ``--streams`` streams open, started over the first second; each gets one
@@ -15,8 +15,9 @@ stream takes its place. Streams that start within the ``--duration`` s after ``-
 first non-empty PCM), gaps between chunks, and underruns (``bench.playback``: a player with no prebuffer
 from the first audio at 24 kHz runs dry before the next chunk arrives).
 
-Usage: ``python -m bench.codec_schedule --out codec_schedule.json`` (GPU, qwen3-tts-0.6b, 64 streams);
-``--device cpu --quick`` is a smoke run on the tiny preset (eager, same code path). JSON is rewritten after
+Usage: ``python -m bench.codec_schedule --out codec_schedule.json`` (GPU, the default family's first
+benchmarked preset, 64 streams); ``--device cpu --quick`` is a smoke run on its tiny preset (eager, same
+code path). JSON is rewritten after
 each arm; a table is printed.
 """
 
@@ -38,10 +39,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from voxstage.codec.engine import CodecEngine
-from voxstage.codec.main import build_engine
-from voxstage.codec.models import CodecRuntime, load_codec
-from voxstage.codec.worker import CodecWorker
+from services.codec.engine import CodecEngine
+from services.codec.main import build_engine
+from services.codec.models import CodecRuntime, load_codec
+from services.codec.worker import CodecWorker
+from voxstage import families
 from voxstage.stage.process import load_stage_setup
 
 try:
@@ -182,8 +184,11 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True)
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
-    ap.add_argument("--model", default=None, help="preset or checkpoint (default qwen3-tts-0.6b; cpu: tiny)")
-    ap.add_argument("--config", default=str(ROOT / "deploy" / "qwen3_tts.yaml"), help="deploy file")
+    fam = families.default_family()
+    assert fam.bench is not None and fam.demo is not None
+    big, tiny = fam.bench.default_models[0], fam.demo[0]
+    ap.add_argument("--model", default=None, help=f"preset or checkpoint (default {big}; cpu: {tiny})")
+    ap.add_argument("--config", default=str(ROOT / fam.deploy_file), help="deploy file")
     ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     ap.add_argument("--platform", default=None)
     ap.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
@@ -202,7 +207,7 @@ def main(argv: list[str] | None = None) -> int:
     full = {"streams": 64, "frames": 100, "duration": 20.0, "warmup": 3.0}
     for k, v in (quick if a.quick else full).items():
         setattr(a, k, v if getattr(a, k) is None else getattr(a, k))
-    a.model = a.model or ("qwen3-tts-tiny" if a.device == "cpu" else "qwen3-tts-0.6b")
+    a.model = a.model or (tiny if a.device == "cpu" else big)
     arms = a.arms.split(",")
     if not set(arms) <= {"on", "off"}:
         ap.error(f"--arms takes on,off; got {a.arms!r}")

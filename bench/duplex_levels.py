@@ -39,18 +39,23 @@ from bench.playback import percentile, simulate_playback
 from bench.procsample import Sampler
 from bench.prom import counter, diff, hist_quantiles, scrape
 from bench.stack import Stack, StackSpec
+from voxstage import families
 
 RATE = 24000
 FRAME = 1920  # samples per 80 ms
 TICK = 0.08
 LATE_TOLERANCE_S = 1e-3  # a frame within 1 ms of its play time is on time (clock and scheduling noise)
 T = TypeVar("T")
-DEPLOY = Path(__file__).resolve().parents[1] / "deploy" / "personaplex.yaml"
+# The duplex family's (voxstage.families): its seed deploy file, size-true preset and benchmark voice.
+DUPLEX = next(f for f in families.families() if f.duplex)
+DEPLOY = Path(__file__).resolve().parents[1] / DUPLEX.deploy_file
+DUPLEX_MODEL = next(p.name for p in DUPLEX.presets if p.random_init)
+DUPLEX_VOICE = DUPLEX.bench.voice if DUPLEX.bench is not None else ""
 
 
 @dataclass
 class SessionOptions:
-    voice: str = "NATF0"
+    voice: str = DUPLEX_VOICE
     persona: str = "You enjoy having a good conversation."
     model: str = ""  # the served model name, for the WebSocket face's ?model=
     grace_s: float = 0.5  # after the last user frame, how long the session waits for the last answers
@@ -260,11 +265,11 @@ def level_row(
 
 def add_level_options(parser: argparse.ArgumentParser, *, default_levels: str) -> None:
     parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--model", default="personaplex-7b")
+    parser.add_argument("--model", default=DUPLEX_MODEL, help="preset or checkpoint (the duplex family's)")
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--levels", default=default_levels, help="sessions per level, e.g. 32,64")
     parser.add_argument("--seconds", type=float, default=60.0, help="user audio per session (s)")
-    parser.add_argument("--voice", default="NATF0")
+    parser.add_argument("--voice", default=DUPLEX_VOICE)
     parser.add_argument("--persona", default="You enjoy having a good conversation.")
     parser.add_argument(
         "--join-spread-s", type=float, default=None,
@@ -279,7 +284,7 @@ def add_level_options(parser: argparse.ArgumentParser, *, default_levels: str) -
 
 
 def level_stack(args: argparse.Namespace, folder: Path, env: dict[str, str] | None = None) -> Stack:
-    """The PersonaPlex stack for these levels: as many sessions and slots as the top level."""
+    """The duplex family's stack for these levels: as many sessions and slots as the top level."""
     top = max(int(x) for x in args.levels.split(","))
     sets = (f"duplex_session.max_sessions={top}", *args.set)
     spec = StackSpec(

@@ -6,9 +6,11 @@ frame of 24 kHz pcm16 every 80 ms on an absolute schedule for ``--seconds``, and
 transcript deltas it receives. The levels, the playback as heard and every number of a level's row are
 ``bench/duplex_levels.py``'s, shared with the WebSocket face's load generator (``bench/realtime_loadgen.py``).
 
-    python -m bench.duplex_loadgen --out duplex.json --model personaplex-7b --device cuda --levels 1,8,32,64
-    python -m bench.duplex_loadgen --out smoke.json --model personaplex-tiny --device cpu --levels 1,2 \
-        --seconds 3
+    python -m bench.duplex_loadgen --out duplex.json --device cuda --levels 1,8,32,64   # the size-true preset
+    python -m bench.duplex_loadgen --out smoke.json --model TINY_PRESET --device cpu --levels 1,2 --seconds 3
+
+The model and deploy file default to the duplex family's (``voxstage.families``): its size-true preset and
+its seed deploy file.
 """
 
 from __future__ import annotations

@@ -22,16 +22,16 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from voxstage.codec.engine import ChunkSchedule, CodecEngine
-from voxstage.codec.graphs import GraphedDecode
-from voxstage.codec.models.qwen3_tts.loader import random_init as random_decoder
-from voxstage.codec.models.qwen3_tts.presets import decoder_preset
-from voxstage.codec.models.qwen3_tts.streaming import StreamingDecoder
+from services.codec.engine import ChunkSchedule, CodecEngine
+from services.codec.graphs import GraphedDecode
+from services.codec.models.qwen3_tts.loader import random_init as random_decoder
+from services.codec.models.qwen3_tts.presets import decoder_preset
+from services.codec.models.qwen3_tts.streaming import StreamingDecoder
+from services.talker.engine import EngineConfig, TalkerEngine, TalkerRequest
+from services.talker.models import load_talker
+from services.talker.sampling import SamplingParams
+from services.talker.spec import SpeechSpec
 from voxstage.presets import resolve_model
-from voxstage.talker.engine import EngineConfig, TalkerEngine, TalkerRequest
-from voxstage.talker.models import load_talker
-from voxstage.talker.sampling import SamplingParams
-from voxstage.talker.spec import SpeechSpec
 
 DEV = "cuda"  # --device cpu runs the same code on the tiny preset (a smoke test of this script)
 

@@ -21,14 +21,14 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from voxstage.codec.models.qwen3_tts import loader as codec_loader
-from voxstage.presets import resolve_model
-from voxstage.talker.models.qwen3_tts.loader import (
+from services.codec.models.qwen3_tts import loader as codec_loader
+from services.talker.models.qwen3_tts.loader import (
     load_qwen3_tts_talker,
     random_init,
     read_config,
     talker_checkpoint_state,
 )
+from voxstage.presets import resolve_model
 
 CONFIG_FILES = ("config.json", "generation_config.json")
 TOKENIZER_FILES = ("config.json", "preprocessor_config.json")

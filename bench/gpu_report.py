@@ -16,6 +16,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from voxstage import families
+
 
 def _load(path: Path) -> dict[str, Any] | None:
     try:
@@ -270,6 +272,17 @@ def pairs_markdown(summary: dict[str, Any]) -> str:
     return _table([*head, "at best: TTFA p50 / p95 ms", "at best: RTF p50", "at best: audio s per s"], rows)
 
 
+def model_name(tag: str) -> str:
+    """The preset a result tag stands for: the tag with its family's tag prefix back (``0.6b`` ->
+    ``<prefix>0.6b``, ``0.6b_2pairs`` likewise); a tag that is already a preset name stays as it is."""
+    size = tag.split("_")[0]
+    for fam in families.families():
+        prefix = fam.bench.tag_prefix if fam.bench else ""
+        if prefix and fam.preset(prefix + size) is not None:
+            return prefix + tag
+    return tag
+
+
 def write_report(out: Path) -> dict[str, Any]:
     tags = sorted(
         {p.stem.removeprefix("serve_") for p in out.glob("serve_*.json")}
@@ -279,7 +292,7 @@ def write_report(out: Path) -> dict[str, Any]:
     tags = [t for t in tags if not t.endswith("_failed")]
     summary = {
         "environment": _load(out / "environment.json"),
-        "models": {f"qwen3-tts-{t}": model_summary(out, t) for t in tags},
+        "models": {model_name(t): model_summary(out, t) for t in tags},
     }
     (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
     (out / "summary.md").write_text(markdown(summary))

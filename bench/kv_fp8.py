@@ -40,10 +40,10 @@ import numpy as np
 import torch
 
 from bench.kv_fp8_families import Driver, PersonaPlexDriver, QwenDriver
+from services.talker.models import load_talker
+from services.talker.spec import SpeechSpec
 from voxstage.nn import kv_fp8
 from voxstage.presets import ModelSource, resolve_model
-from voxstage.talker.models import load_talker
-from voxstage.talker.spec import SpeechSpec
 
 PERSONA = "You are a friendly assistant who answers in short sentences."
 TEXTS = (
@@ -175,9 +175,9 @@ def personaplex_case(adapter_for: Callable[[], Any], prompts: list[Any], frames:
 
 
 def golden_personaplex(frames: int, streams: int) -> list[Case]:
+    from services.talker.models.personaplex.adapter import PersonaPlexAdapter
+    from services.talker.models.personaplex.prompt import build_prompt
     from tests.golden_personaplex import fixture_model, load_case
-    from voxstage.talker.models.personaplex.adapter import PersonaPlexAdapter
-    from voxstage.talker.models.personaplex.prompt import build_prompt
 
     out: list[Case] = []
     for name in ("prompt_voice", "ring_window"):

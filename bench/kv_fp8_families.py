@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from voxstage.talker.sampling import SamplingParams
+from services.talker.sampling import SamplingParams
 
 GREEDY = SamplingParams(do_sample=False)
 

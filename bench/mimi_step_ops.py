@@ -21,9 +21,9 @@ import torch
 from torch.autograd.profiler_util import FunctionEvent
 from torch.profiler import ProfilerActivity, profile
 
-from voxstage.codec.models.mimi.loader import random_init
-from voxstage.codec.models.mimi.presets import full_config
-from voxstage.codec.models.mimi.streaming import MimiStreamingCodec
+from services.codec.models.mimi.loader import random_init
+from services.codec.models.mimi.presets import full_config
+from services.codec.models.mimi.streaming import MimiStreamingCodec
 
 # Ops that only make a new tensor header (or an uninitialised buffer): no kernel on a device.
 VIEW_OPS = {

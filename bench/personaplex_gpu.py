@@ -28,17 +28,17 @@ from typing import Any
 
 import torch
 
-from voxstage.codec.models.mimi.config import MimiConfig
-from voxstage.codec.models.mimi.loader import random_init as random_mimi
-from voxstage.codec.models.mimi.presets import tiny_config as tiny_mimi_config
-from voxstage.codec.models.mimi.streaming import MimiStreamingCodec
+from services.codec.models.mimi.config import MimiConfig
+from services.codec.models.mimi.loader import random_init as random_mimi
+from services.codec.models.mimi.presets import tiny_config as tiny_mimi_config
+from services.codec.models.mimi.streaming import MimiStreamingCodec
+from services.talker.models.personaplex.adapter import PersonaPlexAdapter
+from services.talker.models.personaplex.config import parse_lm_config
+from services.talker.models.personaplex.frame import commit, depformer_part, temporal_part
+from services.talker.models.personaplex.loader import random_init
+from services.talker.models.personaplex.presets import preset_config
+from services.talker.sampling import SamplingParams
 from voxstage.nn import fused
-from voxstage.talker.models.personaplex.adapter import PersonaPlexAdapter
-from voxstage.talker.models.personaplex.config import parse_lm_config
-from voxstage.talker.models.personaplex.frame import commit, depformer_part, temporal_part
-from voxstage.talker.models.personaplex.loader import random_init
-from voxstage.talker.models.personaplex.presets import preset_config
-from voxstage.talker.sampling import SamplingParams
 
 GREEDY = (SamplingParams(do_sample=False), SamplingParams(do_sample=False))
 SAMPLED = (SamplingParams(temperature=0.7, top_k=25), SamplingParams(temperature=0.8, top_k=250))

@@ -40,15 +40,15 @@ from typing import Any
 
 import torch
 
-from voxstage.codec.graphs import GraphedDecode
-from voxstage.codec.models.qwen3_tts.loader import random_init as random_decoder
-from voxstage.codec.models.qwen3_tts.presets import decoder_preset
-from voxstage.codec.models.qwen3_tts.streaming import StreamingDecoder
+from services.codec.graphs import GraphedDecode
+from services.codec.models.qwen3_tts.loader import random_init as random_decoder
+from services.codec.models.qwen3_tts.presets import decoder_preset
+from services.codec.models.qwen3_tts.streaming import StreamingDecoder
+from services.talker.launch import bucket
+from services.talker.models import load_talker
+from services.talker.sampling import Sampler, SamplingParams
 from voxstage.nn import fused
 from voxstage.presets import resolve_model
-from voxstage.talker.launch import bucket
-from voxstage.talker.models import load_talker
-from voxstage.talker.sampling import Sampler, SamplingParams
 
 try:
     from bench.engine_gpu import SAMPLING, admit_prompts

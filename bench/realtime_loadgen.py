@@ -12,11 +12,14 @@ The level loop, the playback as heard and the row are ``bench/duplex_levels.py``
 ``Converse``'s ``bench/duplex_loadgen.py``): late frames, stalls and the worst stall, first agent audio,
 response latency, tick p50/p95/p99 per stage, per-process CPU and GPU busy.
 
-    python -m bench.realtime_loadgen --out rt.json --model personaplex-7b --device cuda --levels 32,64 \
+    python -m bench.realtime_loadgen --out rt.json --device cuda --levels 32,64 \
         --seconds 60 --client-procs 4 --set stages.0.gpu_memory_utilization=0.86 \
         --set stages.1.gpu_memory_utilization=0.1 --set stages.1.enforce_eager=false
-    python -m bench.realtime_loadgen --out smoke.json --model personaplex-tiny --device cpu --levels 2 \
+    python -m bench.realtime_loadgen --out smoke.json --model TINY_PRESET --device cpu --levels 2 \
         --seconds 3
+
+The model and deploy file default to the duplex family's (``voxstage.families``): its size-true preset and
+its seed deploy file.
 """
 
 from __future__ import annotations

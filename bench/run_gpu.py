@@ -1,22 +1,22 @@
 """The whole GPU benchmark of one host: serving latency and capacity, engine micro-benchmarks, the reference.
 
-    python -m bench.run_gpu --out OUT [--models qwen3-tts-0.6b,qwen3-tts-1.7b] [--profile quick|full]
+    python -m bench.run_gpu --out OUT [--models PRESET,...] [--profile quick|full]
         [--phases latency,poisson,closed,openai,llm,llm_poisson,engine,reference,report]
         [--ref-env /tmp/refenv] [--pairs 2]
 
 ``bench/run_gpu.sh OUT`` installs the carried wheels and runs this (see bench/README.md). Per model:
 
-* ``latency`` / ``poisson`` / ``closed`` run against one ``voxstage serve deploy/qwen3_tts.yaml --model M``
-  stack (started once for all three; fixed length: EOS disabled for ``--frames`` frames): warm-up, TTFA at
-  1 req/s Poisson, c=1 RTF (gRPC streaming; also the seed file's [1, 25] chunk schedule and the HTTP face),
-  then searches for the highest sustained Poisson rate and concurrency (no error, no underrun, p95 TTFA
-  within the SLO); ``openai`` measures c=1 and the closed search again through the official ``openai``
-  client on kept-alive HTTP connections; ``llm`` / ``llm_poisson`` repeat them with the text streamed as
-  deltas at an LLM's rate (bench/serve_gpu.py); ``--pairs N`` serves from N talker + codec pairs sharing
-  the GPU;
+* ``latency`` / ``poisson`` / ``closed`` run against one ``voxstage serve DEPLOY --model M`` stack (the
+  family's seed deploy file; ``--models`` defaults to the presets the families' descriptors name; started
+  once for all three; fixed length: EOS disabled for ``--frames`` frames): warm-up, TTFA at 1 req/s Poisson,
+  c=1 RTF (gRPC streaming; also the seed file's [1, 25] chunk schedule and the HTTP face), then searches
+  for the highest sustained Poisson rate and concurrency (no error, no underrun, p95 TTFA within the SLO);
+  ``openai`` measures c=1 and the closed search again through the official ``openai`` client on kept-alive
+  HTTP connections; ``llm`` / ``llm_poisson`` repeat them with the text streamed as deltas at an LLM's rate
+  (bench/serve_gpu.py); ``--pairs N`` serves from N talker + codec pairs sharing the GPU;
 * ``engine``: ``bench/engine_gpu.py`` (frame step and codec time at batch 1/8/32/64);
-* ``reference``: the preset's weights exported in the checkpoint layout, then ``bench/reference_qwen_tts.py``
-  in the reference's own environment;
+* ``reference``: the preset's weights exported in the checkpoint layout, then the family's reference
+  benchmark (``bench/reference_*.py``) in the reference's own environment;
 * ``report``: ``summary.json`` / ``summary.md`` with ours-vs-reference ratios, and plots.
 
 Every phase writes its JSON as soon as it ends, so a run cut short keeps what it finished and ``--phases``
@@ -43,6 +43,7 @@ from bench import capacity_phases
 from bench.mps import mps_daemon
 from bench.serve_gpu import SERVE_PHASES, serve_phases
 from bench.stack import REPO
+from voxstage import families
 
 ALL_PHASES = (*SERVE_PHASES, *capacity_phases.PHASES, "engine", "reference", "report")
 # llm_poisson, realtime and timeline only when asked for.
@@ -60,31 +61,22 @@ class Family:
     language: str
     frame_rate_hz: float
     engine_script: str
-    has_reference: bool  # an official reference implementation the `reference` phase can run
+    reference_script: str  # an official reference implementation the `reference` phase runs ("": none)
     duplex: bool = False  # a full-duplex model: only the `realtime` and `timeline` phases serve it
 
 
-FAMILIES = {
-    "qwen3-tts-": Family(
-        REPO / "deploy" / "qwen3_tts.yaml", "1,25", "ryan", "english", 12.5, "engine_gpu.py", True
-    ),
-    # Audio8 has no preset speakers and reads the text's language; its reference is remote code only.
-    "audio8-tts-": Family(
-        REPO / "deploy" / "audio8_tts.yaml", "4,25", "", "", 44100 / 2048, "audio8_gpu.py", False
-    ),
-    # Duplex sessions through /v1/realtime (capacity_phases); its frame step is bench/personaplex_gpu.py.
-    "personaplex-": Family(
-        REPO / "deploy" / "personaplex.yaml", "1,5", "NATF0", "", 12.5, "personaplex_gpu.py", False, True
-    ),
-}
-
-
 def family_of(model: str) -> Family:
-    for prefix, family in FAMILIES.items():
-        if model.startswith(prefix):
-            return family
-    known = ", ".join(prefix + "*" for prefix in FAMILIES)
-    raise SystemExit(f"--models: {model!r} is not a benchmarked preset ({known})")
+    """A preset's bench defaults, from its family's descriptor (``voxstage.families``: ``Family.bench``)."""
+    found = families.preset(model)
+    bench = None if found is None else found[0].bench
+    if found is None or bench is None:
+        known = ", ".join(p.name for f in families.families() if f.bench for p in f.presets)
+        raise SystemExit(f"--models: {model!r} is not a benchmarked preset ({known})")
+    fam = found[0]
+    return Family(
+        REPO / fam.deploy_file, bench.schedule, bench.voice, bench.language, fam.frame_rate_hz,
+        bench.engine_script, bench.reference_script, fam.duplex,
+    )  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -121,7 +113,10 @@ PROFILES = {
 
 
 def size_of(model: str) -> str:
-    return model.removeprefix("qwen3-tts-")  # audio8 presets keep their full name as the tag
+    """The tag of a preset's result files: its name less the family's tag prefix (some keep it whole)."""
+    found = families.preset(model)
+    bench = None if found is None else found[0].bench
+    return model.removeprefix(bench.tag_prefix) if bench and bench.tag_prefix else model
 
 
 def serve_tag(model: str, pairs: int) -> str:
@@ -144,7 +139,8 @@ def engine_phase(a: argparse.Namespace, model: str, out: Path, prof: Profile) ->
 
 def reference_phase(a: argparse.Namespace, model: str, out: Path, prof: Profile) -> None:
     tag = size_of(model)
-    if not family_of(model).has_reference:
+    script = family_of(model).reference_script
+    if not script:
         print(f"\n== reference {tag}: skipped (no runnable reference implementation)", flush=True)
         return
     weights = Path(a.scratch) / f"ref-weights-{tag}"
@@ -161,7 +157,7 @@ def reference_phase(a: argparse.Namespace, model: str, out: Path, prof: Profile)
                 env["PYTHONPATH"] = a.ref_env  # the reference's own packages only, never voxstage's
             else:
                 env.pop("PYTHONPATH", None)
-            cmd = [a.ref_python or sys.executable, str(REPO / "bench" / "reference_qwen_tts.py")]
+            cmd = [a.ref_python or sys.executable, str(REPO / "bench" / script)]
             cmd += ["--weights", str(weights), "--out", str(out / f"reference_{tag}.json")]
             cmd += ["--device", a.device, "--frames", str(a.frames), "--runs", str(prof.ref_runs)]
             cmd += ["--decoder-iters", "3"] if a.profile == "smoke" else []
@@ -171,7 +167,7 @@ def reference_phase(a: argparse.Namespace, model: str, out: Path, prof: Profile)
     finally:
         shutil.rmtree(weights, ignore_errors=True)  # up to 4 GB per model
     if code != 0:
-        raise RuntimeError(f"reference_qwen_tts.py exited {code}; see {log_path}")
+        raise RuntimeError(f"{script} exited {code}; see {log_path}")
 
 
 def worktree_tree(repo: Path) -> str | None:
@@ -239,7 +235,8 @@ def environment(out: Path, device: str, *, mps: bool = False) -> None:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, required=True)
-    ap.add_argument("--models", default="qwen3-tts-0.6b,qwen3-tts-1.7b")
+    defaults = [m for f in families.families() if f.bench for m in f.bench.default_models]
+    ap.add_argument("--models", default=",".join(defaults))
     ap.add_argument("--phases", default=",".join(DEFAULT_PHASES))
     ap.add_argument("--profile", choices=sorted(PROFILES), default="quick")
     ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
@@ -269,6 +266,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ref-env", default=None, help="--target folder of the reference's packages")
     ap.add_argument("--ref-python", default=None, help="interpreter for the reference (default: this one)")
     ap.add_argument("--scratch", default="/tmp", help="where exported reference weights go (deleted after)")
+    ap.add_argument(
+        "--pack", action="store_true",
+        help="at the end, pack the run for committing (bench/pack_results.py: logs and Prometheus snapshots "
+        "into raw.tar.xz, large per-phase JSON as .json.xz); bench/run_gpu.sh passes it",
+    )  # fmt: skip
     ap.add_argument(
         "--mps", action="store_true",
         help="run every phase under a CUDA MPS daemon of its own (stage shares: --set "
@@ -326,6 +328,10 @@ def main(argv: list[str] | None = None) -> int:
     if failures:
         with (a.out / "failures.log").open("a") as f:
             f.write("\n".join(failures) + "\n")
+    if a.pack:
+        from bench.pack_results import pack_run
+
+        pack_run(a.out)
     return 1 if failures else 0
 
 

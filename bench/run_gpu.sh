@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The one command for the GPU benchmark on an offline H200 box, run from the repository root:
 #
-#   bench/run_gpu.sh OUT_DIR [bench/run_gpu.py options, e.g. --profile full --models qwen3-tts-0.6b]
+#   bench/run_gpu.sh OUT_DIR [bench/run_gpu.py options, e.g. --profile full --models PRESET,PRESET]
 #   bench/run_gpu.sh --install-only; VX_INSTALLED=1 CUDA_VISIBLE_DEVICES=1 bench/run_gpu.sh OUT_DIR ...
 #
 # The box has Python 3.12 and a CUDA torch but no internet, so everything else arrives as carried wheels
@@ -35,12 +35,12 @@ if [[ "${VX_INSTALLED:-0}" != 1 ]]; then
     "${PIP[@]}" --target "$VX_SITE" "$VX_WHEELS"/*.whl
   fi
   if ! "${PIP[@]}" --no-build-isolation --target "$VX_PKG" . >/dev/null 2>&1; then
-    # An image without setuptools cannot build the checkout: lay the package out by hand (setup.py's map).
-    echo "pip could not install the checkout; linking its folders into $VX_PKG/voxstage" >&2
+    # An image without setuptools cannot build the checkout: lay the packages out by hand (setup.py: each
+    # import name is its folder, the floor voxstage comes from src/).
+    echo "pip could not install the checkout; linking its folders into $VX_PKG" >&2
     rm -rf "$VX_PKG" && mkdir -p "$VX_PKG" && cp -r src/voxstage "$VX_PKG/voxstage"
-    ln -s "$PWD/services/talker" "$VX_PKG/voxstage/talker"
-    ln -s "$PWD/services/codec" "$VX_PKG/voxstage/codec"
-    ln -s "$PWD/gateway" "$VX_PKG/voxstage/gateway"
+    ln -s "$PWD/services" "$VX_PKG/services"
+    ln -s "$PWD/gateway" "$VX_PKG/gateway"
   fi
   if compgen -G "$REF_WHEELS/*.whl" >/dev/null; then
     "${PIP[@]}" --target "$REF_ENV" "$REF_WHEELS"/*.whl
@@ -57,4 +57,5 @@ else
 fi
 
 "$PY" -c "import torch, grpc, voxstage; print('torch', torch.__version__, 'cuda', torch.cuda.is_available())"
-exec "$PY" -m bench.run_gpu --out "$OUT_DIR" "${ref_args[@]}" "$@"
+# --pack: the run's logs and Prometheus snapshots end in one raw.tar.xz, so it can be committed as it is.
+exec "$PY" -m bench.run_gpu --out "$OUT_DIR" --pack "${ref_args[@]}" "$@"

@@ -14,10 +14,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bench.procsample import stack_processes
+from voxstage import families
 from voxstage.health_probe import check
 
 REPO = Path(__file__).resolve().parents[1]
-DEPLOY = REPO / "deploy" / "qwen3_tts.yaml"
+DEPLOY = REPO / families.default_family().deploy_file
 CHUNK_KEYS = "connectors.connector_of_shared_memory.extra"
 
 

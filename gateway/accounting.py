@@ -19,8 +19,8 @@ import sys
 import time
 from dataclasses import dataclass, field
 
+from gateway.errors import GatewayError
 from voxstage import metrics
-from voxstage.gateway.errors import GatewayError
 
 # One line per request (logger ``voxstage.gateway.access``): what an operator greps for a request id.
 access_log = logging.getLogger("voxstage.gateway.access")

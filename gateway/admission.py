@@ -18,8 +18,8 @@ from contextlib import asynccontextmanager
 
 import grpc
 
+from gateway.errors import GatewayError
 from voxstage import metrics
-from voxstage.gateway.errors import GatewayError
 
 # Retry hints are clamped: below 100 ms a client would just spin, above 30 s it should rather fail over.
 MIN_RETRY_S = 0.1

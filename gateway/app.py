@@ -4,7 +4,7 @@ Health turns SERVING once a ready codec and a ready talker have answered ``Statu
 NOT_SERVING while none is (or while draining). On SIGTERM/SIGINT the gateway drains: new requests get
 UNAVAILABLE, admitted ones get ``grace`` seconds to finish on both faces, then everything stops.
 
-The HTTP face runs with the limits of ``http_limits`` on slow, stalled and oversized requests.
+The HTTP face runs with the limits of ``http.limits`` on slow, stalled and oversized requests.
 
 Security (``auth``, all off by default): API keys on both faces, TLS on both ports, and gRPC reflection and
 ``/metrics`` switchable off on the public ports (``gateway.api_keys_*``, ``tls_*``, ``reflection``,
@@ -22,7 +22,6 @@ import signal
 import socket
 import traceback
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
-from pathlib import Path
 from typing import Any
 
 import grpc
@@ -31,8 +30,7 @@ from google.protobuf.message import DecodeError
 from grpc_health.v1 import health, health_pb2
 from grpc_reflection.v1alpha import reflection
 
-from voxstage.config import DeployConfig
-from voxstage.gateway.auth import (
+from gateway.auth import (
     ApiKeyInterceptor,
     KeyCheck,
     PublicHttpGuard,
@@ -40,18 +38,20 @@ from voxstage.gateway.auth import (
     load_key_limits,
     read_tls,
 )
-from voxstage.gateway.catalog import ModelInfo
-from voxstage.gateway.core import GatewayCore
-from voxstage.gateway.errors import GatewayError, abort, invalid
-from voxstage.gateway.grpc_api import SpeechServicer
-from voxstage.gateway.http_api import build_app
-from voxstage.gateway.http_limits import http_config
-from voxstage.gateway.memory import TRIMMER, tune_allocator
-from voxstage.gateway.message_limits import grpc_max_receive_bytes
-from voxstage.gateway.quotas import Quotas
-from voxstage.gateway.reflection_v1 import SERVICE_NAME as REFLECTION_V1
-from voxstage.gateway.reflection_v1 import reflection_v1_binding
-from voxstage.gateway.voice_aliases import log_broken_aliases
+from gateway.catalog import ModelInfo
+from gateway.core import GatewayCore
+from gateway.errors import GatewayError, abort, invalid
+from gateway.grpc.reflection import SERVICE_NAME as REFLECTION_V1
+from gateway.grpc.reflection import reflection_v1_binding
+from gateway.grpc.speech import SpeechServicer
+from gateway.http.app import build_app
+from gateway.http.limits import http_config
+from gateway.memory import TRIMMER, tune_allocator
+from gateway.message_limits import grpc_max_receive_bytes
+from gateway.quotas import Quotas
+from gateway.realtime.ws import register_realtime
+from gateway.voice_aliases import log_broken_aliases
+from voxstage.config import DeployConfig
 from voxstage.server import ServiceBinding, StageServer, start_stage_server
 from voxstage.v1 import speech_pb2
 
@@ -214,7 +214,6 @@ class GatewayServer:
         host: str | None = None,
         grpc_port: int | None = None,
         http_port: int | None = None,
-        model_dirs: Sequence[Path] = (),
         grace_s: float = 30.0,
     ) -> None:
         gw = config.gateway
@@ -222,7 +221,7 @@ class GatewayServer:
         self._grpc_port = gw.grpc_port if grpc_port is None else grpc_port
         self._http_port = gw.http_port if http_port is None else http_port
         self.grace_s = grace_s
-        self.core = GatewayCore(config, codecs, talkers, model_dirs=model_dirs)
+        self.core = GatewayCore(config, codecs, talkers)
         self.stage: StageServer | None = None
         self.http: _EmbeddedUvicorn | None = None
         self._http_task: asyncio.Task[None] | None = None
@@ -241,7 +240,7 @@ class GatewayServer:
                             "line in gateway.api_keys_file", key)  # fmt: skip
         tls = read_tls(gw)
         bindings = [ServiceBinding(SPEECH_SERVICE, SpeechServicer(self.core), add_speech_servicer)]
-        if gw.reflection:  # v1alpha comes with start_stage_server; v1 is ours (reflection_v1.py)
+        if gw.reflection:  # v1alpha comes with start_stage_server; v1 is ours (grpc/reflection.py)
             listed = (SPEECH_SERVICE, REFLECTION_V1, health.SERVICE_NAME, reflection.SERVICE_NAME)
             bindings.append(reflection_v1_binding(listed))
         self.stage = await start_public_grpc(
@@ -268,7 +267,9 @@ class GatewayServer:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, HTTP_SEND_BUFFER_BYTES)
         sock.bind((self.host, self._http_port))
         self.http_port = sock.getsockname()[1]
-        app = PublicHttpGuard(build_app(self.core), check, public_metrics=gw.public_metrics)
+        api = build_app(self.core)
+        register_realtime(api, self.core)  # the WebSocket face shares the HTTP face's port
+        app = PublicHttpGuard(api, check, public_metrics=gw.public_metrics)
         config = http_config(app, gw, grace_s=self.grace_s)
         if tls is not None:
             config.ssl_certfile, config.ssl_keyfile = gw.tls_cert_file, gw.tls_key_file

@@ -20,10 +20,10 @@ from typing import Any
 import grpc
 from grpc_health.v1 import health
 
+from gateway.errors import openai_error
+from gateway.quotas import ClientLimits, LimitsError, parse_key_options
 from voxstage.config import GatewayConfig
-from voxstage.gateway.errors import openai_error
-from voxstage.gateway.quotas import ClientLimits, LimitsError, parse_key_options
-from voxstage.stage_tls import GATEWAY_KEYS, LinkTls, LinkTlsError, load_link_tls
+from voxstage.stage.tls import GATEWAY_KEYS, LinkTls, LinkTlsError, load_link_tls
 
 log = logging.getLogger(__name__)
 

@@ -1,48 +1,29 @@
-"""What the deployment serves: model name, family, output rate, voices and languages.
+"""What the deployment serves: model name, family, output rate, voices, languages and capabilities.
 
-The talker's ``StageStatus`` names the model and family, and the codec's gives the native sample rate, but
-no internal message carries a voice list (the protos are frozen for this release). Voices and languages
-therefore come from the checkpoint's ``config.json`` when the gateway can read it: a checkpoint directory
-on a shared volume (compose mounts the checkpoint volume into the gateway read-only) or a preset in
-``$VOXSTAGE_CACHE`` (``voxstage serve`` shares it). Reading JSON is all it does; the gateway never imports
-model code. PersonaPlex's stored voices are the names of its ``voices/*.pt`` files (or ``voices.tgz``
-members). When the files are out of reach, the catalog knows the model but not its voices: requests pass
-the voice through and the talker judges it, and ``ListVoices`` reports one entry with an empty name.
+The talker's ``StageStatus`` says it all: the model and its family, and in ``catalog`` the checkpoint's
+voices, languages and what a request may or must carry (reference audio, its transcript, instructions, a
+voice); the codec's gives the native sample rate. The family's descriptor (``voxstage.families``) adds
+what holds for every checkpoint of it: whether it is full duplex, the BCP-47 tags of its language names,
+its voice aliases. A talker older than ``catalog`` leaves the voices unknown: requests then pass the voice
+through, the talker judges it, and ``ListVoices`` reports one entry with an empty name. The talker's
+request limits become the model's ``budget`` (``gateway.text_budget``), checked before a request leaves.
 """
 
 from __future__ import annotations
 
-import json
 import logging
-import os
-import tarfile
-from dataclasses import dataclass, field, replace
-from pathlib import Path, PurePosixPath
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
 
-from voxstage.gateway.text_budget import TextBudget
+from gateway.text_budget import TextBudget
+from voxstage import families
 from voxstage.internal.v1 import stage_pb2
+from voxstage.v1 import speech_pb2
 
 log = logging.getLogger(__name__)
 
-# BCP-47 primary subtags for the language names Qwen3-TTS checkpoints use in ``codec_language_id``.
-BCP47_NAMES: dict[str, str] = {
-    "en": "english",
-    "de": "german",
-    "es": "spanish",
-    "zh": "chinese",
-    "ja": "japanese",
-    "fr": "french",
-    "ko": "korean",
-    "ru": "russian",
-    "it": "italian",
-    "pt": "portuguese",
-}
 AUTO_LANGUAGE = "auto"
-# Families whose talker only converses (full duplex, docs/protocol.md §11): text-to-speech is refused.
-DUPLEX_ONLY_FAMILIES = frozenset({"personaplex"})
-# Audio8 (arktts) speaks in its own voice, or clones one from ``ref_audio`` + ``ref_text``; it has no preset
-# speakers, no language switch (it reads the text's language) and no instructions.
-PLAIN_VOICE = "default"
 
 
 @dataclass(frozen=True)
@@ -57,35 +38,25 @@ class ModelInfo:
     name: str
     family: str
     sample_rate_hz: int
-    # None: the checkpoint was out of reach, so voices/languages are unknown here (the talker decides).
+    # None: the talker did not report its voices/languages (an older talker), so they are judged there.
     voices: tuple[VoiceInfo, ...] | None = None
     languages: tuple[str, ...] | None = None
-    # "custom_voice" (preset speakers), "base" (voice clone), "voice_design" (instructions), "plain" (its
-    # own voice, voice clone optional: Audio8); None if unknown.
+    # The checkpoint's kind within its family (custom_voice, base, voice_design, ...), for messages.
     variant: str | None = None
     aliases: tuple[str, ...] = field(default=())
+    duplex_only: bool = False  # full duplex: text-to-speech is refused (docs/protocol.md §11)
+    takes_reference: bool = True  # reference audio clones a voice
+    needs_reference: bool = False  # every request must carry reference audio
+    needs_reference_text: bool = False  # reference audio must come with its transcript
+    takes_instructions: bool = True
+    # BCP-47 primary subtag -> the checkpoint's language name (the family's descriptor).
+    language_tags: Mapping[str, str] = field(default_factory=dict)
     # What one request may hold (the talker's StageStatus); None: the talker judges each request alone.
     budget: TextBudget | None = None
 
     @property
-    def duplex_only(self) -> bool:
-        return self.family in DUPLEX_ONLY_FAMILIES
-
-    @property
-    def takes_reference(self) -> bool:
-        return self.variant in (None, "base", "plain")
-
-    @property
-    def needs_reference(self) -> bool:
-        return self.variant == "base"
-
-    @property
-    def takes_instructions(self) -> bool:
-        return self.variant not in ("base", "plain")
-
-    @property
     def default_voice(self) -> str:
-        """The first preset speaker in checkpoint order, or "" when there is none (or it is unknown)."""
+        """The first voice in checkpoint order, or "" when there is none (or it is unknown)."""
         return self.voices[0].name if self.voices else ""
 
     def find_voice(self, name: str) -> VoiceInfo | None:
@@ -105,126 +76,60 @@ class ModelInfo:
         if lowered in self.languages:
             return lowered
         primary = lowered.replace("_", "-").split("-")[0]
-        name = BCP47_NAMES.get(primary)
+        name = self.language_tags.get(primary)
         return name if name in self.languages else None
 
 
-def cache_dir() -> Path:
-    # Mirrors voxstage.presets.cache_dir, which cannot be imported here: that module pulls in torch.
-    base = os.environ.get("VOXSTAGE_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "voxstage")
-    return Path(base)
-
-
-def checkpoint(model: str, model_dirs: list[Path] | None = None) -> tuple[Path, dict[str, object]] | None:
-    """``model``'s directory and ``config.json``, or None when unreadable.
-
-    Looked up as a directory path, as a preset in the cache, and by its base name under each of
-    ``model_dirs`` (where a deployment mounts its checkpoints).
-    """
-    candidates = [Path(model).expanduser(), cache_dir() / "presets" / model]
-    candidates += [base / Path(model).name for base in model_dirs or []]
-    for directory in candidates:
-        try:
-            data = json.loads((directory / "config.json").read_text())
-        except (OSError, ValueError):
-            continue
-        if isinstance(data, dict):
-            return directory, data
-    return None
-
-
-def _stored_voices(directory: Path) -> tuple[VoiceInfo, ...] | None:
-    """PersonaPlex's stored voices: ``voices/NAME.pt`` files, else the ``.pt`` members of ``voices.tgz``
-    (the talker's rule, services/talker/models/personaplex/voices.py); None when the archive is unreadable."""
-    folder, archive = directory / "voices", directory / "voices.tgz"
-    if folder.is_dir():
-        names = [p.stem for p in folder.glob("*.pt")]
-    elif archive.is_file():
-        try:
-            with tarfile.open(archive) as tar:
-                names = [
-                    PurePosixPath(m.name).stem
-                    for m in tar.getmembers()
-                    if m.isfile() and m.name.endswith(".pt")
-                ]
-        except (tarfile.TarError, OSError):
-            return None
-    else:
-        names = []
-    return tuple(VoiceInfo(name, (), "stored voice") for name in sorted(names))
-
-
-def _voices_from_config(config: dict[str, object]) -> tuple[tuple[VoiceInfo, ...], tuple[str, ...], str]:
-    talker = config.get("talker_config")
-    talker = talker if isinstance(talker, dict) else {}
-    raw_langs = talker.get("codec_language_id")
-    # Dialects are reached through their speakers, never requested directly (the talker rejects them).
-    languages = tuple(
-        k.lower() for k in (raw_langs if isinstance(raw_langs, dict) else {}) if "dialect" not in k.lower()
-    )
-    speakers = talker.get("spk_id")
-    dialects = talker.get("spk_is_dialect")
-    dialects = dialects if isinstance(dialects, dict) else {}
-    voices: list[VoiceInfo] = []
-    for name in speakers if isinstance(speakers, dict) else {}:
-        dialect = dialects.get(name)
-        description = f"preset speaker ({dialect.replace('_', ' ')})" if isinstance(dialect, str) else ""
-        voices.append(VoiceInfo(name.lower(), languages, description or "preset speaker"))
-    variant = config.get("tts_model_type")
-    return tuple(voices), languages, variant if isinstance(variant, str) else ""
-
-
-def build_model_info(
-    talker: stage_pb2.StageStatus,
-    codec: stage_pb2.StageStatus | None,
-    *,
-    model_dirs: list[Path] | None = None,
-) -> ModelInfo:
-    info = _build_model_info(talker, codec, model_dirs)
-    return replace(info, budget=TextBudget.from_status(talker))
-
-
-def _build_model_info(
-    talker: stage_pb2.StageStatus, codec: stage_pb2.StageStatus | None, model_dirs: list[Path] | None
-) -> ModelInfo:
+def build_model_info(talker: stage_pb2.StageStatus, codec: stage_pb2.StageStatus | None) -> ModelInfo:
     name = talker.model
     rate = codec.sample_rate_hz if codec is not None and codec.sample_rate_hz else talker.sample_rate_hz
-    aliases = tuple({name, Path(name).name} - {""})
-    found = checkpoint(name, model_dirs) if name else None
-    if found is None:
-        log.info("model %r: checkpoint config not readable from the gateway; voices are not listed", name)
-        return ModelInfo(
-            name=Path(name).name or name, family=talker.family, sample_rate_hz=rate, aliases=aliases
-        )
-    directory, config = found
-    if talker.family in DUPLEX_ONLY_FAMILIES:
-        # A conversational model speaks with a stored voice; it has no text-to-speech languages.
-        return ModelInfo(
-            name=Path(name).name or name,
-            family=talker.family,
-            sample_rate_hz=rate,
-            voices=_stored_voices(directory),
-            languages=(),
-            aliases=aliases,
-        )
-    if talker.family == "arktts":
-        own = VoiceInfo(PLAIN_VOICE, (), "the model's own voice; send ref_audio and ref_text to clone one")
-        return ModelInfo(
-            name=Path(name).name or name,
-            family=talker.family,
-            sample_rate_hz=rate,
-            voices=(own,),
-            languages=(),
-            variant="plain",
-            aliases=aliases,
-        )
-    voices, languages, variant = _voices_from_config(config)
+    fam = families.find(talker.family)
+    known = {
+        "name": Path(name).name or name,
+        # An older talker may spell the family another way (an alias): the gateway uses the code name.
+        "family": fam.name if fam is not None else talker.family,
+        "sample_rate_hz": rate,
+        "aliases": tuple({name, Path(name).name} - {""}),
+        "language_tags": fam.language_tags if fam is not None else {},
+        "budget": TextBudget.from_status(talker),
+    }
+    if not talker.HasField("catalog"):
+        log.info("model %r: the talker reports no voice catalog; voices are not listed", name)
+        return ModelInfo(**known, duplex_only=fam is not None and fam.duplex)
+    c = talker.catalog
     return ModelInfo(
-        name=Path(name).name or name,
-        family=talker.family,
-        sample_rate_hz=rate,
-        voices=voices,
-        languages=languages,
-        variant=variant or None,
-        aliases=aliases,
+        **known,
+        voices=tuple(VoiceInfo(v.name, tuple(v.languages), v.description) for v in c.voices),
+        languages=tuple(c.languages),
+        variant=c.variant or None,
+        duplex_only=talker.duplex,
+        takes_reference=c.voice_clone,
+        needs_reference=c.reference_required,
+        needs_reference_text=c.reference_text_required,
+        takes_instructions=c.instructions,
     )
+
+
+def voices_of(model: ModelInfo, language: str) -> list[speech_pb2.Voice]:
+    """The catalog's voices, filtered by language; one unnamed entry when the voice list is unknown."""
+    if model.voices is None:
+        return [
+            speech_pb2.Voice(
+                name="",
+                model=model.name,
+                native_sample_rate_hz=model.sample_rate_hz,
+                description="voice list unavailable: the talker does not report its voices",
+            )
+        ]
+    if language and model.resolve_language(language) is None:
+        return []
+    return [
+        speech_pb2.Voice(
+            name=v.name,
+            model=model.name,
+            languages=list(v.languages),
+            description=v.description,
+            native_sample_rate_hz=model.sample_rate_hz,
+        )
+        for v in model.voices
+    ]

@@ -10,7 +10,6 @@ import argparse
 import asyncio
 import logging
 import sys
-from pathlib import Path
 
 from voxstage.config import ConfigError
 from voxstage.config.cli_args import add_deploy_options, load_from_args
@@ -19,8 +18,8 @@ EXIT_INVALID = 2
 
 
 def _run(args: argparse.Namespace) -> int:
-    from voxstage.gateway.app import GatewayServer
-    from voxstage.gateway.routing import parse_addresses
+    from gateway.app import GatewayServer
+    from gateway.routing import parse_addresses
 
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -51,7 +50,6 @@ def _run(args: argparse.Namespace) -> int:
             host=args.host,
             grpc_port=args.grpc_port,
             http_port=args.http_port,
-            model_dirs=[Path(d) for d in args.model_dir],
             grace_s=args.grace,
         )
         await server.serve_forever()
@@ -88,14 +86,6 @@ def add_gateway(subparsers: argparse._SubParsersAction) -> None:  # type: ignore
         "--grpc-port", type=int, default=None, help="public gRPC port (default: gateway.grpc_port)"
     )
     parser.add_argument("--http-port", type=int, default=None, help="HTTP port (default: gateway.http_port)")
-    parser.add_argument(
-        "--model-dir",
-        action="append",
-        default=[],
-        metavar="DIR",
-        help="where checkpoints are mounted, to list their voices (repeatable; presets are found in "
-        "$VOXSTAGE_CACHE)",
-    )
     parser.add_argument("--grace", type=float, default=30.0, help="seconds admitted requests get on SIGTERM")
     levels = ["debug", "info", "warning", "error"]
     parser.add_argument("--log-level", default="info", choices=levels, help="logging level (info)")

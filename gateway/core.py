@@ -20,17 +20,16 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Sequence
-from pathlib import Path
 
+from gateway.admission import Admission
+from gateway.auth import read_link_tls
+from gateway.catalog import ModelInfo, build_model_info
+from gateway.discovery import Discovery
+from gateway.duplex.sessions import SessionManager
+from gateway.quotas import ClientLimits, Quotas
+from gateway.routing import ReplicaPool, codec_status, talker_status
+from gateway.tts.synthesis import Synthesizer
 from voxstage.config import DeployConfig
-from voxstage.gateway.admission import Admission
-from voxstage.gateway.auth import read_link_tls
-from voxstage.gateway.catalog import ModelInfo, build_model_info
-from voxstage.gateway.discovery import Discovery
-from voxstage.gateway.quotas import ClientLimits, Quotas
-from voxstage.gateway.routing import ReplicaPool, codec_status, talker_status
-from voxstage.gateway.sessions import SessionManager
-from voxstage.gateway.synthesis import Synthesizer
 from voxstage.resolver import Resolver, SystemResolver
 from voxstage.transport.shm_reader import ShmReader
 
@@ -46,7 +45,6 @@ class GatewayCore:
         codec_addresses: Sequence[str],
         talker_addresses: Sequence[str],
         *,
-        model_dirs: Sequence[Path] = (),
         probe_interval_s: float = PROBE_INTERVAL_S,
         resolver: Resolver | None = None,
     ) -> None:
@@ -80,7 +78,6 @@ class GatewayCore:
         self.sessions = SessionManager(
             config, self.codecs, self.talkers, model=lambda: self._model, shm_reader=self.shm_reader
         )
-        self.model_dirs = list(model_dirs)
         self.probe_interval_s = probe_interval_s
         self._model: ModelInfo | None = None
         self._model_key: tuple[str, str, int, tuple[int, int]] | None = None
@@ -136,7 +133,7 @@ class GatewayCore:
             limits = (talker.max_model_len, talker.text_token_limit)  # a restarted talker may differ
             key = (talker.model, talker.family, codec.sample_rate_hz if codec is not None else 0, limits)
             if key != self._model_key and (codec is not None or self._model is None):
-                self._model = build_model_info(talker, codec, model_dirs=self.model_dirs)
+                self._model = build_model_info(talker, codec)
                 self._model_key = key
                 log.info(
                     "serving model %s (%s, %d Hz, %s voices)",

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 from voxstage.resolver import ResolveError, Resolver, is_ip_literal, join_host_port, split_host_port
 
 if TYPE_CHECKING:
-    from voxstage.gateway.routing import ReplicaPool
+    from gateway.routing import ReplicaPool
 
 log = logging.getLogger(__name__)
 

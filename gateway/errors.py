@@ -16,6 +16,8 @@ from google.protobuf import duration_pb2
 from google.rpc import code_pb2, error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
+log = logging.getLogger(__name__)
+
 # The HTTP status each gRPC code maps to (google.rpc.Code's documented HTTP mapping).
 HTTP_STATUS: dict[grpc.StatusCode, int] = {
     grpc.StatusCode.INVALID_ARGUMENT: 400,
@@ -33,7 +35,6 @@ HTTP_STATUS: dict[grpc.StatusCode, int] = {
 }
 _BY_NUMBER: dict[int, grpc.StatusCode] = {code.value[0]: code for code in grpc.StatusCode}
 ERROR_DOMAIN = "voxstage.dev"
-log = logging.getLogger("voxstage.gateway.grpc_api")  # the logger these lines always had
 
 
 class GatewayError(Exception):

@@ -19,9 +19,9 @@ from __future__ import annotations
 
 import math
 
+from gateway.duplex.settings import MAX_VOICE_BYTES
 from voxstage import limits
 from voxstage.duplex_audio import MAX_APPEND_BYTES, MAX_EVENT_BYTES
-from voxstage.gateway.duplex_settings import MAX_VOICE_BYTES
 
 HEADROOM_BYTES = 64 * 1024
 UTF8_MAX = 4  # bytes per character

@@ -25,7 +25,7 @@ from typing import Any
 
 import grpc
 
-from voxstage.gateway.errors import GatewayError
+from gateway.errors import GatewayError
 
 STREAM, SESSION = "stream", "session"
 BUSY_RETRY_S = 1.0  # a client at its concurrency limit: about when one of its streams may have ended

@@ -35,12 +35,12 @@ from typing import Any, TypeVar
 
 import grpc
 
-from voxstage.gateway.discovery import parse_addresses as parse_addresses  # where the CLI finds it
-from voxstage.gateway.errors import GatewayError
+from gateway.discovery import parse_addresses as parse_addresses  # where the CLI finds it
+from gateway.errors import GatewayError
 from voxstage.internal.v1 import stage_pb2, stage_pb2_grpc
 from voxstage.resolver import is_ip_literal, split_host_port
 from voxstage.server import CHANNEL_OPTIONS
-from voxstage.stage_tls import LinkTls, aio_channel
+from voxstage.stage.tls import LinkTls, aio_channel
 
 log = logging.getLogger(__name__)
 

@@ -17,7 +17,7 @@ import unicodedata
 from dataclasses import dataclass
 from typing import Any
 
-from voxstage.gateway.errors import GatewayError, invalid
+from gateway.errors import GatewayError, invalid
 from voxstage.internal.v1 import stage_pb2
 
 

@@ -27,9 +27,9 @@ from dataclasses import dataclass
 
 import grpc
 
+from gateway.errors import GatewayError, code_from_number
+from gateway.routing import Replica, ReplicaPool
 from voxstage import metrics
-from voxstage.gateway.errors import GatewayError, code_from_number
-from voxstage.gateway.routing import Replica, ReplicaPool
 from voxstage.internal.v1 import stage_pb2
 from voxstage.transport.host import verify_peer
 from voxstage.transport.payload import ack_message, hello_from_proto, read_payload

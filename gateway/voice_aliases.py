@@ -1,11 +1,12 @@
 """OpenAI's voice names as aliases of the served model's own voices, resolved in one place for every face
 (HTTP, gRPC, the Realtime WebSocket and ``Converse``).
 
-An OpenAI client sends ``voice="alloy"`` whatever model is behind the URL; the table below maps each such
-name to a voice of the family. The deploy file's ``gateway.voice_aliases`` replaces the family's table
-(``{}`` turns aliases off). A real voice of the model always wins over an alias of the same name. An alias
-whose target the model lacks is refused naming the field and the table it came from, and the gateway logs
-every such alias once it learns the model's voices. docs/api.md's "Voice aliases" table is checked against
+An OpenAI client sends ``voice="alloy"`` whatever model is behind the URL; the family's descriptor
+(``voxstage.families``, ``Family.voice_aliases``) maps each such name to a voice of the family. The deploy
+file's ``gateway.voice_aliases`` replaces the family's table (``{}`` turns aliases off). A real voice of the
+model always wins over an alias of the same name. An alias whose target the model lacks is refused naming
+the field and the table it came from, and the gateway logs every such alias once it learns the model's
+voices. docs/api.md's "Voice aliases" table is checked against
 ``DEFAULT_ALIASES`` by tests/unit/gateway/test_voice_aliases.py.
 """
 
@@ -14,8 +15,9 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 
-from voxstage.gateway.catalog import PLAIN_VOICE, ModelInfo
-from voxstage.gateway.errors import not_found
+from gateway.catalog import ModelInfo
+from gateway.errors import not_found
+from voxstage import families
 
 log = logging.getLogger(__name__)
 
@@ -25,22 +27,8 @@ OPENAI_VOICES: tuple[str, ...] = (
     "verse",
 )  # fmt: skip
 
-# Per family, by the voices' character: OpenAI's female voices to female speakers, the male ones to male
-# speakers, English-speaking where the family has them. Every target exists in the released checkpoints and
-# in the tiny presets (Qwen3-TTS CustomVoice speakers; PersonaPlex's NATF0/NATM0; Audio8's own voice).
-DEFAULT_ALIASES: dict[str, dict[str, str]] = {
-    "qwen3_tts": {
-        "alloy": "serena", "ash": "ryan", "ballad": "aiden", "cedar": "ryan", "coral": "vivian",
-        "echo": "aiden", "fable": "ryan", "marin": "serena", "nova": "vivian", "onyx": "uncle_fu",
-        "sage": "serena", "shimmer": "vivian", "verse": "aiden",
-    },
-    "personaplex": {
-        "alloy": "NATF0", "ash": "NATM0", "ballad": "NATM0", "cedar": "NATM0", "coral": "NATF0",
-        "echo": "NATM0", "fable": "NATM0", "marin": "NATF0", "nova": "NATF0", "onyx": "NATM0",
-        "sage": "NATF0", "shimmer": "NATF0", "verse": "NATM0",
-    },
-    "arktts": {name: PLAIN_VOICE for name in OPENAI_VOICES},
-}  # fmt: skip
+# Per family (its descriptor's table), by the voices' character.
+DEFAULT_ALIASES: dict[str, dict[str, str]] = {f.name: dict(f.voice_aliases) for f in families.families()}
 CONFIG_KEY = "gateway.voice_aliases"
 
 

@@ -19,18 +19,19 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_OUT = REPO / "docs" / "openapi.json"
-SEED = REPO / "deploy" / "qwen3_tts.yaml"
 SPEECH = "/v1/audio/speech"
 
 
 async def _app_schema() -> dict[str, Any]:
+    from gateway.core import GatewayCore
+    from gateway.http.app import build_app
+    from voxstage import families
     from voxstage.config import load_deploy_config
-    from voxstage.gateway.core import GatewayCore
-    from voxstage.gateway.http_api import build_app
 
+    seed = REPO / families.default_family().deploy_file
     # The app is only built, never served: the replica addresses are placeholders nothing dials (the pools'
     # channels need an event loop to be made, and are closed again).
-    core = GatewayCore(load_deploy_config(SEED, platform="cpu"), ["127.0.0.1:1"], ["127.0.0.1:1"])
+    core = GatewayCore(load_deploy_config(seed, platform="cpu"), ["127.0.0.1:1"], ["127.0.0.1:1"])
     try:
         return build_app(core).openapi()
     finally:
@@ -38,7 +39,7 @@ async def _app_schema() -> dict[str, Any]:
 
 
 def build_schema() -> dict[str, Any]:
-    from voxstage.gateway.http_speech import SpeechRequest
+    from gateway.http.speech import SpeechRequest
 
     schema = asyncio.run(_app_schema())
     body = SpeechRequest.model_json_schema(ref_template="#/components/schemas/{model}")

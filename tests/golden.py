@@ -155,7 +155,7 @@ def materialize_checkpoint(
 
     ``config.json``, ``generation_config.json``, ``model.safetensors``, ``speech_tokenizer/config.json``,
     ``speech_tokenizer/model.safetensors``, ``speech_tokenizer/preprocessor_config.json`` and, when
-    ``voxstage.talker.models.qwen3_tts.tokenizer.write_tiny_tokenizer`` is importable, the text tokenizer
+    ``services.talker.models.qwen3_tts.tokenizer.write_tiny_tokenizer`` is importable, the text tokenizer
     files (``vocab.json``, ``merges.txt``, ``tokenizer_config.json``).
 
     ``dtype`` applies to ``model.safetensors`` (released checkpoints use bfloat16 there; every stored value
@@ -185,7 +185,7 @@ def materialize_checkpoint(
     )
 
     try:
-        from voxstage.talker.models.qwen3_tts.tokenizer import write_tiny_tokenizer
+        from services.talker.models.qwen3_tts.tokenizer import write_tiny_tokenizer
     except ImportError:
         # The text tokenizer lives in voxstage (written by another part of the project); without it (e.g.
         # inside the generator's throwaway venv) the directory is complete except for the tokenizer files.

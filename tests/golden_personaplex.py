@@ -91,9 +91,9 @@ def load_case(name: str, root: Path | None = None) -> dict[str, Any]:
 
 def fixture_model(case: dict[str, Any], dtype: torch.dtype = torch.float32, device: str = "cpu") -> Any:
     """voxstage's LM with a case's weights (imports voxstage lazily: the generator never calls this)."""
+    from services.talker.models.personaplex.config import parse_lm_config
+    from services.talker.models.personaplex.loader import build_model
     from voxstage.checkpoint import load_state_dict_strict
-    from voxstage.talker.models.personaplex.config import parse_lm_config
-    from voxstage.talker.models.personaplex.loader import build_model
 
     config = parse_lm_config(case["lm_kwargs"], source="fixture")
     model = build_model(config, device, dtype)

@@ -41,16 +41,17 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
 import torch
 
+from services.codec.calls import DecodeCalls, DecodeFn
+from services.codec.engine_state import Launched, StreamState, read_back
 from voxstage import metrics
 from voxstage.chunking import next_boundary, whole_chunks
-from voxstage.codec.engine_state import Launched, StreamState, read_back
+from voxstage.stage.engine_loop import Steppable
 from voxstage.stage.faults import one_line
 
 log = logging.getLogger(__name__)
@@ -112,15 +113,12 @@ class CodecOutput:
     segment_end: bool = False  # this output holds the last frames before an ``end_segment`` mark
 
 
-DecodeFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
-
-
 def batch_bucket(n: int, cap: int) -> int:
     """The batch size ``n`` streams are padded to: the next power of two, at most ``cap``."""
     return min(1 << (n - 1).bit_length(), cap)
 
 
-class CodecEngine:
+class CodecEngine(Steppable[CodecOutput]):
     """Owned by one thread (see ``voxstage.stage.engine_loop``); call methods only from it."""
 
     def __init__(
@@ -151,7 +149,8 @@ class CodecEngine:
         self.sample_rate = sample_rate
         self.codebook_size = codebook_size
         self.decode_fn = decode_fn  # GraphedDecode on CUDA: the worker captures its graphs at start-up
-        self._decode = decode_fn or (lambda c, s, n: codec.decode(c, s, n))
+        eager = decode_fn or codec.decode
+        self.calls = decode_fn if isinstance(decode_fn, DecodeCalls) else DecodeCalls(eager)
         self.frame_buckets = tuple(sorted(set(frame_buckets)))
         if left_context < 0:
             raise ValueError(f"left_context must be >= 0, got {left_context}")
@@ -340,7 +339,7 @@ class CodecEngine:
         slots_t = torch.from_numpy(slots).to(self.device, non_blocking=True)
         if self.left_context:
             self.codec.reset(slots_t[:b_real])  # every chunk starts from frame 0 of its window
-        wav = self._decode(
+        wav = self.calls(
             torch.from_numpy(codes).to(self.device, non_blocking=True),
             slots_t,
             torch.from_numpy(lengths).to(self.device, non_blocking=True),

@@ -12,11 +12,12 @@ from collections.abc import Iterator, Sequence
 
 import torch
 
-from voxstage.codec.engine import StreamingCodec, batch_bucket
+from services.codec.calls import DecodeCalls
+from services.codec.engine import StreamingCodec, batch_bucket
 from voxstage.cudagraphs import GraphCache
 
 
-class GraphedDecode:
+class GraphedDecode(DecodeCalls):
     """A ``decode_fn`` for ``CodecEngine``; ``frame_buckets`` are the chunk sizes that get graphs."""
 
     def __init__(
@@ -30,6 +31,7 @@ class GraphedDecode:
         enabled: bool = True,
     ) -> None:
         self.codec = codec
+        super().__init__(codec.decode)  # shapes without a graph decode eagerly
         self.frame_buckets = tuple(sorted(set(frame_buckets)))
         self.max_batch = max_batch
         t_max = self.frame_buckets[-1]

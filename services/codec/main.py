@@ -10,14 +10,14 @@ import dataclasses
 import logging
 from typing import TYPE_CHECKING, Any
 
-from voxstage.stage.process import StageParts, register_stage, stage_parts
+from voxstage.stage.process import StageParts, StageStartError, register_stage, stage_parts
 
 if TYPE_CHECKING:
-    from voxstage.codec.engine import CodecEngine
-    from voxstage.codec.models import CodecRuntime
+    from services.codec.engine import CodecEngine
+    from services.codec.models import CodecRuntime
     from voxstage.config import DeployConfig
     from voxstage.presets import ModelSource
-    from voxstage.stage_tls import LinkTls
+    from voxstage.stage.tls import LinkTls
 
 log = logging.getLogger(__name__)
 DEFAULT_PORT = 50062
@@ -47,7 +47,7 @@ def _codec_options(parser: argparse.ArgumentParser) -> None:
 
 def _allowed_talkers(args: argparse.Namespace) -> frozenset[str] | None:
     """``--allowed-talkers``, checked before the model loads (a typo fails the start at once)."""
-    from voxstage.codec.upstream import parse_allowed_talkers
+    from services.codec.upstream import parse_allowed_talkers
 
     allowed = parse_allowed_talkers(getattr(args, "allowed_talkers", None))
     if allowed is None:
@@ -58,10 +58,11 @@ def _allowed_talkers(args: argparse.Namespace) -> frozenset[str] | None:
 
 
 def build(args: argparse.Namespace) -> StageParts:
-    from voxstage.codec.models import load_codec
-    from voxstage.codec.servicer import SERVICE_NAME, CodecServicer
-    from voxstage.codec.upstream import TalkerPool
-    from voxstage.codec.worker import CodecWorker
+    from services.codec.models import load_codec
+    from services.codec.servicer import SERVICE_NAME, CodecServicer
+    from services.codec.upstream import TalkerPool
+    from services.codec.worker import CodecWorker
+    from voxstage.families import family
     from voxstage.internal.v1 import stage_pb2_grpc
     from voxstage.server import ServiceBinding
     from voxstage.stage.process import device_budget, load_stage_setup
@@ -73,7 +74,7 @@ def build(args: argparse.Namespace) -> StageParts:
     config, device, dtype, source = load_stage_setup(args, log, cuda_default="float32", role="codec")
     dtype = _family_dtype(config, source, args.dtype, dtype)
     link = getattr(args, "link_tls", None)  # read by run_stage (voxstage.stage.process)
-    if source.family == "personaplex":
+    if family(source.family).duplex:
         return _build_duplex(config, device, dtype, source, allowed, link)
     stage = config.codec
     runtime = load_codec(source, device=device, dtype=dtype, max_streams=stage.max_num_seqs, config=config)
@@ -115,8 +116,8 @@ def build_engine(config: DeployConfig, runtime: CodecRuntime, device: str) -> Co
     """The codec engine of a deploy file's (non-duplex) codec stage over a loaded ``runtime``: its chunk
     schedule, CUDA-graph frame buckets and scheduling mode (``bench/codec_schedule.py`` builds its engines
     here too). Graphs are captured later, by the worker's warm-up."""
+    from services.codec.engine import ChunkSchedule, CodecEngine
     from voxstage.chunking import chunk_sizes
-    from voxstage.codec.engine import ChunkSchedule, CodecEngine
 
     stage = config.codec
     plan = config.chunk_plan
@@ -124,7 +125,7 @@ def build_engine(config: DeployConfig, runtime: CodecRuntime, device: str) -> Co
     decode_fn = None
     buckets: tuple[int, ...] = ()
     if device == "cuda" and not stage.enforce_eager:
-        from voxstage.codec.graphs import GraphedDecode
+        from services.codec.graphs import GraphedDecode
 
         # cudnn.benchmark is left off: on the H200 (2026-12-01) it made the codec's capture of 81 graphs take
         # 233 s instead of 24 s (every bucket shape timed), for a gain nobody has measured yet (issue 14).
@@ -161,15 +162,18 @@ def build_engine(config: DeployConfig, runtime: CodecRuntime, device: str) -> Co
 
 
 def _family_dtype(config: DeployConfig, source: ModelSource, flag: str, dtype: Any) -> Any:
-    """The Audio8 codec's compute dtype comes from the deploy file's ``audio8_tts_codec_dtype`` unless
-    ``--dtype`` names one; other families never read the key (the config checks warn about it)."""
+    """A family whose descriptor names a ``codec_dtype_key`` takes its codec's compute dtype from that deploy
+    key unless ``--dtype`` names one; other families never read it (the config checks warn about it)."""
     import torch
 
-    chosen = config.stream.audio8_tts_codec_dtype
-    if source.family != "arktts" or chosen is None:
+    from voxstage.families import family
+
+    key = family(source.family).codec_dtype_key
+    chosen = None if key is None else config.stream.family_setting(key)
+    if chosen is None:
         return dtype
     if flag != "auto":
-        log.info("codec: --dtype %s overrides audio8_tts_codec_dtype %s", flag, chosen)
+        log.info("codec: --dtype %s overrides %s %s", flag, key, chosen)
         return dtype
     return getattr(torch, chosen)
 
@@ -184,11 +188,12 @@ def _build_duplex(
 ) -> StageParts:
     """A duplex family's codec (PersonaPlex: Mimi): sessions on the 80 ms clock, one batched encode per tick
     and one batched decode per talker step (docs/protocol.md §11)."""
-    from voxstage.codec.duplex import DuplexCodecConfig, DuplexCodecEngine
-    from voxstage.codec.duplex_worker import DuplexCodecWorker
-    from voxstage.codec.models import load_duplex_codec
-    from voxstage.codec.servicer import SERVICE_NAME, CodecServicer
-    from voxstage.codec.upstream import TalkerPool
+    from services.codec.duplex.engine import DuplexCodecConfig, DuplexCodecEngine
+    from services.codec.duplex.worker import DuplexCodecWorker
+    from services.codec.models import load_duplex_codec
+    from services.codec.servicer import SERVICE_NAME, CodecServicer
+    from services.codec.upstream import TalkerPool
+    from voxstage import duplex as duplex_frame
     from voxstage.config import DuplexSessionConfig
     from voxstage.internal.v1 import stage_pb2_grpc
     from voxstage.server import ServiceBinding
@@ -198,6 +203,12 @@ def _build_duplex(
     stage = config.codec
     sessions = stage.max_num_seqs
     runtime = load_duplex_codec(source, device=device, dtype=dtype, max_sessions=sessions)
+    frame = (runtime.sample_rate, runtime.samples_per_frame)
+    if frame != (duplex_frame.SAMPLE_RATE, duplex_frame.FRAME_SAMPLES):
+        raise StageStartError(
+            f"codec: {runtime.model} runs at {frame[0]} Hz x {frame[1]} samples per frame; duplex sessions "
+            f"need {duplex_frame.SAMPLE_RATE} Hz x {duplex_frame.FRAME_SAMPLES} (voxstage.duplex)"
+        )
     budget = device_budget(device, stage.gpu_memory_utilization, "codec")
     if budget is not None:
         # The pool is already allocated (it is part of what memory_allocated measured): check the total.
@@ -215,7 +226,7 @@ def _build_duplex(
     calls = None
     graphed = device == "cuda" and not stage.enforce_eager
     if graphed:
-        from voxstage.codec.duplex_graphs import GraphedDuplexCalls
+        from services.codec.duplex.graphs import GraphedDuplexCalls
 
         # Captured for every batch bucket by the warm-up, before the stage reports SERVING.
         calls = GraphedDuplexCalls(runtime.codec, max_batch=sessions, device=device)

@@ -19,14 +19,14 @@ import numpy as np
 
 from voxstage import metrics, wire
 from voxstage.internal.v1 import stage_pb2 as S
-from voxstage.stage_errors import StageFailure
+from voxstage.stage.errors import StageFailure
 from voxstage.transport.host import local_hello, verify_peer
 from voxstage.transport.payload import ack_message, hello_from_proto, hello_to_proto, read_payload
 from voxstage.transport.shm_layout import InvalidShmReference, ShmError, StaleShmReference
 
 if TYPE_CHECKING:
-    from voxstage.codec.stream import CodecStream
-    from voxstage.codec.upstream import TalkerPool
+    from services.codec.stream import CodecStream
+    from services.codec.upstream import TalkerPool
 
 log = logging.getLogger(__name__)
 CANCEL_GRACE_S = 2.0  # how long a cancelled talker call may take to answer before it is torn down

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import grpc
 
-from voxstage.codec.duplex_stream import DuplexCodecStream
-from voxstage.codec.duplex_worker import DuplexCodecSnapshot, DuplexCodecWorker
-from voxstage.codec.stream import CodecStream
-from voxstage.codec.upstream import TalkerPool
-from voxstage.codec.worker import CodecSnapshot, CodecWorker
+from services.codec.duplex.stream import DuplexCodecStream
+from services.codec.duplex.worker import DuplexCodecSnapshot, DuplexCodecWorker
+from services.codec.stream import CodecStream
+from services.codec.upstream import TalkerPool
+from services.codec.worker import CodecSnapshot, CodecWorker
 from voxstage.config import ChunkPlan, ConnectorExtra
 from voxstage.internal.v1 import stage_pb2, stage_pb2_grpc
 from voxstage.stage.servicer import StageServicer
@@ -42,13 +42,14 @@ class CodecServicer(StageServicer[CodecStream | DuplexCodecStream], stage_pb2_gr
             "num_code_groups": rt.num_groups,
             "frame_rate_hz": rt.frame_rate_hz,
             "sample_rate_hz": rt.sample_rate,
+            "duplex": isinstance(worker, DuplexCodecWorker),
         }
         super().__init__(worker, plan=plan, shm_writer=shm_writer, identity=identity)
         self.stream_config = stream_config
         self.pool = pool
 
     def _new_stream(self, context: grpc.aio.ServicerContext) -> CodecStream | DuplexCodecStream:
-        # The family decides: a duplex model (PersonaPlex) serves duplex sessions only, a TTS model TTS only.
+        # The family decides: a duplex model serves duplex sessions only, a TTS model TTS only.
         if isinstance(self.worker, DuplexCodecWorker):
             return DuplexCodecStream(self, context)
         return CodecStream(self, context)

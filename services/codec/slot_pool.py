@@ -8,7 +8,7 @@ with one ``index_select`` and one ``index_copy_`` instead of two ops per history
 
 :class:`SlotPoolDecoder` is the decode-only pool of the text-to-speech codecs (Qwen3-TTS 12 Hz, Audio8): it
 drives any model with ``stream_state_shapes()`` and a functional ``forward_streaming(codes, state, start,
-lengths) -> (wav, new_state)``. Mimi's duplex pool (``models/mimi/streaming.py``) shares the layout and
+lengths) -> (wav, new_state)``. The duplex codec's pool (Mimi, in its family folder) shares the layout and
 checks but advances its state in place, in two directions and optionally packed, so it keeps its own pool.
 Shapes depend only on (B, T), nothing branches on tensor values and nothing syncs with the host when the
 inputs live on the device, so each (B, T) bucket can be captured as a CUDA graph.
@@ -23,7 +23,7 @@ from typing import Any, Generic, Protocol, TypeVar
 import torch
 from torch import nn
 
-from voxstage.codec.checks import check_lengths, check_slots
+from services.codec.checks import check_lengths, check_slots
 
 
 class StateLayout:

@@ -20,18 +20,18 @@ from typing import TYPE_CHECKING, Any
 import grpc
 import numpy as np
 
+from services.codec.engine import CodecOutput
+from services.codec.relay import TalkerRefused, TalkerRelay
 from voxstage import wire
 from voxstage.audio import StreamingResampler
-from voxstage.codec.engine import CodecOutput
-from voxstage.codec.relay import TalkerRefused, TalkerRelay
 from voxstage.internal.v1 import stage_pb2
+from voxstage.stage.errors import StageFailure
 from voxstage.stage.stream import StageStream
-from voxstage.stage_errors import StageFailure
 from voxstage.transport.payload import read_payload
 from voxstage.transport.shm_layout import InvalidShmReference
 
 if TYPE_CHECKING:
-    from voxstage.codec.servicer import CodecServicer
+    from services.codec.servicer import CodecServicer
 
 _keys = itertools.count(1)
 S = stage_pb2
@@ -47,19 +47,74 @@ class _Piece:
 
 
 class CodecStageStream(StageStream):
-    """What the codec's TTS and duplex streams share: the terminal fence (with the relay's queued time and
-    the PCM counts) and the teardown. Subclasses free their engine-side state in ``_release``."""
+    """What the codec's TTS and duplex streams share: credit in samples, cancel, opening the talker's stream
+    (a refusal relayed as our only message, the code groups checked), the terminal fence (with the relay's
+    queued time and the PCM counts) and the teardown. Subclasses free their engine-side state in
+    ``_release``."""
 
     role = "codec"
     peer = "gateway"
+    credit_unit = S.CREDIT_UNIT_SAMPLES
+    pcm_credit: int
     outbox: asyncio.Queue[S.CodecStreamResponse]
     relay: TalkerRelay | None
     pieces: deque[Any]
     frames_sent: int
     samples_sent: int
 
+    # Talker terminals that end the stream normally (its audio still goes out); others are relayed at once.
+    talker_ends: tuple[int, ...] = (S.END_REASON_EOS, S.END_REASON_MAX_FRAMES)
+
     def _release(self) -> None:
         raise NotImplementedError
+
+    def pump(self) -> None:
+        raise NotImplementedError
+
+    async def _talker_done(self, eos: S.EndOfStream) -> None:
+        """The talker ended normally: send the rest of the audio, then our terminal."""
+        raise NotImplementedError
+
+    async def talker_ended(self, eos: S.EndOfStream, segment_done: S.SegmentDone | None) -> None:
+        """The talker's terminal (called by the relay): its error or cancel relayed at once, a normal end
+        after the last PCM."""
+        if eos.reason == S.END_REASON_ERROR:
+            self._release()
+            e = eos.error
+            self._terminal(S.END_REASON_ERROR, S.StreamError(code=e.code, message=e.message, origin=e.origin))
+        elif eos.reason in self.talker_ends:
+            await self._talker_done(eos)
+        else:
+            self._release()
+            self._terminal(S.END_REASON_CANCELLED)
+
+    def _grant(self, amount: int) -> None:
+        self.pcm_credit += amount
+        self.pump()
+
+    def _cancel(self, cancel: S.Cancel) -> None:
+        self._release()
+        if self.relay is not None:
+            self.relay.cancel(cancel.reason or "gateway cancelled")
+        self._terminal(S.END_REASON_CANCELLED)
+
+    async def _open_talker(self, op: S.StreamOpen, address: str, groups: int) -> bool:
+        """Open the talker's stream through ``self.relay``; False when the talker refused (its error is then
+        our only message)."""
+        assert self.relay is not None
+        try:
+            talker: S.StreamOpened = await self.relay.open(op)
+        except TalkerRefused as exc:  # no `opened` for us either: its error is our only message
+            self._release()
+            self._terminal(S.END_REASON_ERROR, exc.error)
+            return False
+        if talker.num_code_groups != groups:
+            raise StageFailure(
+                "FAILED_PRECONDITION",
+                f"talker {address} emits {talker.num_code_groups} code groups; this codec decodes "
+                f"{groups} (the two stages serve different models)",
+            )
+        return True
 
     def _terminal(self, reason: int, error: S.StreamError | None = None) -> None:
         if self.terminal_sent:
@@ -90,6 +145,9 @@ class CodecStageStream(StageStream):
 
 
 class CodecStream(CodecStageStream):
+    refused = {"user_audio": "only duplex streams carry user audio"}
+    talker_ends = (S.END_REASON_EOS, S.END_REASON_MAX_FRAMES, S.END_REASON_FRAME_CAP)
+
     def __init__(self, servicer: CodecServicer, context: grpc.aio.ServicerContext) -> None:
         super().__init__(f"cs{next(_keys)}")
         self.srv = servicer
@@ -114,39 +172,15 @@ class CodecStream(CodecStageStream):
         self.relay: TalkerRelay | None = None
 
     # -- gateway -> codec ----------------------------------------------------------------------------------
-    async def _handle(self, msg: S.CodecStreamRequest) -> None:
-        kind = msg.WhichOneof("request")
-        if not self.opened:
-            if kind != "open":
-                raise StageFailure("INVALID_ARGUMENT", f"first message must be open, got {kind}")
-            await self._open(msg.open)
-            return
-        relay = self.relay
-        assert relay is not None
-        if kind == "open":
-            raise StageFailure("INVALID_ARGUMENT", "open: sent twice on one stream")
-        if kind in ("text", "flush", "end_of_input"):
-            if self.end_of_input:
-                raise StageFailure("INVALID_ARGUMENT", f"{kind}: received after end_of_input")
-            self.end_of_input = kind == "end_of_input"
-            relay.forward_input(msg)
-        elif kind == "credit":
-            if msg.credit.unit != S.CREDIT_UNIT_SAMPLES:
-                raise StageFailure("INVALID_ARGUMENT", "credit.unit: the codec stream counts SAMPLES")
-            self.pcm_credit += msg.credit.amount
-            self.pump()
-        elif kind == "shm_ack":
-            self.loans.ack(msg.shm_ack)
-        elif kind == "cancel":
-            self.cancel_requested = True
-            self.loans.forfeit()
-            self._release()
-            relay.cancel(msg.cancel.reason or "gateway cancelled")
-            self._terminal(S.END_REASON_CANCELLED)
-        elif kind == "user_audio":
-            raise StageFailure("FAILED_PRECONDITION", "user_audio: only duplex streams carry user audio")
-        else:
-            raise StageFailure("INVALID_ARGUMENT", f"unknown request {kind!r}")
+    async def _input(self, kind: str, msg: S.CodecStreamRequest) -> bool:
+        if kind not in ("text", "flush", "end_of_input"):
+            return False
+        if self.end_of_input:
+            raise StageFailure("INVALID_ARGUMENT", f"{kind}: received after end_of_input")
+        self.end_of_input = kind == "end_of_input"
+        assert self.relay is not None  # set by a successful open
+        self.relay.forward_input(msg)
+        return True
 
     async def _open(self, op: S.StreamOpen) -> None:
         srv, rt = self.srv, self.rt
@@ -202,36 +236,10 @@ class CodecStream(CodecStageStream):
         talker_open.initial_credit.CopyFrom(
             S.Credit(unit=S.CREDIT_UNIT_FRAMES, amount=window_frames + sched.steady_chunk_frames)
         )
-        try:
-            talker = await self.relay.open(talker_open)
-        except TalkerRefused as exc:  # no `opened` for us either: its error is our only message
-            self._release()
-            self._terminal(S.END_REASON_ERROR, exc.error)
+        if not await self._open_talker(talker_open, op.talker_address, rt.num_groups):
             return
-        if talker.num_code_groups != rt.num_groups:
-            raise StageFailure(
-                "FAILED_PRECONDITION",
-                f"talker {op.talker_address} emits {talker.num_code_groups} code groups; this codec decodes "
-                f"{rt.num_groups} (the two stages serve different models)",
-            )
-        self.opened = True
-        hello = self._hello(writer, op)
-        self.outbox.put_nowait(
-            S.CodecStreamResponse(
-                opened=S.StreamOpened(
-                    request_id=op.request_id,
-                    model=rt.model,
-                    family=rt.family,
-                    num_code_groups=rt.num_groups,
-                    frame_rate_hz=rt.frame_rate_hz,
-                    pcm_format=self.fmt,
-                    sample_rate_hz=self.rate,
-                    channels=1,
-                    chunk_schedule=sched,
-                    transport=hello,
-                )
-            )
-        )
+        fmt = {"pcm_format": self.fmt, "sample_rate_hz": self.rate, "channels": 1}
+        self._send_opened(op, rt, **fmt, chunk_schedule=sched, transport=self._hello(writer, op))
 
     async def _reference(self, ref: S.VoiceReference) -> tuple[np.ndarray | None, np.ndarray | None]:
         """(ICL codes, x-vector) for a voice-clone request; both None without reference audio."""
@@ -350,20 +358,12 @@ class CodecStream(CodecStageStream):
         self.talker_segments.append(done)
         await self.srv.worker.end_segment(self.key)
 
-    async def talker_ended(self, eos: S.EndOfStream, segment_done: S.SegmentDone | None) -> None:
-        """The talker's terminal: finish decoding (then relay its reason) or relay its error/cancel.
-        ``segment_done`` (the last take's) already arrived through ``segment_in``."""
-        if eos.reason == S.END_REASON_ERROR:
-            self._release()
-            e = eos.error
-            self._terminal(S.END_REASON_ERROR, S.StreamError(code=e.code, message=e.message, origin=e.origin))
-        elif eos.reason in (S.END_REASON_EOS, S.END_REASON_MAX_FRAMES, S.END_REASON_FRAME_CAP):
-            self.end_reason = eos.reason
-            if self.engine_open:
-                await self.srv.worker.finish(self.key)
-        else:
-            self._release()
-            self._terminal(S.END_REASON_CANCELLED)
+    async def _talker_done(self, eos: S.EndOfStream) -> None:
+        """Finish decoding, then relay the talker's reason (``segment_done``, the last take's, already
+        arrived through ``segment_in``)."""
+        self.end_reason = eos.reason
+        if self.engine_open:
+            await self.srv.worker.finish(self.key)
 
     # -- termination -----------------------------------------------------------------------------------
     def _release(self) -> None:

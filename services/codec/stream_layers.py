@@ -7,8 +7,8 @@ and the new history is filed, taken at each row's *real* end, so a batch can car
 new frames than the bucket's T) without corrupting their state. Everything is shape-static in (B, T).
 
 Checkpoint names are the references' (``X.conv.weight`` for every conv; ConvNeXt's ``dwconv``/``norm``/
-``pwconv1``/``pwconv2``/``gamma``), so both families load these modules strictly. Mimi streams through an
-in-place context of its own (``models/mimi/state.py``) and does not use these.
+``pwconv1``/``pwconv2``/``gamma``), so both families load these modules strictly. The duplex codec (Mimi)
+streams through an in-place context of its own in its family folder and does not use these.
 """
 
 from __future__ import annotations

@@ -16,13 +16,13 @@ from pathlib import Path
 
 import grpc
 
-from voxstage.codec.allowlist import TalkerAllowlist
+from services.codec.allowlist import TalkerAllowlist
 from voxstage.internal.v1 import stage_pb2, stage_pb2_grpc
 from voxstage.quote import quoted
 from voxstage.resolver import Resolver, SystemResolver
 from voxstage.server import CHANNEL_OPTIONS
-from voxstage.stage_errors import StageFailure
-from voxstage.stage_tls import LinkTls, aio_channel
+from voxstage.stage.errors import StageFailure
+from voxstage.stage.tls import LinkTls, aio_channel
 from voxstage.transport.host import Hello
 from voxstage.transport.payload import hello_from_proto
 from voxstage.transport.shm import ShmReader

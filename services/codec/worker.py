@@ -14,8 +14,9 @@ from typing import Protocol
 
 import numpy as np
 
-from voxstage.codec.engine import CodecAdmissionError, CodecEngine, CodecOutput
-from voxstage.codec.models import CodecRuntime
+from services.codec.engine import CodecAdmissionError, CodecEngine, CodecOutput
+from services.codec.models import CodecRuntime
+from voxstage.stage.engine_loop import log_capture
 from voxstage.stage.worker import StageWorker
 
 log = logging.getLogger(__name__)
@@ -66,13 +67,9 @@ class CodecWorker(StageWorker[CodecOutput, PcmListener]):
             self.engine.finish("__warmup__")
             while self.engine.has_work():
                 self.engine.step()
-            capture = getattr(self.engine.decode_fn, "capture_all", None)
-            if capture is not None:
-                t1 = time.perf_counter()
-                # Steady state at worst: every stream due with one whole chunk in the same tick.
-                n = capture(self.engine.max_streams * self.engine.schedule.steady_frames)
-                if n:
-                    log.info("codec: captured %d CUDA graphs in %.1f s", n, time.perf_counter() - t1)
+            # Steady state at worst: every stream due with one whole chunk in the same tick.
+            most = self.engine.max_streams * self.engine.schedule.steady_frames
+            log_capture(log, "codec", lambda: self.engine.calls.capture_all(most))
             if rt.voice_clone:
                 noise = np.random.default_rng(0).standard_normal(rt.sample_rate).astype(np.float32) * 0.1
                 rt.encode_reference(noise, rt.sample_rate)

@@ -1,7 +1,10 @@
 """What the talker engine needs from a model family.
 
 The engine schedules; the adapter owns every device tensor (KV pool, per-slot frame state, next inputs)
-and knows the family's prompt format and frame step. All methods run on the engine thread.
+and knows the family's prompt format and frame step. All methods run on the engine thread. The last group
+of methods is optional: a family adapter subclasses ``TalkerAdapter`` and keeps the defaults it does not
+need (no CUDA graphs, no sampling limits of its own, no prefix cache, no fp8 KV cache, no measured prompt
+overhead).
 """
 
 from __future__ import annotations
@@ -11,7 +14,14 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from voxstage.talker.sampling import SamplingParams
+from services.talker.sampling import SamplingParams
+
+
+def refuse_kv_cache_dtype(name: str) -> None:
+    """The default ``use_kv_cache_dtype``: only ``auto`` (the model dtype) is stored."""
+    if name != "auto":
+        raise ValueError(f"{name} is not supported by this model family (it stores its KV cache in the "
+                         "model dtype only), so use auto")  # fmt: skip
 
 
 class PreparedPrompt(Protocol):
@@ -49,11 +59,6 @@ class PreparedPrompt(Protocol):
 class TalkerAdapter(Protocol):
     num_groups: int
     codebook_size: int  # every emitted code lies in [0, codebook_size) (EOS rows carry no codes)
-
-    def use_kv_cache_dtype(self, name: str) -> None:
-        """The deploy's ``kv_cache_dtype`` (``auto`` or ``fp8``), before ``allocate`` and
-        ``kv_bytes_per_token``; raises ValueError, with the reason, for a value the family cannot store."""
-        ...
 
     def kv_bytes_per_token(self) -> int: ...
 
@@ -103,3 +108,36 @@ class TalkerAdapter(Protocol):
         ...
 
     def store_prefix(self, slot: int, prepared: PreparedPrompt) -> None: ...
+
+    # -- optional, with defaults -------------------------------------------------------------------------
+    def use_kv_cache_dtype(self, name: str) -> None:
+        """The deploy's ``kv_cache_dtype`` (``auto`` or ``fp8``), before ``allocate`` and
+        ``kv_bytes_per_token``; raises ValueError, with the reason, for a value the family cannot store.
+        Families without an fp8 cache store the model dtype only."""
+        refuse_kv_cache_dtype(name)
+
+    def prompt_overhead(self) -> int | None:
+        """The most prompt positions a request takes besides its texts' tokens and its reference frames
+        (measured on built prompts, engine thread; ``services.talker.budget``); None: the family cannot say,
+        and the talker reports no request limits."""
+        return None
+
+    def set_prefix_cache(self, max_bytes: int) -> None:
+        """Bound the prefix cache (called once by the engine); families without one ignore it."""
+        return None
+
+    def check_sampling(self, sampling: SamplingParams, subtalker: SamplingParams) -> None:
+        """Raise ``ValueError`` naming the field for settings the family cannot honour."""
+        return None
+
+    def enable_cuda_graphs(self) -> bool:
+        """Run the frame step from CUDA graphs from now on; False when the family has none (eager)."""
+        return False
+
+    def graph_variants(self, sampling: SamplingParams, subtalker: SamplingParams) -> list[Any] | None:
+        """The decode-graph variants requests with these settings use, to capture first; None: all."""
+        return None
+
+    def capture_all_graphs(self, variants: list[Any] | None = None) -> int:
+        """Capture every graph before serving (no request in flight); returns how many."""
+        return 0

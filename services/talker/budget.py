@@ -11,10 +11,14 @@ check at submit (``TalkerEngine._check_fits``) stays behind it.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
+from services.talker.models import TalkerInfo
 from voxstage.internal.v1 import stage_pb2
-from voxstage.talker.models import TalkerInfo
+
+if TYPE_CHECKING:
+    from services.talker.adapter import TalkerAdapter
+    from services.talker.duplex.engine import DuplexAdapter
 
 
 @dataclass(frozen=True)
@@ -25,12 +29,14 @@ class RequestBudget:
     reference_positions_per_second: float
 
     @classmethod
-    def of(cls, adapter: Any, info: TalkerInfo, max_model_len: int, reserve: int) -> RequestBudget | None:
+    def of(
+        cls, adapter: TalkerAdapter | DuplexAdapter, info: TalkerInfo, max_model_len: int, reserve: int
+    ) -> RequestBudget | None:
         """On the engine thread (the overhead is measured on built prompts); None: the family cannot say."""
-        overhead = getattr(adapter, "prompt_overhead", None)
+        overhead = adapter.prompt_overhead()
         if overhead is None:
             return None
-        limit = max(max_model_len - overhead() - reserve, 0)
+        limit = max(max_model_len - overhead - reserve, 0)
         return cls(max_model_len, limit, info.text_tokens_per_byte, info.reference_positions_per_second)
 
     def fill(self, status: stage_pb2.StageStatus) -> None:

@@ -30,10 +30,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from voxstage import metrics
-from voxstage.stage.faults import is_device_error, one_line
-from voxstage.talker.adapter import PreparedPrompt, TalkerAdapter
-from voxstage.talker.engine_types import (  # noqa: F401 - the engine's public types, importable from here
+from services.talker.adapter import PreparedPrompt, TalkerAdapter
+from services.talker.engine_types import (  # noqa: F401 - the engine's public types, importable from here
     AdmissionError,
     EngineConfig,
     Finish,
@@ -41,6 +39,9 @@ from voxstage.talker.engine_types import (  # noqa: F401 - the engine's public t
     TalkerOutput,
     TalkerRequest,
 )
+from voxstage import metrics
+from voxstage.stage.engine_loop import Steppable
+from voxstage.stage.faults import is_device_error, one_line
 
 log = logging.getLogger(__name__)
 
@@ -78,11 +79,12 @@ class _Seq:
         return self.prefilled if self.phase is _Phase.PREFILL else self.position
 
 
-class TalkerEngine:
+class TalkerEngine(Steppable[TalkerOutput]):
     def __init__(self, adapter: TalkerAdapter, config: EngineConfig) -> None:
         self.adapter = adapter
         self.cfg = config
         adapter.allocate(config.max_num_seqs, config.max_model_len)
+        adapter.set_prefix_cache(config.prefix_cache_bytes)
         self._waiting: deque[_Seq] = deque()
         self._slots: list[_Seq] = []  # index == slot, packed
         self._by_id: dict[str, _Seq] = {}

@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from voxstage.talker.sampling import SamplingParams
+from services.talker.sampling import SamplingParams
 
 
 class AdmissionError(RuntimeError):
@@ -26,7 +26,7 @@ class EngineConfig:
     max_num_batched_tokens: int
     max_queue: int = 1024
     enable_prefix_caching: bool = False
-    prefix_cache_bytes: int = 256 * 1024 * 1024
+    prefix_cache_bytes: int = 256 * 1024 * 1024  # the adapter's bound on cached prefixes
     # Launch tick n+1 before reading tick n's results, so host work overlaps the device step. A request that
     # hit EOS at tick n then runs one wasted step at n+1 whose output is dropped.
     async_scheduling: bool = False

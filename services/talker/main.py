@@ -31,25 +31,23 @@ def register(subparsers: Any) -> None:
 
 
 def build(args: argparse.Namespace) -> StageParts:
-    import numpy as np
-
+    from services.talker.engine import EngineConfig, TalkerEngine
+    from services.talker.models import load_talker
+    from services.talker.servicer import SERVICE_NAME, TalkerServicer
+    from services.talker.worker import TalkerDefaults, TalkerWorker
+    from voxstage.families import family
     from voxstage.internal.v1 import stage_pb2_grpc
     from voxstage.server import ServiceBinding
     from voxstage.stage.process import device_budget, load_stage_setup
-    from voxstage.talker.engine import EngineConfig, TalkerEngine
-    from voxstage.talker.models import load_talker
-    from voxstage.talker.servicer import SERVICE_NAME, TalkerServicer
-    from voxstage.talker.spec import SpeechSpec
-    from voxstage.talker.worker import TalkerDefaults, TalkerWorker
     from voxstage.transport.shm import ShmWriter, sweep_dead_regions
 
     config, device, dtype, source = load_stage_setup(args, log, cuda_default="bfloat16", role="talker")
     stage = config.talker
     adapter, info = load_talker(source, device=device, dtype=dtype)
     use_kv_cache_dtype(adapter, stage.kv_cache_dtype)
-    if info.family == "personaplex":
+    if family(source.family).duplex:
         return _build_duplex(config, device, adapter, info)
-    limit, xvector_dim = _family_limits(adapter, info.family)
+    limit = info.max_positions
     max_len = stage.max_model_len or limit
     if max_len > limit:
         raise StageStartError(f"stages[0].max_model_len is {max_len}; {source.name} supports at most {limit}")
@@ -65,13 +63,10 @@ def build(args: argparse.Namespace) -> StageParts:
         prefix_bytes = min(prefix_bytes, max(budget.available - kv, 0))
         gib = kv / (1 << 30)
         log.info("talker: memory budget %s; KV %.2f GiB (%s)", budget.describe(), gib, stage.kv_cache_dtype)
-    graphs = device == "cuda" and not stage.enforce_eager
-    enable_graphs = getattr(adapter, "enable_cuda_graphs", None)
-    if graphs and enable_graphs is None:
+    # Every bucket is captured by the warm-up, before SERVING.
+    graphs = device == "cuda" and not stage.enforce_eager and adapter.enable_cuda_graphs()
+    if device == "cuda" and not stage.enforce_eager and not graphs:
         log.warning("talker: family %s has no CUDA-graph frame step; running eager", info.family)
-    elif graphs:
-        enable_graphs()  # every bucket is captured by the warm-up, before SERVING
-    adapter.prefix_cache_bytes = prefix_bytes  # type: ignore[attr-defined]
     engine = TalkerEngine(
         adapter,
         EngineConfig(
@@ -84,34 +79,25 @@ def build(args: argparse.Namespace) -> StageParts:
         ),
     )
     defaults = TalkerDefaults.from_deploy(stage, info)
-    check_sampling = getattr(adapter, "check_sampling", None)
-    if check_sampling is not None:
-        try:
-            check_sampling(defaults.sampling, defaults.subtalker)
-        except ValueError as exc:
-            raise StageStartError(f"stages[0].default_sampling_params: {exc}") from None
+    try:
+        adapter.check_sampling(defaults.sampling, defaults.subtalker)
+    except ValueError as exc:
+        raise StageStartError(f"stages[0].default_sampling_params: {exc}") from None
     worker = TalkerWorker(engine, info, defaults)
     sweep_dead_regions()  # files of dead voxstage processes (both ends crashed earlier)
     writer = ShmWriter(threshold_bytes=config.stream.shm_threshold_bytes) if config.shared_memory else None
     servicer = TalkerServicer(worker, plan=config.chunk_plan, shm_writer=writer)
-    # The warm-up must satisfy the variant's prompt rules: a preset speaker, or an x-vector for Base.
-    warm = SpeechSpec(
-        text="Warm up.",
-        voice=info.voices[0] if info.voices else None,
-        speaker_embedding=np.zeros(xvector_dim, np.float32) if info.variant == "base" else None,
-        instructions="Speak calmly." if info.variant == "voice_design" else None,
-    )
     log.info(
         "talker: %s (%s, %s) on %s/%s: %d slots x %d positions, prefix cache %s, %s, %s, shm %s",
         info.model, info.family, info.variant, device, str(dtype).removeprefix("torch."), stage.max_num_seqs,
         max_len, "on" if stage.enable_prefix_caching else "off",
-        "CUDA graphs" if graphs and enable_graphs else "eager",
+        "CUDA graphs" if graphs else "eager",
         "async scheduling" if stage.async_scheduling else "sync scheduling",
         f"above {writer.threshold_bytes} B" if writer else "off",
     )  # fmt: skip
 
     binding = ServiceBinding(SERVICE_NAME, servicer, stage_pb2_grpc.add_TalkerServicer_to_server)
-    return stage_parts("talker", binding, servicer, worker, lambda: worker.warm_up(warm), writer)
+    return stage_parts("talker", binding, servicer, worker, lambda: worker.warm_up(info.warm_up), writer)
 
 
 def use_kv_cache_dtype(adapter: Any, name: str) -> None:
@@ -123,30 +109,19 @@ def use_kv_cache_dtype(adapter: Any, name: str) -> None:
         raise StageStartError(f"stages[0].kv_cache_dtype: {exc}") from None
 
 
-def _family_limits(adapter: Any, family: str) -> tuple[int, int]:
-    """(context limit in positions, speaker-embedding width) of the loaded checkpoint. The only
-    family-specific facts start-up needs beyond ``TalkerInfo``."""
-    if family == "qwen3_tts":
-        backbone = adapter.model.config.talker.backbone
-        return backbone.max_position_embeddings, backbone.hidden_size
-    if family == "arktts":
-        return adapter.config.max_seq_len, 0  # packed prompt + frames; clones from codes, not an x-vector
-    raise StageStartError(f"talker: model family {family!r} is not implemented")
-
-
 def _build_duplex(config: Any, device: str, adapter: Any, info: Any) -> StageParts:
     """A duplex family's talker: sessions over the ring-KV pool, one batched frame step per tick."""
+    from services.talker.duplex.engine import DuplexConfig, DuplexEngine
+    from services.talker.duplex.worker import DuplexWorker
+    from services.talker.servicer import SERVICE_NAME, TalkerServicer
+    from services.talker.worker import TalkerDefaults
     from voxstage.internal.v1 import stage_pb2_grpc
     from voxstage.server import ServiceBinding
     from voxstage.stage.process import device_budget
-    from voxstage.talker.duplex import DuplexConfig, DuplexEngine
-    from voxstage.talker.duplex_worker import DuplexWorker
-    from voxstage.talker.servicer import SERVICE_NAME, TalkerServicer
-    from voxstage.talker.worker import TalkerDefaults
     from voxstage.transport.shm import ShmWriter, sweep_dead_regions
 
     stage = config.talker
-    context = adapter.config.context
+    context = info.max_positions
     window = stage.max_model_len or context
     if window > context:
         raise StageStartError(
@@ -167,8 +142,8 @@ def _build_duplex(config: Any, device: str, adapter: Any, info: Any) -> StagePar
     if stage.async_scheduling:
         # A duplex step answers this tick's user frames; there is no later step to overlap it with.
         log.warning("talker: async_scheduling has no effect on duplex sessions (each tick's step is awaited)")
-    if device == "cuda" and not stage.enforce_eager:
-        adapter.enable_cuda_graphs()  # every bucket is captured by the warm-up, before SERVING
+    # Every bucket is captured by the warm-up, before SERVING.
+    graphs = device == "cuda" and not stage.enforce_eager and adapter.enable_cuda_graphs()
     engine = DuplexEngine(
         adapter,
         DuplexConfig(
@@ -182,7 +157,7 @@ def _build_duplex(config: Any, device: str, adapter: Any, info: Any) -> StagePar
     log.info(
         "talker: %s (%s, duplex) on %s: %d sessions x %d-frame window, prefill %d positions/tick, %s",
         info.model, info.family, device, stage.max_num_seqs, window, stage.batched_token_budget,
-        "CUDA graphs" if device == "cuda" and not stage.enforce_eager else "eager",
+        "CUDA graphs" if graphs else "eager",
     )  # fmt: skip
 
     binding = ServiceBinding(SERVICE_NAME, servicer, stage_pb2_grpc.add_TalkerServicer_to_server)

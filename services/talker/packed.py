@@ -4,7 +4,7 @@ over packed slots, with prompts written by the shared prefill runner (Qwen3-TTS,
 ``PackedDecodeAdapter`` is a mixin: the family's ``__init__`` sets ``num_groups``, ``device``, ``dtype``,
 ``min_attn_bucket`` and ``graphs = None``, its ``allocate`` ends with ``allocate_launch``, and it provides
 ``decode_core`` and ``step_io``. The mixin then launches and collects steps through the pinned ``HostRing``
-(``voxstage.talker.launch``) and captures CUDA graphs per (batch, context) decode bucket and per (rows,
+(``services.talker.launch``) and captures CUDA graphs per (batch, context) decode bucket and per (rows,
 length, context) prefill bucket.
 """
 
@@ -15,12 +15,13 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
+from services.talker.adapter import TalkerAdapter
+from services.talker.launch import HostRing, Pending, all_inactive, bucket, collect, decode_graph_keys
+from services.talker.prefill import KVPoolLike, Prefill, PrefillModel
 from voxstage.cudagraphs import GraphCache
-from voxstage.talker.launch import HostRing, Pending, all_inactive, bucket, collect, decode_graph_keys
-from voxstage.talker.prefill import KVPoolLike, Prefill, PrefillModel
 
 
-class PackedDecodeAdapter:
+class PackedDecodeAdapter(TalkerAdapter):
     num_groups: int
     device: torch.device
     dtype: torch.dtype  # the model's (activations); the KV pool may store fp8
@@ -86,7 +87,7 @@ class PackedDecodeAdapter:
         return self.collect(self.launch(active, attn_len))
 
     # -- CUDA graphs ---------------------------------------------------------------------------------------
-    def enable_cuda_graphs(self) -> None:
+    def enable_cuda_graphs(self) -> bool:
         """Graph ``decode_core`` per (batch, context) and the prefill per (rows, length, context) bucket
         (``enforce_eager: false``): all at once with ``capture_all_graphs``, else each on first use."""
         # Warm-up runs execute for real: with every row inactive they leave all slot state as it was (the
@@ -98,6 +99,7 @@ class PackedDecodeAdapter:
         # either, but separate pools keep one's capture from reusing memory the other's outputs occupy.
         if hasattr(self, "prefill_runner"):  # else allocate_launch() enables it once the slots exist
             self.prefill_runner.enable_cuda_graphs()
+        return True
 
     def graph_keys(self) -> tuple[list[tuple[int, ...]], list[tuple[int, int, int]]]:
         """Every (batch, context, *variant) decode key and (rows, length, context) prefill key the engine

@@ -20,8 +20,8 @@ from typing import Protocol
 
 import torch
 
+from services.talker.launch import bucket
 from voxstage.cudagraphs import GraphCache
-from voxstage.talker.launch import bucket
 
 MAX_LENGTH = 512  # padded length of one row; a longer chunk runs eagerly at its exact length
 MAX_TOKENS = 1024  # rows x padded length of one forward (8 prompts of up to 128 tokens)

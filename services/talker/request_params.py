@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from services.talker.worker import RequestParams
 from voxstage import limits, wire
 from voxstage.internal.v1 import stage_pb2
-from voxstage.stage_errors import StageFailure
-from voxstage.talker.worker import RequestParams
+from voxstage.stage.errors import StageFailure
 from voxstage.transport.payload import read_payload
 from voxstage.transport.shm_layout import InvalidShmReference
 

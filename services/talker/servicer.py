@@ -11,13 +11,14 @@ from collections.abc import Mapping
 
 import grpc
 
+from services.talker.duplex.stream import DuplexTalkerStream
+from services.talker.duplex.worker import DuplexWorker
+from services.talker.models import Catalog
+from services.talker.stream import TalkerStream
+from services.talker.worker import RequestSnapshot, TalkerSnapshot, TalkerWorker
 from voxstage.config import ChunkPlan
 from voxstage.internal.v1 import stage_pb2, stage_pb2_grpc
 from voxstage.stage.servicer import StageServicer
-from voxstage.talker.duplex_stream import DuplexTalkerStream
-from voxstage.talker.duplex_worker import DuplexWorker
-from voxstage.talker.stream import TalkerStream
-from voxstage.talker.worker import RequestSnapshot, TalkerSnapshot, TalkerWorker
 from voxstage.transport.shm import ShmWriter
 
 SERVICE_NAME = "voxstage.internal.v1.Talker"
@@ -39,11 +40,13 @@ class TalkerServicer(StageServicer[TalkerStream | DuplexTalkerStream], stage_pb2
             "family": self.family,
             "num_code_groups": self.num_groups,
             "frame_rate_hz": self.frame_rate_hz,
+            "duplex": isinstance(worker, DuplexWorker),
+            "catalog": catalog_message(info.catalog, info.variant),
         }
         super().__init__(worker, plan=plan, shm_writer=shm_writer, identity=identity)
 
     def _new_stream(self, context: grpc.aio.ServicerContext) -> TalkerStream | DuplexTalkerStream:
-        # The family decides: a duplex model (PersonaPlex) serves duplex sessions only, a TTS model TTS only.
+        # The family decides: a duplex model serves duplex sessions only, a TTS model TTS only.
         if isinstance(self.worker, DuplexWorker):
             return DuplexTalkerStream(self)
         return TalkerStream(self)
@@ -60,3 +63,20 @@ class TalkerServicer(StageServicer[TalkerStream | DuplexTalkerStream], stage_pb2
         if self.worker.budget is not None:
             self.worker.budget.fill(status)
         return snap.requests
+
+
+def catalog_message(catalog: Catalog, variant: str) -> stage_pb2.ModelCatalog:
+    """What the checkpoint offers, as ``StageStatus.catalog`` carries it to the gateway."""
+    return stage_pb2.ModelCatalog(
+        voices=[
+            stage_pb2.CatalogVoice(name=v.name, languages=v.languages, description=v.description)
+            for v in catalog.voices
+        ],
+        languages=catalog.languages,
+        variant=variant,
+        voice_clone=catalog.voice_clone,
+        reference_required=catalog.reference_required,
+        reference_text_required=catalog.reference_text_required,
+        instructions=catalog.instructions,
+        voice_required=catalog.voice_required,
+    )

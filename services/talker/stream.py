@@ -26,25 +26,43 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from services.talker.engine import Finish, TalkerOutput
+from services.talker.request_params import request_params
+from services.talker.takes import Segment, Take, sendable
+from services.talker.worker import RequestParams, RequestSnapshot
 from voxstage import wire
 from voxstage.internal.v1 import stage_pb2
+from voxstage.stage.errors import StageFailure
 from voxstage.stage.stream import StageStream
-from voxstage.stage_errors import StageFailure
-from voxstage.talker.engine import Finish, TalkerOutput
-from voxstage.talker.request_params import request_params
-from voxstage.talker.takes import Segment, Take, sendable
-from voxstage.talker.worker import RequestParams, RequestSnapshot
 
 if TYPE_CHECKING:
-    from voxstage.talker.servicer import TalkerServicer
+    from services.talker.servicer import TalkerServicer
 
 MAX_TEXT_CHARS = 1 << 16  # the gateway enforces the user-facing limit; this only bounds a buggy peer
 _keys = itertools.count(1)
 
 
-class TalkerStream(StageStream):
+class TalkerStageStream(StageStream):
+    """What the talker's text-to-speech and duplex streams share: credit in frames, the response type."""
+
     role = "talker"
     peer = "codec"
+    credit_unit = stage_pb2.CREDIT_UNIT_FRAMES
+    credit: int
+
+    def pump(self) -> None:
+        raise NotImplementedError
+
+    def _grant(self, amount: int) -> None:
+        self.credit += amount
+        self.pump()
+
+    def _response(self, **fields: Any) -> stage_pb2.TalkerStreamResponse:
+        return stage_pb2.TalkerStreamResponse(**fields)
+
+
+class TalkerStream(TalkerStageStream):
+    refused = {"user_codes": "only duplex streams carry user codes"}
     outbox: asyncio.Queue[stage_pb2.TalkerStreamResponse]
 
     def __init__(self, servicer: TalkerServicer) -> None:
@@ -70,15 +88,8 @@ class TalkerStream(StageStream):
         self.finished_tick = 0
 
     # -- codec -> talker ------------------------------------------------------------------------------------
-    async def _handle(self, msg: stage_pb2.TalkerStreamRequest) -> None:
-        kind = msg.WhichOneof("request")
-        if not self.opened:
-            if kind != "open":
-                raise StageFailure("INVALID_ARGUMENT", f"first message must be open, got {kind}")
-            await self._open(msg.open)
-        elif kind == "open":
-            raise StageFailure("INVALID_ARGUMENT", "open: sent twice on one stream")
-        elif kind == "text":
+    async def _input(self, kind: str, msg: stage_pb2.TalkerStreamRequest) -> bool:
+        if kind == "text":
             await self._text(msg.text)
         elif kind == "flush":
             self._no_input_after_end("flush")
@@ -90,25 +101,16 @@ class TalkerStream(StageStream):
             if not self.by_key and not self.segments:
                 raise StageFailure("INVALID_ARGUMENT", "text: no text to speak before end_of_input")
             self.pump()
-        elif kind == "credit":
-            if msg.credit.unit != stage_pb2.CREDIT_UNIT_FRAMES:
-                raise StageFailure("INVALID_ARGUMENT", "credit.unit: the talker stream counts FRAMES")
-            self.credit += msg.credit.amount
-            self.pump()
-        elif kind == "shm_ack":
-            self.loans.ack(msg.shm_ack)
-        elif kind == "cancel":
-            self.cancel_requested = True
-            self.loans.forfeit()
-            running = [t for t in self.takes if t.finish is None]
-            for take in running:
-                self.worker.cancel(take.key)  # CANCELLED output -> terminal
-            if not running:
-                self._terminal(stage_pb2.END_REASON_CANCELLED)
-        elif kind == "user_codes":
-            raise StageFailure("FAILED_PRECONDITION", "user_codes: only duplex streams carry user codes")
         else:
-            raise StageFailure("INVALID_ARGUMENT", f"unknown request {kind!r}")
+            return False
+        return True
+
+    def _cancel(self, cancel: stage_pb2.Cancel) -> None:
+        running = [t for t in self.takes if t.finish is None]
+        for take in running:
+            self.worker.cancel(take.key)  # CANCELLED output -> terminal
+        if not running:
+            self._terminal(stage_pb2.END_REASON_CANCELLED)
 
     def _no_input_after_end(self, what: str) -> None:
         if self.end_of_input:
@@ -135,20 +137,7 @@ class TalkerStream(StageStream):
         self.worker.build_request(self.key, self.params, "", False)  # validates sampling and seed now
         writer = srv.shm_writer
         self._lend_shm(writer, op)
-        self.opened = True
-        self.outbox.put_nowait(
-            stage_pb2.TalkerStreamResponse(
-                opened=stage_pb2.StreamOpened(
-                    request_id=op.request_id,
-                    model=srv.model,
-                    family=srv.family,
-                    num_code_groups=srv.num_groups,
-                    frame_rate_hz=srv.frame_rate_hz,
-                    chunk_schedule=sched,
-                    transport=self._hello(writer, op),
-                )
-            )
-        )
+        self._send_opened(op, srv, chunk_schedule=sched, transport=self._hello(writer, op))
 
     async def _text(self, text: str) -> None:
         self._no_input_after_end("text")
@@ -325,9 +314,6 @@ class TalkerStream(StageStream):
         admitted = None if first is None else self.worker.admitted_at(first)
         queued = None if admitted is None else admitted - self.t_open
         self._send_terminal(reason, error, frames=self.sent_frames, queued=queued)
-
-    def _response(self, **fields: Any) -> stage_pb2.TalkerStreamResponse:
-        return stage_pb2.TalkerStreamResponse(**fields)
 
     def close(self) -> None:
         """The handler is returning (terminal written, or the call is dead): free everything."""

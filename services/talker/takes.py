@@ -10,9 +10,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from services.talker.engine import Finish
 from voxstage.chunking import whole_chunks
 from voxstage.internal.v1 import stage_pb2
-from voxstage.talker.engine import Finish
 
 _REASONS = {
     Finish.EOS: stage_pb2.END_REASON_EOS,

@@ -12,25 +12,28 @@ import dataclasses
 import logging
 import secrets
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import numpy as np
 
+from services.talker.budget import RequestBudget
+from services.talker.engine import AdmissionError, RequestTooLarge, TalkerEngine, TalkerOutput, TalkerRequest
+from services.talker.models import TalkerInfo
+from services.talker.sampling import SamplingParams
+from services.talker.spec import SpeechSpec
 from voxstage import limits
 from voxstage.config import SamplingParams as DeploySampling
 from voxstage.config import SegmentsConfig, StageConfig
 from voxstage.quote import quoted
 from voxstage.segments import FrameCap
+from voxstage.stage.engine_loop import Steppable, log_capture
+from voxstage.stage.errors import StageFailure
 from voxstage.stage.worker import StageWorker
-from voxstage.stage_errors import StageFailure
-from voxstage.talker.budget import RequestBudget
-from voxstage.talker.engine import AdmissionError, RequestTooLarge, TalkerEngine, TalkerOutput, TalkerRequest
-from voxstage.talker.models import TalkerInfo
-from voxstage.talker.sampling import SamplingParams
-from voxstage.talker.spec import SpeechSpec
 
 log = logging.getLogger(__name__)
+O = TypeVar("O")
 MAX_SEED = limits.SEED.end - 1  # [0, 2**63): src/voxstage/limits.py, shared with the gateway
 
 
@@ -130,7 +133,7 @@ class OutputListener(Protocol):
 
 @dataclass(frozen=True)
 class RequestSnapshot:
-    state: str  # TalkerEngine.request_state: waiting | prefill | decode
+    state: str  # the engine's phase of it: waiting | prefill | decode
     slot: int
     last_tick: int
     admitted_at: float | None
@@ -145,22 +148,43 @@ class TalkerSnapshot:
     requests: dict[str, RequestSnapshot]
 
 
-class _TrackedEngine:
-    """What the engine thread drives: the engine plus each request's phase and the tick it changed."""
+class TrackedEngine(Protocol[O]):
+    """What the tracker needs of a talker engine (text-to-speech or duplex)."""
 
-    def __init__(self, engine: TalkerEngine) -> None:
+    ticks: int
+
+    def has_work(self) -> bool: ...
+
+    def step(self) -> list[O]: ...
+
+    def idle_timeout(self) -> float | None: ...
+
+    def slot_of(self, key: str) -> int: ...
+
+    def recover(self, exc: Exception) -> tuple[list[str], list[O]]: ...
+
+
+class PhaseTracker(Steppable[O]):
+    """What the engine thread drives for both talker workers: the engine plus each request's (or session's)
+    phase and the tick it changed; leaving ``waiting`` is its admission."""
+
+    def __init__(self, engine: TrackedEngine[O], state_of: Callable[[str], str]) -> None:
         self.engine = engine
+        self.state_of = state_of  # key -> phase, "absent" once the engine forgot it
         self.phases: dict[str, tuple[str, int]] = {}
         self.admitted_at: dict[str, float] = {}
 
     def has_work(self) -> bool:
         return self.engine.has_work()
 
-    def step(self) -> list[TalkerOutput]:
+    def idle_timeout(self) -> float | None:
+        return self.engine.idle_timeout()
+
+    def step(self) -> list[O]:
         outputs = self.engine.step()
         tick = self.engine.ticks
         for key, (old, _) in list(self.phases.items()):
-            state = self.engine.request_state(key)
+            state = self.state_of(key)
             if state == "absent":
                 del self.phases[key]
             elif state != old:
@@ -169,10 +193,14 @@ class _TrackedEngine:
                     self.admitted_at[key] = time.perf_counter()
         return outputs
 
-    def slot_of(self, key: str) -> int:
-        return self.engine.slot_of(key)
+    def requests(self) -> dict[str, RequestSnapshot]:
+        """Engine thread: every tracked request's phase, slot, tick of its last change and admission."""
+        return {
+            key: RequestSnapshot(state, self.engine.slot_of(key), tick, self.admitted_at.get(key))
+            for key, (state, tick) in self.phases.items()
+        }
 
-    def recover(self, exc: Exception) -> tuple[list[str], list[Any]]:
+    def recover(self, exc: Exception) -> tuple[list[str], list[O]]:
         return self.engine.recover(exc)
 
 
@@ -185,7 +213,7 @@ class TalkerWorker(StageWorker[TalkerOutput, OutputListener]):
         self.engine = engine
         self.info = info
         self.defaults = defaults
-        self._tracked = _TrackedEngine(engine)
+        self._tracked = PhaseTracker(engine, engine.request_state)
         self.budget: RequestBudget | None = None  # measured at warm-up
         super().__init__(self._tracked)
 
@@ -206,13 +234,8 @@ class TalkerWorker(StageWorker[TalkerOutput, OutputListener]):
             while self.engine.has_work():
                 self.engine.step()
             adapter = self.engine.adapter
-            capture = getattr(adapter, "capture_all_graphs", None)
-            if capture is not None:
-                t1 = time.perf_counter()
-                variants_of = getattr(adapter, "variants_of", None)  # families with sampler variants
-                n = capture(variants_of(d.sampling, d.subtalker)) if variants_of is not None else capture()
-                if n:
-                    log.info("talker: captured %d CUDA graphs in %.1f s", n, time.perf_counter() - t1)
+            variants = adapter.graph_variants(d.sampling, d.subtalker)  # families with sampler variants
+            log_capture(log, "talker", lambda: adapter.capture_all_graphs(variants))
             return time.perf_counter() - t0
 
         return await self._call(run)
@@ -224,7 +247,7 @@ class TalkerWorker(StageWorker[TalkerOutput, OutputListener]):
         if params.voice and voices and params.voice.lower() not in voices:
             known = ", ".join(voices)
             raise StageFailure("NOT_FOUND", f"voice: {quoted(params.voice)} is not one of {known}")
-        if not params.voice and self.info.variant == "custom_voice":
+        if not params.voice and self.info.catalog.voice_required:
             raise StageFailure(
                 "INVALID_ARGUMENT", f"voice: required by {self.info.model}; one of {', '.join(voices)}"
             )
@@ -265,12 +288,10 @@ class TalkerWorker(StageWorker[TalkerOutput, OutputListener]):
         )
         sampling = apply_overrides(d.sampling, params.sampling, "sampling")
         subtalker = apply_overrides(d.subtalker, params.subtalker, "subtalker_sampling")
-        check = getattr(self.engine.adapter, "check_sampling", None)  # a family's own sampling limits
-        if check is not None:
-            try:
-                check(sampling, subtalker)
-            except ValueError as exc:
-                raise StageFailure("INVALID_ARGUMENT", str(exc)) from None
+        try:
+            self.engine.adapter.check_sampling(sampling, subtalker)  # a family's own sampling limits
+        except ValueError as exc:
+            raise StageFailure("INVALID_ARGUMENT", str(exc)) from None
         return TalkerRequest(
             key,
             spec,
@@ -317,12 +338,8 @@ class TalkerWorker(StageWorker[TalkerOutput, OutputListener]):
 
     async def snapshot(self) -> TalkerSnapshot:
         def run() -> TalkerSnapshot:
-            t = self._tracked
-            reqs = {
-                key: RequestSnapshot(state, t.slot_of(key), tick, t.admitted_at.get(key))
-                for key, (state, tick) in t.phases.items()
-            }
             e = self.engine
+            reqs = self._tracked.requests()
             return TalkerSnapshot(e.ticks, e.cfg.max_num_seqs, e.slots_in_use(), e.queue_depth(), reqs)
 
         return await self._call(run)

@@ -2,7 +2,7 @@
 
 import sys
 
-from voxstage.cli import main
+from voxstage.launch.cli import main
 from voxstage.lifetime import die_with_launcher
 
 if __name__ == "__main__":

@@ -26,11 +26,11 @@ import numpy as np
 from voxstage import g711
 from voxstage.audio import float_to_s16
 from voxstage.base64_text import decode_base64_text
+from voxstage.duplex import FRAME_SAMPLES, FRAME_SECONDS, SAMPLE_RATE
 from voxstage.v1 import speech_pb2
 
-MODEL_RATE = 24_000  # Hz: Mimi's rate, what the codec takes and gives in a duplex session
-FRAME_SAMPLES = 1920  # one 80 ms frame at 24 kHz: the unit of one user_audio message
-FRAME_SECONDS = FRAME_SAMPLES / MODEL_RATE
+# The session frame (voxstage.duplex): what the codec takes and gives; one frame per user_audio message.
+MODEL_RATE = SAMPLE_RATE
 # User audio the gateway holds beyond the codec's grant (§11); older frames are dropped past it, so the
 # input never lags real time by more than this.
 INPUT_BUFFER_SECONDS = 2.0

@@ -16,7 +16,7 @@ import urllib.request
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from voxstage.stage_tls import LinkTls, LinkTlsError, add_link_options, link_from_args, sync_channel
+from voxstage.stage.tls import LinkTls, LinkTlsError, add_link_options, link_from_args, sync_channel
 
 
 def check(

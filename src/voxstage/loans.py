@@ -13,7 +13,7 @@ import contextlib
 
 from voxstage import metrics
 from voxstage.internal.v1 import stage_pb2
-from voxstage.stage_errors import StageFailure
+from voxstage.stage.errors import StageFailure
 from voxstage.transport.counters import PATH_INLINE, PATH_SHM
 from voxstage.transport.payload import acked_refs, to_payload
 from voxstage.transport.shm import ShmError, ShmRef, ShmSender

@@ -9,7 +9,7 @@ import numpy as np
 from google.protobuf.duration_pb2 import Duration
 
 from voxstage.internal.v1 import stage_pb2
-from voxstage.stage_errors import CODES, StageFailure
+from voxstage.stage.errors import CODES, StageFailure
 
 CODE_DTYPE = np.dtype("<i2")  # CodecFrames.codes: int16 little-endian [frames, groups]
 

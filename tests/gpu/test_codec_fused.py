@@ -13,14 +13,14 @@ from collections.abc import Callable, Iterator
 import pytest
 import torch
 
+from services.codec.models.audio8_tts.config import Audio8CodecConfig
+from services.codec.models.audio8_tts.loader import random_init as random_audio8
+from services.codec.models.audio8_tts.streaming import Audio8StreamingDecoder
+from services.codec.models.qwen3_tts.loader import random_init as random_qwen3
+from services.codec.models.qwen3_tts.presets import decoder_preset
+from services.codec.models.qwen3_tts.streaming import StreamingDecoder
+from services.codec.stream_layers import WindowKVAttention, window_mask
 from tests.unit.codec.codec_kit import audio8_codes, random_codes
-from voxstage.codec.models.audio8.config import Audio8CodecConfig
-from voxstage.codec.models.audio8.loader import random_init as random_audio8
-from voxstage.codec.models.audio8.streaming import Audio8StreamingDecoder
-from voxstage.codec.models.qwen3_tts.loader import random_init as random_qwen3
-from voxstage.codec.models.qwen3_tts.presets import decoder_preset
-from voxstage.codec.models.qwen3_tts.streaming import StreamingDecoder
-from voxstage.codec.stream_layers import WindowKVAttention, window_mask
 from voxstage.nn import fused, snake
 
 pytestmark = [

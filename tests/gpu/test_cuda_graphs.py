@@ -6,16 +6,16 @@ import numpy as np
 import pytest
 import torch
 
+from services.codec.graphs import GraphedDecode
+from services.codec.models.qwen3_tts.loader import random_init as random_decoder
+from services.codec.models.qwen3_tts.presets import decoder_preset
+from services.codec.models.qwen3_tts.streaming import StreamingDecoder
+from services.talker.engine import TalkerRequest
+from services.talker.models import load_talker
+from services.talker.sampling import SamplingParams
+from services.talker.spec import SpeechSpec
 from tests.unit.talker.talker_kit import run_graphed
-from voxstage.codec.graphs import GraphedDecode
-from voxstage.codec.models.qwen3_tts.loader import random_init as random_decoder
-from voxstage.codec.models.qwen3_tts.presets import decoder_preset
-from voxstage.codec.models.qwen3_tts.streaming import StreamingDecoder
 from voxstage.presets import resolve_model
-from voxstage.talker.engine import TalkerRequest
-from voxstage.talker.models import load_talker
-from voxstage.talker.sampling import SamplingParams
-from voxstage.talker.spec import SpeechSpec
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 SAMPLED = SamplingParams(do_sample=True, temperature=0.9, top_k=50, repetition_penalty=1.05)

@@ -5,15 +5,15 @@ from __future__ import annotations
 import pytest
 import torch
 
+from services.talker.models.qwen3_tts.backbone import KVCache
+from services.talker.models.qwen3_tts.config import parse_config
+from services.talker.models.qwen3_tts.frame import FrameState, frame_step
+from services.talker.models.qwen3_tts.loader import random_init
+from services.talker.models.qwen3_tts.model import Qwen3TTSTalker
+from services.talker.models.qwen3_tts.presets import preset_config, preset_generation_config
+from services.talker.sampling import Sampler, SamplingParams
 from voxstage.nn import fused
 from voxstage.nn.layers import RMSNorm, rope_cos_sin, rope_inv_freq
-from voxstage.talker.models.qwen3_tts.backbone import KVCache
-from voxstage.talker.models.qwen3_tts.config import parse_config
-from voxstage.talker.models.qwen3_tts.frame import FrameState, frame_step
-from voxstage.talker.models.qwen3_tts.loader import random_init
-from voxstage.talker.models.qwen3_tts.model import Qwen3TTSTalker
-from voxstage.talker.models.qwen3_tts.presets import preset_config, preset_generation_config
-from voxstage.talker.sampling import Sampler, SamplingParams
 
 pytestmark = [
     pytest.mark.gpu,

@@ -11,18 +11,18 @@ import numpy as np
 import pytest
 import torch
 
+from services.talker import kv
+from services.talker.engine import TalkerRequest
+from services.talker.models import load_talker
+from services.talker.models.personaplex.adapter import PersonaPlexAdapter
+from services.talker.sampling import SamplingParams
+from services.talker.spec import SpeechSpec
 from tests.golden_personaplex import fixture_model, load_case
 from tests.unit.talker.talker_kit import run_graphed
 from tests.unit.talker.test_personaplex_adapter import _sessions, drive
 from voxstage.nn import fused, kv_fp8
 from voxstage.nn.layers import RMSNorm, rope_cos_sin, rope_inv_freq
 from voxstage.presets import resolve_model
-from voxstage.talker import kv
-from voxstage.talker.engine import TalkerRequest
-from voxstage.talker.models import load_talker
-from voxstage.talker.models.personaplex.adapter import PersonaPlexAdapter
-from voxstage.talker.sampling import SamplingParams
-from voxstage.talker.spec import SpeechSpec
 
 pytestmark = [
     pytest.mark.gpu,

@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from voxstage.codec.models.mimi.loader import random_init
-from voxstage.codec.models.mimi.presets import full_config, tiny_config
-from voxstage.codec.models.mimi.streaming import MimiStreamingCodec
+from services.codec.models.mimi.loader import random_init
+from services.codec.models.mimi.presets import full_config, tiny_config
+from services.codec.models.mimi.streaming import MimiStreamingCodec
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 

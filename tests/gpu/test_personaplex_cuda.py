@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 import torch
 
+from services.talker.models.personaplex.adapter import PersonaPlexAdapter
 from tests.golden_personaplex import fixture_model, load_case
 from tests.unit.talker.test_personaplex_adapter import Session, _sessions, drive
 from tests.unit.talker.test_personaplex_golden import _prompt, run_session
-from voxstage.talker.models.personaplex.adapter import PersonaPlexAdapter
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
@@ -46,9 +46,9 @@ def test_graphed_sessions_equal_eager(capture_all: bool) -> None:
 def test_mimi_graphed_streaming_equals_eager() -> None:
     """One duplex tick's Mimi work (encode a frame, decode a frame, per session) replayed from CUDA graphs
     gives the eager results, frame after frame, with sessions at different positions."""
-    from voxstage.codec.models.mimi.loader import random_init
-    from voxstage.codec.models.mimi.presets import tiny_config
-    from voxstage.codec.models.mimi.streaming import MimiStreamingCodec
+    from services.codec.models.mimi.loader import random_init
+    from services.codec.models.mimi.presets import tiny_config
+    from services.codec.models.mimi.streaming import MimiStreamingCodec
 
     mimi = random_init(tiny_config(), seed=3, device="cuda")
     gen = torch.Generator().manual_seed(0)

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from services.talker import kv
 from voxstage.nn import fused
-from voxstage.talker import kv
 
 pytestmark = [
     pytest.mark.gpu,

@@ -26,13 +26,13 @@ def in_process_reference(
     """The same request through TalkerEngine + CodecEngine in this process (deploy sampling written out).
     With ``reference`` (a Base model): the codec's encoders make the x-vector (and ICL codes), the talker
     conditions on them, and the codec decodes the reference codes first and drops their audio."""
-    from voxstage.codec.engine import ChunkSchedule, CodecEngine
-    from voxstage.codec.models import load_codec
+    from services.codec.engine import ChunkSchedule, CodecEngine
+    from services.codec.models import load_codec
+    from services.talker.engine import EngineConfig, TalkerEngine, TalkerRequest
+    from services.talker.models import load_talker
+    from services.talker.sampling import SamplingParams
+    from services.talker.spec import SpeechSpec
     from voxstage.presets import resolve_model
-    from voxstage.talker.engine import EngineConfig, TalkerEngine, TalkerRequest
-    from voxstage.talker.models import load_talker
-    from voxstage.talker.sampling import SamplingParams
-    from voxstage.talker.spec import SpeechSpec
 
     torch.set_num_threads(1)
     source = resolve_model(model, cache=cache)

@@ -16,7 +16,7 @@ from tests.integration.test_serve import cache, free_port, serve  # noqa: F401 -
 from tests.tlskit import authority
 from voxstage.health_probe import check
 from voxstage.internal.v1 import stage_pb2, stage_pb2_grpc
-from voxstage.stage_tls import load_link_tls
+from voxstage.stage.tls import load_link_tls
 
 pytestmark = pytest.mark.timeout(150)
 FRAMES = 12

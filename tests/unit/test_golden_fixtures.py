@@ -153,7 +153,7 @@ def test_materialized_checkpoint_layout(variant: str, tmp_path: Path) -> None:
     out = materialize_checkpoint(variant, tmp_path / variant)
     files = _files(out)
     try:
-        import voxstage.talker.models.qwen3_tts.tokenizer as tok
+        import services.talker.models.qwen3_tts.tokenizer as tok
 
         with_tokenizer = hasattr(tok, "write_tiny_tokenizer")
     except ImportError:

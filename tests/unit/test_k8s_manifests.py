@@ -374,8 +374,8 @@ def _voxstage_containers(docs: list[dict[str, Any]]) -> list[tuple[str, dict[str
 def test_commands_parse_and_config_loads(overlay: str, tmp_path: Path) -> None:
     """Each container's command line is accepted by voxstage's own parser, and its deploy file (the ConfigMap)
     with its --set overrides passes validate-config's checks on CUDA."""
-    from voxstage.cli import build_parser
     from voxstage.config import load_deploy_config
+    from voxstage.launch.cli import build_parser
 
     docs = render(K8S / "overlays" / overlay)
     settings = _settings(docs)
@@ -399,8 +399,8 @@ def test_commands_parse_and_config_loads(overlay: str, tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
 def test_ports_probes_and_drain_agree(overlay: str) -> None:
-    from voxstage.codec.servicer import SERVICE_NAME as CODEC_SERVICE
-    from voxstage.talker.servicer import SERVICE_NAME as TALKER_SERVICE
+    from services.codec.servicer import SERVICE_NAME as CODEC_SERVICE
+    from services.talker.servicer import SERVICE_NAME as TALKER_SERVICE
 
     docs = render(K8S / "overlays" / overlay)
     services = _by_kind(docs, "Service")

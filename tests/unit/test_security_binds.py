@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from tests.integration.stagekit import start_stage
-from voxstage.cli import build_parser
+from voxstage.launch.cli import build_parser
 from voxstage.stage.process import DEFAULT_HOST
 
 REPO = Path(__file__).resolve().parents[2]

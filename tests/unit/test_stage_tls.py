@@ -14,12 +14,12 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from gateway.auth import SecurityConfigError, read_link_tls
 from tests.tlskit import Authority, Leaf, authority
 from voxstage import health_probe
 from voxstage.config import ConfigError, load_deploy_config
-from voxstage.gateway.auth import SecurityConfigError, read_link_tls
 from voxstage.server import StageServer, start_stage_server
-from voxstage.stage_tls import LinkTls, LinkTlsError, aio_channel, load_link_tls
+from voxstage.stage.tls import LinkTls, LinkTlsError, aio_channel, load_link_tls
 
 ROOT = Path(__file__).resolve().parents[2]
 SEED = ROOT / "deploy" / "qwen3_tts.yaml"

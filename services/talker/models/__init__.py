@@ -1,17 +1,42 @@
-"""Model families of the talker stage, one folder each, behind ``TalkerAdapter``.
+"""Model families of the talker stage, one folder each, behind ``TalkerAdapter`` / ``DuplexAdapter``.
 
-``load_talker`` is the only place the stage looks at which family a checkpoint is.
+``load_talker`` looks the checkpoint's family up in the registry (``voxstage.families``) and calls the
+loader its descriptor names; each family's ``entry.py`` returns its adapter and a ``TalkerInfo``: what the
+stage and its Status need to know about the loaded checkpoint (voices, languages, limits, capabilities),
+so nothing outside the family's folder reads its config.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
+from services.talker.sampling import SamplingParams
+from services.talker.spec import SpeechSpec
+from voxstage.families import family, load_ref
 from voxstage.presets import ModelSource
-from voxstage.talker.adapter import TalkerAdapter
-from voxstage.talker.sampling import SamplingParams
+
+
+@dataclass(frozen=True)
+class CatalogVoice:
+    name: str
+    languages: tuple[str, ...] = ()
+    description: str = ""
+
+
+@dataclass(frozen=True)
+class Catalog:
+    """What the served checkpoint offers, as the talker's Status reports it (``StageStatus.catalog``)."""
+
+    voices: tuple[CatalogVoice, ...]  # in the checkpoint's order; the first is the default
+    languages: tuple[str, ...]  # names a request may give besides "auto" (empty: the text's own language)
+    voice_clone: bool = False  # reference audio clones a voice
+    reference_required: bool = False  # every request must carry reference audio
+    reference_text_required: bool = False  # reference audio must come with its transcript
+    instructions: bool = False  # takes instructions (a voice description, a persona)
+    voice_required: bool = False  # a request must name one of the voices
 
 
 @dataclass(frozen=True)
@@ -27,6 +52,9 @@ class TalkerInfo:
     default_sampling: SamplingParams
     default_subtalker_sampling: SamplingParams
     max_new_frames: int
+    # The checkpoint's context limit in positions: max_model_len may not exceed it.
+    max_positions: int
+    catalog: Catalog
     # The model can start speaking before a segment's text is complete (a streaming-text prompt), so the
     # talker may start a segment early (SegmentsConfig.early_start_chars).
     streams_text: bool = False
@@ -36,129 +64,15 @@ class TalkerInfo:
     # the family takes no reference clip into its prompt).
     text_tokens_per_byte: float = 1.0
     reference_positions_per_second: float = 0.0
+    # One short request that satisfies the checkpoint's prompt rules (text-to-speech warm-up).
+    warm_up: SpeechSpec = field(default_factory=lambda: SpeechSpec(text="Warm up."))
 
 
 def load_talker(
-    source: ModelSource,
-    *,
-    device: str | torch.device = "cpu",
-    dtype: torch.dtype = torch.float32,
-    prefix_cache_bytes: int = 256 * 1024 * 1024,
-) -> tuple[TalkerAdapter, TalkerInfo]:
-    if source.family == "personaplex":
-        return _load_personaplex(source, device=device, dtype=dtype)  # type: ignore[return-value]
-    if source.family == "arktts":
-        return _load_arktts(source, device=device, dtype=dtype)
-    if source.family != "qwen3_tts":
-        raise ValueError(f"talker: model family {source.family!r} is not implemented")
-    from voxstage.talker.models.qwen3_tts.adapter import Qwen3TTSAdapter
-    from voxstage.talker.models.qwen3_tts.loader import load_qwen3_tts_talker, random_init, read_config
-    from voxstage.talker.models.qwen3_tts.tokenizer import QwenTextTokenizer
-
-    if source.random_init:
-        config = read_config(source.path)
-        model = random_init(config, seed=source.seed, device=device, dtype=dtype)
-        tokenizer = QwenTextTokenizer.from_dir(source.path)
-    else:
-        model, config, tokenizer = load_qwen3_tts_talker(source.path, device=device, dtype=dtype)
-    t = config.talker
-    gen = config.generation
-    info = TalkerInfo(
-        family="qwen3_tts",
-        model=source.name,
-        streams_text=True,
-        num_code_groups=t.num_code_groups,
-        frame_rate_hz=12.5,
-        voices=tuple(sorted(t.spk_id)),
-        languages=("auto", *sorted(k for k in t.codec_language_id if "dialect" not in k)),
-        variant=config.tts_model_type,
-        default_sampling=SamplingParams(
-            do_sample=gen.do_sample,
-            temperature=gen.temperature,
-            top_k=gen.top_k,
-            top_p=gen.top_p,
-            repetition_penalty=gen.repetition_penalty,
-        ),
-        default_subtalker_sampling=SamplingParams(
-            do_sample=gen.subtalker_do_sample,
-            temperature=gen.subtalker_temperature,
-            top_k=gen.subtalker_top_k,
-            top_p=gen.subtalker_top_p,
-        ),
-        max_new_frames=gen.max_new_tokens,
-        # Voice clone (ICL): the reference clip's codec frames are prompt positions.
-        reference_positions_per_second=12.5 if config.tts_model_type == "base" else 0.0,
-    )
-    return Qwen3TTSAdapter(model, tokenizer, prefix_cache_bytes=prefix_cache_bytes), info
-
-
-def _load_personaplex(
-    source: ModelSource, *, device: str | torch.device, dtype: torch.dtype
-) -> tuple[object, TalkerInfo]:
-    from voxstage.talker.models.personaplex.adapter import PersonaPlexAdapter
-    from voxstage.talker.models.personaplex.loader import load_personaplex_lm, random_init, read_config
-    from voxstage.talker.models.personaplex.presets import PRESET_VOICES, voice_codes
-    from voxstage.talker.models.personaplex.tokenizer import PersonaTokenizer, tiny_tokenizer_model
-    from voxstage.talker.models.personaplex.voices import VoiceLibrary, voice_from_codes
-
-    if source.random_init:
-        # Size-true preset: weights drawn on the device; its stored voices are made from seeded codes.
-        model = random_init(read_config(source.path), seed=source.seed, device=device, dtype=dtype)
-        tokenizer = PersonaTokenizer(tiny_tokenizer_model())
-        made = {name: voice_from_codes(model, voice_codes(name)) for name in PRESET_VOICES}
-        voices = VoiceLibrary.of(made, source=source.name)
-    else:
-        model, tokenizer, voices = load_personaplex_lm(source.path, device=device, dtype=dtype)
-    info = TalkerInfo(
-        family="personaplex",
-        model=source.name,
-        num_code_groups=8,
-        frame_rate_hz=12.5,
-        voices=voices.names,
-        languages=("auto",),
-        variant="duplex",
-        # moshi's server defaults (text 0.7 / top-k 25, audio 0.8 / top-k 250); deploy files override them.
-        default_sampling=SamplingParams(temperature=0.7, top_k=25),
-        default_subtalker_sampling=SamplingParams(temperature=0.8, top_k=250),
-        max_new_frames=model.config.context,
-        reference_positions_per_second=12.5,  # a voice recording's Mimi frames open the prompt
-    )
-    return PersonaPlexAdapter(model, tokenizer, voices), info
-
-
-
-def _load_arktts(
-    source: ModelSource, *, device: str | torch.device, dtype: torch.dtype
-) -> tuple[TalkerAdapter, TalkerInfo]:
-    from voxstage.talker.models.arktts.adapter import VOICES, ArkTTSAdapter
-    from voxstage.talker.models.arktts.config import read_config, read_generation_config
-    from voxstage.talker.models.arktts.loader import load_arktts_talker, random_init
-    from voxstage.talker.models.arktts.tokenizer import ArkTokenizer
-
-    if source.random_init:  # size-true preset: weights drawn on the device
-        config = read_config(source.path)
-        model = random_init(config, seed=source.seed, device=device, dtype=dtype)
-        tokenizer = ArkTokenizer.from_dir(source.path)
-    else:
-        model, config, tokenizer = load_arktts_talker(source.path, device=device, dtype=dtype)
-    gen = read_generation_config(source.path)
-    sampling = SamplingParams(
-        do_sample=gen.do_sample, temperature=gen.temperature, top_k=gen.top_k, top_p=gen.top_p
-    )
-    info = TalkerInfo(
-        family="arktts",
-        model=source.name,
-        num_code_groups=config.num_codebooks,
-        frame_rate_hz=config.frame_rate_hz,
-        voices=VOICES,
-        # The model reads the text's language (11 of them, docs/models.md); it takes no language switch.
-        languages=("auto",),
-        # Its own voice, or one cloned from reference audio + transcript (the gateway's "plain" variant).
-        variant="plain",
-        default_sampling=sampling,
-        # The released model samples the fast AR with the same settings as the semantic token.
-        default_subtalker_sampling=sampling,
-        max_new_frames=config.max_seq_len,
-        reference_positions_per_second=config.frame_rate_hz,  # a clone's reference frames
-    )
-    return ArkTTSAdapter(model, tokenizer), info  # type: ignore[return-value]
+    source: ModelSource, *, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32
+) -> tuple[Any, TalkerInfo]:
+    """The family's adapter (``TalkerAdapter``, or ``DuplexAdapter`` for a duplex family) and what it
+    serves."""
+    loader = load_ref(family(source.family).talker)
+    adapter, info = loader(source, device=device, dtype=dtype)
+    return adapter, info

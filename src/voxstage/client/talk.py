@@ -19,7 +19,8 @@ from pathlib import Path
 import numpy as np
 
 from voxstage.client._common import add_connection_options, connection_options
-from voxstage.duplex_audio import FRAME_SAMPLES, FRAME_SECONDS, MODEL_RATE
+from voxstage.duplex import FRAME_SAMPLES, FRAME_SECONDS
+from voxstage.duplex import SAMPLE_RATE as MODEL_RATE
 
 EXIT_FAILED = 1
 EXIT_INVALID = 2

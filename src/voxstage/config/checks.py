@@ -12,6 +12,7 @@ from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from typing import Protocol
 
+from voxstage import families
 from voxstage.config.connector import ConnectorConfig
 from voxstage.config.duplex import DuplexSessionConfig
 from voxstage.config.errors import Issue
@@ -238,13 +239,12 @@ def check_stage_settings(cfg: DeployView) -> list[Issue]:
                             "whole prompt in one tick",
                         )
                     )
-            if cfg.pipeline == "personaplex" and stage.enable_prefix_caching:
+            fam = None if cfg.pipeline is None else families.find(cfg.pipeline)
+            if fam is not None and fam.limits.no_prefix_caching and stage.enable_prefix_caching:
                 out.append(
                     _error(
                         ("stages", i, "enable_prefix_caching"),
-                        "must be false for personaplex: its prompt ids are placeholders (voice and "
-                        "persona ride in per-request embeddings), so equal ids do not mean equal "
-                        "prefixes",
+                        f"must be false for {fam.name}: {fam.limits.no_prefix_caching}",
                     )
                 )
         elif stage.stage_id == CODEC_STAGE_ID:
@@ -310,11 +310,13 @@ def check_session(cfg: DeployView) -> list[Issue]:
                 "must be true with session_mode: duplex: a duplex tick streams every 80 ms frame",
             )
         )
-    if cfg.pipeline is not None and cfg.pipeline != "personaplex":
+    fam = None if cfg.pipeline is None else families.find(cfg.pipeline)
+    if fam is not None and not fam.duplex:
+        duplex = ", ".join(f.name for f in families.families() if f.duplex)
         out.append(
             _error(
                 ("session_mode",),
-                f"duplex needs a full-duplex model family (personaplex); pipeline is {cfg.pipeline!r}",
+                f"duplex needs a full-duplex model family ({duplex}); pipeline is {cfg.pipeline!r}",
             )
         )
     if gw.duplex_idle_timeout_s > gw.duplex_max_session_s:
@@ -377,13 +379,15 @@ def check_stream(cfg: DeployView) -> list[Issue]:
                     "true, so nothing is captured",
                 )
             )
-    if extra.audio8_tts_codec_dtype is not None and cfg.pipeline not in (None, "audio8_tts"):
-        out.append(
-            _warning(
-                (*loc, "audio8_tts_codec_dtype"),
-                f"has no effect: only the audio8_tts codec reads it (pipeline is {cfg.pipeline!r})",
+    for owner in families.families():
+        key = owner.codec_dtype_key
+        if key and extra.family_setting(key) is not None and cfg.pipeline not in (None, *owner.names):
+            out.append(
+                _warning(
+                    (*loc, key),
+                    f"has no effect: only the {owner.name} codec reads it (pipeline is {cfg.pipeline!r})",
+                )
             )
-        )
     if not cfg.async_chunk and extra.initial_codec_chunk_frames is not None:
         out.append(
             _warning(

@@ -9,12 +9,13 @@ deadlines, the ``codec_*`` keys to the chunk schedule and the codec engine.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, create_model, field_validator, model_validator
 
 from voxstage.chunking import next_boundary
 from voxstage.config.base import StrictModel
+from voxstage.families import families
 
 # Connector kinds voxstage implements. Cross-host streams need none: they are plain inline gRPC, which is why
 # vllm-omni's Mooncake/NIXL/Yuanrong connectors have no counterpart here.
@@ -23,8 +24,8 @@ CONNECTOR_KINDS: tuple[str, ...] = ("SharedMemoryConnector",)
 CodecDType = Literal["float32", "bfloat16", "float16"]
 
 
-class ConnectorExtra(StrictModel):
-    """The typed ``extra:`` block of a connector."""
+class ConnectorExtraFields(StrictModel):
+    """The typed ``extra:`` block of a connector (``ConnectorExtra`` adds the keys families own)."""
 
     shm_threshold_bytes: int = Field(default=65536, ge=0)
     codec_streaming: bool = True
@@ -40,7 +41,6 @@ class ConnectorExtra(StrictModel):
     # is decoded afresh behind codec_left_context_frames of already-decoded frames whose audio is cropped).
     codec_decode: Literal["stateful", "overlap_crop"] = "stateful"
     decode_cudagraph_capture_sizes: list[int] | None = None
-    audio8_tts_codec_dtype: CodecDType | None = None
 
     @field_validator("codec_streaming")
     @classmethod
@@ -67,7 +67,7 @@ class ConnectorExtra(StrictModel):
         return value
 
     @model_validator(mode="after")
-    def _chunk_sizes(self) -> ConnectorExtra:
+    def _chunk_sizes(self) -> ConnectorExtraFields:
         if (
             self.initial_codec_chunk_frames is not None
             and self.initial_codec_chunk_frames > self.codec_chunk_frames
@@ -87,6 +87,23 @@ class ConnectorExtra(StrictModel):
     def stall_timeout_s(self) -> float:
         """Longest allowed gap between two chunks of one stream: ``max_wait x sleep_s``."""
         return self.connector_get_max_wait * self.connector_get_sleep_s
+
+    def family_setting(self, key: str) -> Any:
+        """A key one family owns (its descriptor's ``codec_dtype_key``); None when unset."""
+        return getattr(self, key, None)
+
+
+def _family_keys() -> dict[str, Any]:
+    """The keys registered families own, each the compute dtype of that family's codec."""
+    return {f.codec_dtype_key: (CodecDType | None, None) for f in families() if f.codec_dtype_key}
+
+
+if TYPE_CHECKING:
+    ConnectorExtra = ConnectorExtraFields
+else:
+    ConnectorExtra = create_model(
+        "ConnectorExtra", __base__=ConnectorExtraFields, __module__=__name__, **_family_keys()
+    )
 
 
 class ConnectorConfig(StrictModel):

@@ -17,6 +17,7 @@ from typing import Any, Literal
 
 from pydantic import Field, PrivateAttr, ValidationInfo, field_validator, model_validator
 
+from voxstage import families
 from voxstage.config.base import StrictModel
 from voxstage.config.checks import check_deploy
 from voxstage.config.connector import ChunkPlan, ConnectorConfig, ConnectorExtra
@@ -27,9 +28,6 @@ from voxstage.config.stage import CODEC_STAGE_ID, TALKER_STAGE_ID, StageConfig
 
 PlatformName = Literal["cuda", "cpu", "rocm", "npu", "xpu", "musa"]
 PLATFORMS: tuple[str, ...] = ("cuda", "cpu", "rocm", "npu", "xpu", "musa")
-PipelineName = Literal["qwen3_tts", "audio8_tts", "personaplex"]
-# HF model_type spellings that name the same family as a pipeline key.
-_PIPELINE_ALIASES = {"arktts": "audio8_tts"}
 SessionMode = Literal["turn", "duplex"]
 
 
@@ -37,7 +35,7 @@ class DeployConfig(StrictModel):
     """A validated deploy file (after the active platform overlay and ``--set`` overrides)."""
 
     model: str | None = Field(default=None, min_length=1)
-    pipeline: PipelineName | None = None
+    pipeline: str | None = None  # a registered family (voxstage.families), by name or alias
     async_chunk: bool = True
     enable_chunked_prefill: bool = True
     session_mode: SessionMode = "turn"
@@ -54,8 +52,15 @@ class DeployConfig(StrictModel):
 
     @field_validator("pipeline", mode="before")
     @classmethod
-    def _alias(cls, value: Any) -> Any:
-        return _PIPELINE_ALIASES.get(value, value) if isinstance(value, str) else value
+    def _family(cls, value: Any) -> Any:
+        if not isinstance(value, str):
+            return value
+        fam = families.find(value)
+        if fam is None:
+            names = [f"'{f.name}'" for f in families.families()]
+            listed = names[0] if len(names) == 1 else f"{', '.join(names[:-1])} or {names[-1]}"
+            raise ValueError(f"Input should be {listed}, got {value!r}")
+        return fam.name
 
     @model_validator(mode="after")
     def _cross_checks(self, info: ValidationInfo) -> DeployConfig:

@@ -1,6 +1,6 @@
 """Decode attention straight out of the talker's static KV pool (imported only where Triton is present).
 
-The PyTorch path (``voxstage.talker.kv.attend_pool``) gathers every row's ``[kv_heads, attn_len, hd]`` K and
+The PyTorch path (``services.talker.kv.attend_pool``) gathers every row's ``[kv_heads, attn_len, hd]`` K and
 V out of the pool, folds the GQA group into the query axis and runs SDPA under a boolean mask: per layer call
 two full copies of the rows' caches plus the mask conversion and layout copies around one attention kernel.
 Here one program owns one (row, KV head) pair and all ``group * T`` query rows that read that head, so each

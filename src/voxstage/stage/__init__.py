@@ -5,5 +5,5 @@ opt-in profiler windows for timelines (``torch_profile``: armed by ``process``, 
 
 Imports point one way: ``servicer`` → ``stream``, ``worker`` → ``engine_loop`` → ``torch_profile``;
 ``process`` imports none of them but ``torch_profile`` (a stage's ``build`` wires its parts). A stage
-(``voxstage.talker``, ``voxstage.codec``) subclasses these; nothing here imports a stage.
+(``services.talker``, ``services.codec``) subclasses these; nothing here imports a stage.
 """

@@ -17,6 +17,7 @@ import concurrent.futures
 import logging
 import queue
 import threading
+import time
 from collections.abc import Callable
 from typing import Any, Generic, Protocol, TypeVar
 
@@ -33,6 +34,27 @@ class Steppable(Protocol[O]):
     def has_work(self) -> bool: ...
 
     def step(self) -> list[O]: ...
+
+    def idle_timeout(self) -> float | None:
+        """Seconds until the engine has work of its own while idle (a duplex step's gather window); None:
+        only a command wakes it."""
+        return None
+
+    def recover(self, exc: Exception) -> tuple[list[str], list[O]]:
+        """After a tick raised ``exc`` (not a device failure): shed the requests that tick worked on and
+        return (their stream keys, the outputs the tick had made for the others). The default cannot: the
+        exception goes on and stops the stage."""
+        raise exc
+
+
+def log_capture(
+    logger: logging.Logger, role: str, capture: Callable[[], int], what: str = "CUDA graphs"
+) -> None:
+    """Run a warm-up's graph capture (engine thread) and say how many graphs it took how long to capture."""
+    t0 = time.perf_counter()
+    n = capture()
+    if n:
+        logger.info("%s: captured %d %s in %.1f s", role, n, what, time.perf_counter() - t0)
 
 
 IDLE_POLL_S = 0.05  # how long an idle engine sleeps on its command queue before looking again
@@ -84,8 +106,7 @@ class EngineThread(Generic[O]):
     def _idle_wait(self) -> float:
         """An engine with a deadline of its own (``idle_timeout()``: a duplex step's gather window) is woken
         by it; otherwise an idle engine sleeps on its command queue."""
-        hint = getattr(self.engine, "idle_timeout", None)
-        wait = hint() if hint is not None else None
+        wait = self.engine.idle_timeout()
         return IDLE_POLL_S if wait is None else min(wait, IDLE_POLL_S)
 
     def _drain(self, block: bool) -> None:

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Literal, NamedTuple, Protocol
 
 from voxstage.config.cli_args import add_deploy_options, load_from_args
 from voxstage.stage import torch_profile
-from voxstage.stage_tls import LinkTlsError, add_link_options, link_from_args
+from voxstage.stage.tls import LinkTlsError, add_link_options, link_from_args
 
 if TYPE_CHECKING:
     from voxstage.config import DeployConfig

@@ -1,10 +1,13 @@
-"""What one Stream call's protocol state has in common on the talker and the codec: the read loop over the
-upstream peer's messages (protocol errors in-band, a bug as INTERNAL on this stream only, a broken call as
-UNAVAILABLE, late shm acks after the terminal), the checks every ``open`` gets, and the transport
-negotiation of the ``opened`` reply (docs/protocol.md §2-§3).
+"""What one Stream call's protocol state has in common on the talker and the codec, text-to-speech and
+duplex alike: the read loop over the upstream peer's messages (protocol errors in-band, a bug as INTERNAL on
+this stream only, a broken call as UNAVAILABLE, late shm acks after the terminal), the one message-dispatch
+skeleton (``_handle``: ``open`` first and once, credit in the stage's unit, shm acks, cancel, the other
+mode's requests refused), the checks every ``open`` gets, and the ``opened`` reply with the transport
+negotiation (docs/protocol.md §2-§3).
 
-The stage's stream subclasses ``StageStream`` and supplies ``_handle`` (one message), ``fail`` (an in-band
-error terminal), ``close`` and ``state``. Lives on the event loop; imports no torch.
+A stream subclasses ``StageStream`` and supplies ``_open``, ``_input`` (its mode's own requests),
+``_grant`` (credit), ``_cancel``, ``fail`` (an in-band error terminal), ``close`` and ``state``. Lives on
+the event loop; imports no torch.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from voxstage import wire
 from voxstage.internal.v1 import stage_pb2
 from voxstage.loans import StreamLoans
 from voxstage.quote import quoted
-from voxstage.stage_errors import StageFailure
+from voxstage.stage.errors import StageFailure
 from voxstage.transport.host import local_hello, verify_peer
 from voxstage.transport.payload import hello_from_proto, hello_to_proto
 
@@ -38,9 +41,28 @@ class ServingState(Protocol):
     def draining(self) -> bool: ...
 
 
+class StageIdentity(Protocol):
+    """What a stage's ``opened`` says it serves (the talker's servicer, the codec's runtime)."""
+
+    @property
+    def model(self) -> str: ...
+
+    @property
+    def family(self) -> str: ...
+
+    @property
+    def num_groups(self) -> int: ...
+
+    @property
+    def frame_rate_hz(self) -> float: ...
+
+
 class StageStream:
     role: ClassVar[str]  # "talker" / "codec": this stage, in error messages and as their origin
     peer: ClassVar[str]  # who sends this stream's requests: "codec" / "gateway"
+    credit_unit: ClassVar[int]  # stage_pb2.CreditUnit the peer grants in: FRAMES (talker), SAMPLES (codec)
+    # Requests of the other mode (text-to-speech / duplex), refused as FAILED_PRECONDITION: kind -> why.
+    refused: ClassVar[Mapping[str, str]] = {}
 
     def __init__(self, key: str) -> None:
         self.key = key  # engine id: unique even if two callers reuse a request_id
@@ -52,8 +74,21 @@ class StageStream:
         self.t_first: float | None = None
 
     # -- hooks -------------------------------------------------------------------------------------------
-    async def _handle(self, msg: Any) -> None:
-        """One request message; raises ``StageFailure`` for a protocol error."""
+    async def _open(self, op: stage_pb2.StreamOpen) -> None:
+        """The first message: validate, admit, answer ``opened`` (or an in-band error)."""
+        raise NotImplementedError
+
+    async def _input(self, kind: str, msg: Any) -> bool:
+        """One of this mode's own requests after ``open`` (text, flush, user audio, end_of_input...);
+        False when ``kind`` is none of them."""
+        raise NotImplementedError
+
+    def _grant(self, amount: int) -> None:
+        """The peer granted ``amount`` more units of output."""
+        raise NotImplementedError
+
+    def _cancel(self, cancel: stage_pb2.Cancel) -> None:
+        """The peer cancelled (``cancel_requested`` is set and the shm loans are forfeit)."""
         raise NotImplementedError
 
     def fail(self, code: str, message: str) -> None:
@@ -96,6 +131,31 @@ class StageStream:
         self.outbox.put_nowait(self._response(end_of_stream=eos))
 
     # -- peer -> this stage ------------------------------------------------------------------------------
+    async def _handle(self, msg: Any) -> None:
+        """One request message; raises ``StageFailure`` for a protocol error."""
+        kind = msg.WhichOneof("request")
+        if not self.opened:
+            if kind != "open":
+                raise StageFailure("INVALID_ARGUMENT", f"first message must be open, got {kind}")
+            await self._open(msg.open)
+        elif kind == "open":
+            raise StageFailure("INVALID_ARGUMENT", "open: sent twice on one stream")
+        elif kind == "credit":
+            if msg.credit.unit != self.credit_unit:
+                unit = stage_pb2.CreditUnit.Name(self.credit_unit).removeprefix("CREDIT_UNIT_")
+                raise StageFailure("INVALID_ARGUMENT", f"credit.unit: the {self.role} stream counts {unit}")
+            self._grant(msg.credit.amount)
+        elif kind == "shm_ack":
+            self.loans.ack(msg.shm_ack)
+        elif kind == "cancel":
+            self.cancel_requested = True
+            self.loans.forfeit()
+            self._cancel(msg.cancel)
+        elif kind in self.refused:
+            raise StageFailure("FAILED_PRECONDITION", f"{kind}: {self.refused[kind]}")
+        elif not await self._input(kind, msg):
+            raise StageFailure("INVALID_ARGUMENT", f"unknown request {kind!r}")
+
     async def read(self, requests: AsyncIterator[Any]) -> None:
         """Consume the peer's messages until half-close. Protocol errors end the stream in-band; a bug
         while handling one is reported as INTERNAL on this stream only; a broken call as UNAVAILABLE."""
@@ -156,6 +216,22 @@ class StageStream:
         if writer is not None:
             readable = writer.peer_can_read(op.transport.verified_peer_probe)
             self.loans = StreamLoans(writer.sender(peer_readable=readable))
+
+    def _send_opened(
+        self, op: stage_pb2.StreamOpen, identity: StageIdentity, **fields: Any
+    ) -> None:
+        """The ``opened`` reply: the stage's identity and whatever the mode adds (schedule, format, credit,
+        transport); the stream is open from here on."""
+        self.opened = True
+        opened = stage_pb2.StreamOpened(
+            request_id=op.request_id,
+            model=identity.model,
+            family=identity.family,
+            num_code_groups=identity.num_groups,
+            frame_rate_hz=identity.frame_rate_hz,
+            **fields,
+        )
+        self.outbox.put_nowait(self._response(opened=opened))
 
     @staticmethod
     def _hello(writer: ShmWriter | None, op: stage_pb2.StreamOpen) -> stage_pb2.TransportHello:

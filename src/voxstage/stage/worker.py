@@ -17,8 +17,8 @@ from collections.abc import Callable
 from typing import ClassVar, Generic, Protocol, TypeVar
 
 from voxstage.stage.engine_loop import EngineThread, Steppable
+from voxstage.stage.errors import StageFailure
 from voxstage.stage.faults import is_device_error, one_line
-from voxstage.stage_errors import StageFailure
 
 T = TypeVar("T")
 O = TypeVar("O")
@@ -33,6 +33,13 @@ class EngineListener(Protocol):
 
 
 L = TypeVar("L", bound=EngineListener)
+
+
+class SessionListener(EngineListener, Protocol):
+    def on_session_error(self, code: str, message: str) -> None: ...
+
+
+SL = TypeVar("SL", bound=SessionListener)
 
 
 def session_error(exc: Exception, role: str) -> tuple[str, str]:
@@ -57,13 +64,8 @@ class StageWorker(Generic[O, L]):
 
     def __init__(self, steppable: Steppable[O]) -> None:
         name = f"{self.role}-engine"
-        recover = getattr(steppable, "recover", None)
         self._thread = EngineThread(
-            steppable,
-            self._sink,
-            name=name,
-            on_error=self._on_error,
-            on_tick_error=None if recover is None else lambda exc: self._tick_failed(recover, exc),
+            steppable, self._sink, name=name, on_error=self._on_error, on_tick_error=self._tick_failed
         )
         self._listeners: dict[str, L] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -119,12 +121,11 @@ class StageWorker(Generic[O, L]):
             if listener is not None:
                 self._deliver(listener, out)
 
-    def _tick_failed(
-        self, recover: Callable[[Exception], tuple[list[str], list[O]]], exc: Exception
-    ) -> None:
-        # Engine thread: the engine sheds the failed requests now; on the loop, the others get what the tick
-        # had made for them and the failed ones' listeners hear why.
-        keys, salvaged = recover(exc)
+    def _tick_failed(self, exc: Exception) -> None:
+        # Engine thread: the engine sheds the failed requests now (``Steppable.recover``; one that cannot
+        # re-raises and the stage stops); on the loop, the others get what the tick had made for them and the
+        # failed ones' listeners hear why.
+        keys, salvaged = self._thread.engine.recover(exc)
         assert self._loop is not None
         message = f"{self.role}: this request failed inside the engine: {one_line(exc)}"
         if salvaged:
@@ -148,3 +149,28 @@ class StageWorker(Generic[O, L]):
             listener.on_engine_failed(message)
         if self._on_fatal is not None:
             self._on_fatal(message)
+
+
+class SessionWorker(StageWorker[O, SL]):
+    """A worker whose streams are sessions (duplex): most commands are fire and forget, and one that fails
+    ends its session and reports to that session's listener only, never to the engine (``session_error``:
+    ValueError is INVALID_ARGUMENT, KeyError FAILED_PRECONDITION, anything else INTERNAL; a device failure
+    is re-raised and stops the stage)."""
+
+    def _end_session(self, key: str) -> None:
+        """Engine thread: take the session out of the engine after a failed command."""
+        raise NotImplementedError
+
+    def _command(self, key: str, fn: Callable[[], None]) -> None:
+        if self.failed is None:
+            self._thread.call(lambda: self._guard(key, fn))
+
+    def _guard(self, key: str, fn: Callable[[], None]) -> None:
+        try:
+            fn()
+        except Exception as exc:  # noqa: BLE001 - whatever one session's command raises is that session's
+            code, message = session_error(exc, self.role)
+            self._end_session(key)
+            listener = self._listeners.get(key)
+            if listener is not None and self._loop is not None:
+                self._loop.call_soon_threadsafe(listener.on_session_error, code, message)

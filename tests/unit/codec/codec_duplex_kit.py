@@ -14,15 +14,16 @@ import grpc
 import numpy as np
 import torch
 
-from voxstage.codec.duplex import DuplexCodecEngine
-from voxstage.codec.duplex_calls import PackedCalls
-from voxstage.codec.duplex_types import AgentAudio, AgentFrame, DuplexCodecConfig, UserCodes
-from voxstage.codec.duplex_worker import DuplexCodecWorker
-from voxstage.codec.models import DuplexCodecRuntime
-from voxstage.codec.models.mimi.model import MimiModel
-from voxstage.codec.models.mimi.streaming import MimiStreamingCodec
-from voxstage.codec.servicer import CodecServicer
-from voxstage.codec.upstream import TalkerPool
+from services.codec.duplex.calls import PackedCalls
+from services.codec.duplex.engine import DuplexCodecEngine
+from services.codec.duplex.types import AgentAudio, AgentFrame, DuplexCodecConfig, UserCodes
+from services.codec.duplex.worker import DuplexCodecWorker
+from services.codec.models import DuplexCodecRuntime
+from services.codec.models.mimi.model import MimiModel
+from services.codec.models.mimi.recording import prepare_reference
+from services.codec.models.mimi.streaming import MimiStreamingCodec
+from services.codec.servicer import CodecServicer
+from services.codec.upstream import TalkerPool
 from voxstage.config import ChunkPlan, ConnectorExtra
 from voxstage.internal.v1 import stage_pb2 as S
 from voxstage.internal.v1 import stage_pb2_grpc
@@ -224,7 +225,7 @@ async def stage(model: MimiModel, talker: FakeTalker, *, jitter: int = 24000) ->
     sessions = 2
     codec = MimiStreamingCodec(model, sessions + 1)
     runtime = DuplexCodecRuntime(
-        "personaplex", MODEL, codec, 8, 2048, 24000, SPF, codec.state_bytes_per_stream()
+        "personaplex", MODEL, codec, 8, 2048, 24000, SPF, codec.state_bytes_per_stream(), prepare_reference
     )
     engine = DuplexCodecEngine(
         codec, DuplexCodecConfig(max_sessions=sessions, jitter_samples=jitter, tick_s=0.02)

@@ -15,10 +15,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from services.codec.models.audio8_tts.codec import Audio8Codec
+from services.codec.models.audio8_tts.config import Audio8CodecConfig, TransformerGeometry
+from services.codec.models.audio8_tts.loader import random_init
 from tests.unit.codec.codec_kit import audio8_codes
-from voxstage.codec.models.audio8.codec import Audio8Codec
-from voxstage.codec.models.audio8.config import Audio8CodecConfig, TransformerGeometry
-from voxstage.codec.models.audio8.loader import random_init
 
 TOL = 1e-5
 SPF = 2048
@@ -219,7 +219,7 @@ def test_whole_decode_matches_reading(model: Audio8Codec, sd: dict[str, torch.Te
 
 def test_bf16_rope_table_matters(model: Audio8Codec, sd: dict[str, torch.Tensor]) -> None:
     """The bf16 table is part of the numerics: an fp32 table moves the post-module output measurably."""
-    from voxstage.codec.models.audio8 import transformer
+    from services.codec.models.audio8_tts import transformer
 
     x = torch.randn(1, 64, 140, generator=torch.Generator().manual_seed(5))
     with torch.inference_mode():

@@ -15,10 +15,10 @@ import soxr
 import torch
 import torch.nn.functional as F
 
-from voxstage.codec.models.audio8.codec import Audio8Codec
-from voxstage.codec.models.audio8.config import Audio8CodecConfig
-from voxstage.codec.models.audio8.loader import random_init
-from voxstage.codec.models.audio8.reference_audio import ReferenceAudioError
+from services.codec.models.audio8_tts.codec import Audio8Codec
+from services.codec.models.audio8_tts.config import Audio8CodecConfig
+from services.codec.models.audio8_tts.loader import random_init
+from services.codec.models.audio8_tts.reference_audio import ReferenceAudioError
 
 
 @pytest.fixture(scope="module")

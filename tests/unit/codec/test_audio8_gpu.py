@@ -7,12 +7,12 @@ from __future__ import annotations
 import pytest
 import torch
 
+from services.codec.graphs import GraphedDecode
+from services.codec.models.audio8_tts.codec import Audio8Codec
+from services.codec.models.audio8_tts.config import Audio8CodecConfig
+from services.codec.models.audio8_tts.loader import random_init
+from services.codec.models.audio8_tts.streaming import Audio8StreamingDecoder
 from tests.unit.codec.codec_kit import audio8_codes
-from voxstage.codec.graphs import GraphedDecode
-from voxstage.codec.models.audio8.codec import Audio8Codec
-from voxstage.codec.models.audio8.config import Audio8CodecConfig
-from voxstage.codec.models.audio8.loader import random_init
-from voxstage.codec.models.audio8.streaming import Audio8StreamingDecoder
 
 pytestmark = [
     pytest.mark.gpu,

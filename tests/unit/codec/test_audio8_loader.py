@@ -15,24 +15,24 @@ import numpy as np
 import pytest
 import torch
 
-from tests.unit.codec.codec_kit import audio8_codes
-from voxstage.checkpoint import CheckpointError
-from voxstage.codec.models import load_codec
-from voxstage.codec.models.audio8.codec import Audio8Codec
-from voxstage.codec.models.audio8.config import Audio8CodecConfig
-from voxstage.codec.models.audio8.loader import (
+from services.codec.models import load_codec
+from services.codec.models.audio8_tts.codec import Audio8Codec
+from services.codec.models.audio8_tts.config import Audio8CodecConfig
+from services.codec.models.audio8_tts.loader import (
     config_from_json,
     load_audio8_codec,
     random_init,
     save_codec_checkpoint,
 )
-from voxstage.codec.models.audio8.presets import (
+from services.codec.models.audio8_tts.presets import (
     codec_config_fields,
     codec_preset,
     released_config,
     tiny_config,
 )
-from voxstage.codec.models.audio8.streaming import Audio8StreamingDecoder
+from services.codec.models.audio8_tts.streaming import Audio8StreamingDecoder
+from tests.unit.codec.codec_kit import audio8_codes
+from voxstage.checkpoint import CheckpointError
 from voxstage.presets import ModelSource
 
 TOL = 1e-5
@@ -190,7 +190,7 @@ def test_random_init_is_seeded() -> None:
 def test_load_codec_runtime(saved: tuple[Audio8Codec, Path, dict]) -> None:
     model, folder, _ = saved
     runtime = load_codec(ModelSource("audio8-test", folder, "arktts"), max_streams=2)
-    assert runtime.family == "arktts" and runtime.speaker_encoder is None
+    assert runtime.family == "audio8_tts" and runtime.speaker_encoder is None
     assert (runtime.num_groups, runtime.codebook_size, runtime.sample_rate) == (10, 4096, 44100)
     assert (runtime.samples_per_frame, runtime.decoder_window_frames) == (2048, 128)
     pool = runtime.decoder

@@ -10,12 +10,12 @@ from __future__ import annotations
 import pytest
 import torch
 
+from services.codec.models.audio8_tts.codec import Audio8Codec
+from services.codec.models.audio8_tts.config import Audio8CodecConfig
+from services.codec.models.audio8_tts.loader import random_init
+from services.codec.models.audio8_tts.stateless import overlap_crop_schedule, stream_overlap_crop
+from services.codec.models.audio8_tts.streaming import Audio8StreamingDecoder, state_bytes_per_stream
 from tests.unit.codec.codec_kit import audio8_codes, offline_reference
-from voxstage.codec.models.audio8.codec import Audio8Codec
-from voxstage.codec.models.audio8.config import Audio8CodecConfig
-from voxstage.codec.models.audio8.loader import random_init
-from voxstage.codec.models.audio8.stateless import overlap_crop_schedule, stream_overlap_crop
-from voxstage.codec.models.audio8.streaming import Audio8StreamingDecoder, state_bytes_per_stream
 
 TOL = 1e-5
 SPF = 2048

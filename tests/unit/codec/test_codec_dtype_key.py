@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-from voxstage.codec.main import _family_dtype
+from services.codec.main import _family_dtype
 from voxstage.config import load_deploy_config
 from voxstage.presets import ModelSource
 

@@ -13,13 +13,13 @@ import torch
 from codec_duplex_kit import make_rig, speech
 from test_engine import codes_for, make_engine, offline
 
+from services.codec.engine import CodecOutput
+from services.codec.models.mimi.loader import random_init as mimi_init
+from services.codec.models.mimi.presets import tiny_config
+from services.codec.models.qwen3_tts.decoder import Qwen3TokenizerDecoder
+from services.codec.models.qwen3_tts.loader import random_init
+from services.codec.models.qwen3_tts.presets import decoder_preset
 from tests.engine_faults import step_or_recover
-from voxstage.codec.engine import CodecOutput
-from voxstage.codec.models.mimi.loader import random_init as mimi_init
-from voxstage.codec.models.mimi.presets import tiny_config
-from voxstage.codec.models.qwen3_tts.decoder import Qwen3TokenizerDecoder
-from voxstage.codec.models.qwen3_tts.loader import random_init
-from voxstage.codec.models.qwen3_tts.presets import decoder_preset
 
 TOL = 1e-5
 
@@ -38,14 +38,14 @@ def test_a_failing_decode_ends_its_streams_and_the_others_equal_the_offline_deco
     for sid in "abc":
         engine.open(sid)
     bad_slot = engine._streams["b"].slot  # noqa: SLF001 - the stream whose decodes fail
-    real = engine._decode  # noqa: SLF001
+    real = engine.calls
 
     def faulty(c: torch.Tensor, slots: torch.Tensor, n: torch.Tensor) -> Any:
         if bad_slot in slots.tolist():
             raise ValueError("decode: injected failure")
         return real(c, slots, n)
 
-    engine._decode = faulty  # noqa: SLF001
+    engine.calls = faulty  # type: ignore[assignment]
     out: dict[str, list[CodecOutput]] = {}
     failed: list[str] = []
     # b runs on its own bucket (a 7-frame first chunk against a and c's one frame), so only b's decode fails.

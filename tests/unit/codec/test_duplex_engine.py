@@ -23,17 +23,18 @@ from codec_duplex_kit import (
     speech,
 )
 
+from services.codec.duplex.calls import PackedCalls
+from services.codec.duplex.engine import DuplexCodecEngine
+from services.codec.duplex.graphs import GraphedDuplexCalls
+from services.codec.duplex.types import AgentFrame, DuplexCodecConfig
+from services.codec.models.mimi.loader import random_init
+from services.codec.models.mimi.loudness import integrated_loudness
+from services.codec.models.mimi.model import MimiModel
+from services.codec.models.mimi.presets import tiny_config
+from services.codec.models.mimi.recording import prepare_reference
+from services.codec.models.mimi.streaming import MimiStreamingCodec
 from voxstage import metrics
-from voxstage.codec.duplex import DuplexCodecEngine
-from voxstage.codec.duplex_calls import PackedCalls
-from voxstage.codec.duplex_graphs import GraphedDuplexCalls
-from voxstage.codec.duplex_reference import prepare_reference
-from voxstage.codec.duplex_types import AgentFrame, DuplexAdmissionError, DuplexCodecConfig
-from voxstage.codec.models.mimi.loader import random_init
-from voxstage.codec.models.mimi.loudness import integrated_loudness
-from voxstage.codec.models.mimi.model import MimiModel
-from voxstage.codec.models.mimi.presets import tiny_config
-from voxstage.codec.models.mimi.streaming import MimiStreamingCodec
+from voxstage.duplex import DuplexAdmissionError
 
 K = 8
 TICK = 0.08

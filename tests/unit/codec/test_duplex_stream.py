@@ -13,10 +13,10 @@ import pytest
 import torch
 from codec_duplex_kit import CODE, MODEL, SPF, FakeTalker, Session, only_message, speech, stage
 
-from voxstage.codec.duplex_reference import prepare_reference
-from voxstage.codec.models.mimi.loader import random_init
-from voxstage.codec.models.mimi.model import MimiModel
-from voxstage.codec.models.mimi.presets import tiny_config
+from services.codec.models.mimi.loader import random_init
+from services.codec.models.mimi.model import MimiModel
+from services.codec.models.mimi.presets import tiny_config
+from services.codec.models.mimi.recording import prepare_reference
 from voxstage.internal.v1 import stage_pb2 as S
 
 

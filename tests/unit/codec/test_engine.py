@@ -11,12 +11,12 @@ import numpy as np
 import pytest
 import torch
 
+from services.codec.engine import ChunkSchedule, CodecAdmissionError, CodecEngine, CodecOutput
+from services.codec.models.qwen3_tts.decoder import Qwen3TokenizerDecoder
+from services.codec.models.qwen3_tts.loader import random_init
+from services.codec.models.qwen3_tts.presets import decoder_preset
+from services.codec.models.qwen3_tts.streaming import StreamingDecoder
 from voxstage import metrics
-from voxstage.codec.engine import ChunkSchedule, CodecAdmissionError, CodecEngine, CodecOutput
-from voxstage.codec.models.qwen3_tts.decoder import Qwen3TokenizerDecoder
-from voxstage.codec.models.qwen3_tts.loader import random_init
-from voxstage.codec.models.qwen3_tts.presets import decoder_preset
-from voxstage.codec.models.qwen3_tts.streaming import StreamingDecoder
 
 TOL = 1e-5
 SPF = 1920
@@ -278,8 +278,8 @@ def test_a_tick_decodes_once_per_frame_bucket_with_capped_batches(model: Qwen3To
 
 
 def test_start_up_capture_covers_every_batch_the_engine_pads_to() -> None:
-    from voxstage.codec.engine import batch_bucket
-    from voxstage.codec.graphs import GraphedDecode
+    from services.codec.engine import batch_bucket
+    from services.codec.graphs import GraphedDecode
 
     model = random_init(decoder_preset("qwen3-tts-tiny"), 0)
     graphed = GraphedDecode(
@@ -309,7 +309,7 @@ def young_behind_bulk(
 ) -> tuple[CodecEngine, list[HeldEvent], np.ndarray]:
     """An async engine whose last step launched a young stream's 1-frame first chunk and, behind it, an old
     stream's 25-frame decode that stays "running" until someone waits on it; old has its next chunk in."""
-    from voxstage.codec import engine as engine_mod
+    from services.codec import engine as engine_mod
 
     held: list[HeldEvent] = []
     real_read_back = engine_mod.read_back

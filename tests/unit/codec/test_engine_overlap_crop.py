@@ -11,11 +11,11 @@ import numpy as np
 import pytest
 import torch
 
-from voxstage.codec.engine import ChunkSchedule, CodecEngine
-from voxstage.codec.models.audio8.codec import Audio8Codec
-from voxstage.codec.models.audio8.config import Audio8CodecConfig
-from voxstage.codec.models.audio8.loader import random_init
-from voxstage.codec.models.audio8.streaming import Audio8StreamingDecoder
+from services.codec.engine import ChunkSchedule, CodecEngine
+from services.codec.models.audio8_tts.codec import Audio8Codec
+from services.codec.models.audio8_tts.config import Audio8CodecConfig
+from services.codec.models.audio8_tts.loader import random_init
+from services.codec.models.audio8_tts.streaming import Audio8StreamingDecoder
 from voxstage.config import ConfigError, check_codec_against_model, load_deploy_config
 
 SPF = 2048

@@ -7,11 +7,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from services.codec.engine import CodecOutput
+from services.codec.models.qwen3_tts.decoder import Qwen3TokenizerDecoder
+from services.codec.models.qwen3_tts.loader import random_init
+from services.codec.models.qwen3_tts.presets import decoder_preset
 from tests.unit.codec.test_engine import SPF, TOL, codes_for, make_engine, offline
-from voxstage.codec.engine import CodecOutput
-from voxstage.codec.models.qwen3_tts.decoder import Qwen3TokenizerDecoder
-from voxstage.codec.models.qwen3_tts.loader import random_init
-from voxstage.codec.models.qwen3_tts.presets import decoder_preset
 
 
 @pytest.fixture(scope="module")

@@ -14,11 +14,11 @@ import numpy as np
 import pytest
 import torch
 
+from services.codec.models.mimi.loader import load_mimi, load_mimi_config
+from services.codec.models.mimi.model import MimiModel
+from services.codec.models.mimi.presets import mimi_config_dict
+from services.codec.models.mimi.streaming import MimiStreamingCodec
 from tests import golden_personaplex_mimi as golden
-from voxstage.codec.models.mimi.loader import load_mimi, load_mimi_config
-from voxstage.codec.models.mimi.model import MimiModel
-from voxstage.codec.models.mimi.presets import mimi_config_dict
-from voxstage.codec.models.mimi.streaming import MimiStreamingCodec
 
 META = golden.load_meta()
 TOL = META["tolerances"]

@@ -9,10 +9,8 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from tests import golden_personaplex_mimi as golden
-from voxstage.checkpoint import CheckpointError
-from voxstage.codec.models.mimi.config import MimiConfig
-from voxstage.codec.models.mimi.loader import (
+from services.codec.models.mimi.config import MimiConfig
+from services.codec.models.mimi.loader import (
     MimiCheckpointError,
     find_mimi_weights,
     load_mimi,
@@ -20,9 +18,11 @@ from voxstage.codec.models.mimi.loader import (
     random_init,
     write_mimi_checkpoint,
 )
-from voxstage.codec.models.mimi.model import MimiModel
-from voxstage.codec.models.mimi.presets import MIMI_PRESETS, mimi_config_dict, mimi_preset, tiny_config
-from voxstage.codec.models.mimi.quantizer import CODEBOOK_EPS
+from services.codec.models.mimi.model import MimiModel
+from services.codec.models.mimi.presets import MIMI_PRESETS, mimi_config_dict, mimi_preset, tiny_config
+from services.codec.models.mimi.quantizer import CODEBOOK_EPS
+from tests import golden_personaplex_mimi as golden
+from voxstage.checkpoint import CheckpointError
 
 
 def _meta_model(config: MimiConfig) -> MimiModel:

@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from voxstage.codec.models.mimi.loudness import (
+from services.codec.models.mimi.loudness import (
     biquad,
     integrated_loudness,
     k_weighting,

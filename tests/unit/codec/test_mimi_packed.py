@@ -15,13 +15,13 @@ import random
 import pytest
 import torch
 
+from services.codec.models.mimi.config import QuantizerConfig
+from services.codec.models.mimi.loader import random_init
+from services.codec.models.mimi.model import MimiModel
+from services.codec.models.mimi.presets import tiny_config
+from services.codec.models.mimi.quantizer import Codebook, SplitResidualVQ
+from services.codec.models.mimi.streaming import MimiStreamingCodec
 from tests.unit.codec.codec_kit import noise_pcm, random_codes
-from voxstage.codec.models.mimi.config import QuantizerConfig
-from voxstage.codec.models.mimi.loader import random_init
-from voxstage.codec.models.mimi.model import MimiModel
-from voxstage.codec.models.mimi.presets import tiny_config
-from voxstage.codec.models.mimi.quantizer import Codebook, SplitResidualVQ
-from voxstage.codec.models.mimi.streaming import MimiStreamingCodec
 
 TOL = 1e-5
 SPF = 1920

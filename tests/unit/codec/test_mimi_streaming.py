@@ -13,11 +13,11 @@ import random
 import pytest
 import torch
 
+from services.codec.models.mimi.loader import random_init
+from services.codec.models.mimi.model import MimiModel
+from services.codec.models.mimi.presets import full_config, tiny_config
+from services.codec.models.mimi.streaming import MimiStreamingCodec, state_bytes_per_stream
 from tests.unit.codec.codec_kit import noise_pcm, random_codes
-from voxstage.codec.models.mimi.loader import random_init
-from voxstage.codec.models.mimi.model import MimiModel
-from voxstage.codec.models.mimi.presets import full_config, tiny_config
-from voxstage.codec.models.mimi.streaming import MimiStreamingCodec, state_bytes_per_stream
 
 TOL = 1e-5
 SPF = 1920

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from voxstage.codec.models.qwen3_tts.layers import SnakeBeta
+from services.codec.models.qwen3_tts.layers import SnakeBeta
 
 
 def formula(act: SnakeBeta, x: torch.Tensor) -> torch.Tensor:

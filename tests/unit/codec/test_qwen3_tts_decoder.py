@@ -10,18 +10,18 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from tests.golden import fixture_dir, load_cases, load_config, load_weights_manifest, materialize_checkpoint
-from tests.unit.codec.codec_kit import random_codes
-from voxstage.checkpoint import CheckpointError
-from voxstage.codec.models.qwen3_tts.config import (
+from services.codec.models.qwen3_tts.config import (
     DecoderConfigError,
     Qwen3DecoderConfig,
     decoder_config_from_tokenizer_json,
 )
-from voxstage.codec.models.qwen3_tts.decoder import Qwen3TokenizerDecoder
-from voxstage.codec.models.qwen3_tts.loader import load_qwen3_tts_decoder, random_init
-from voxstage.codec.models.qwen3_tts.presets import decoder_preset, speech_tokenizer_config
-from voxstage.codec.models.qwen3_tts.streaming import StreamingDecoder, state_bytes_per_stream
+from services.codec.models.qwen3_tts.decoder import Qwen3TokenizerDecoder
+from services.codec.models.qwen3_tts.loader import load_qwen3_tts_decoder, random_init
+from services.codec.models.qwen3_tts.presets import decoder_preset, speech_tokenizer_config
+from services.codec.models.qwen3_tts.streaming import StreamingDecoder, state_bytes_per_stream
+from tests.golden import fixture_dir, load_cases, load_config, load_weights_manifest, materialize_checkpoint
+from tests.unit.codec.codec_kit import random_codes
+from voxstage.checkpoint import CheckpointError
 
 GOLDEN_TOL = 1e-4
 # The fixture weights have large gains through the four upsampling blocks, which magnify fp32 rounding

@@ -6,11 +6,11 @@ from __future__ import annotations
 import pytest
 import torch
 
+from services.codec.models.qwen3_tts.decoder import Qwen3TokenizerDecoder
+from services.codec.models.qwen3_tts.loader import random_init
+from services.codec.models.qwen3_tts.presets import decoder_preset
+from services.codec.models.qwen3_tts.streaming import StreamingDecoder
 from tests.unit.codec.codec_kit import random_codes
-from voxstage.codec.models.qwen3_tts.decoder import Qwen3TokenizerDecoder
-from voxstage.codec.models.qwen3_tts.loader import random_init
-from voxstage.codec.models.qwen3_tts.presets import decoder_preset
-from voxstage.codec.models.qwen3_tts.streaming import StreamingDecoder
 
 pytestmark = [
     pytest.mark.gpu,

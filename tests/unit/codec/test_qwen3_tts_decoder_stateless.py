@@ -12,11 +12,11 @@ from collections.abc import Callable
 import pytest
 import torch
 
-from voxstage.codec.models.qwen3_tts.decoder import Qwen3TokenizerDecoder
-from voxstage.codec.models.qwen3_tts.loader import random_init
-from voxstage.codec.models.qwen3_tts.presets import decoder_preset
-from voxstage.codec.models.qwen3_tts.stateless import decode_with_left_context, stream_stateless
-from voxstage.codec.models.qwen3_tts.streaming import StreamingDecoder
+from services.codec.models.qwen3_tts.decoder import Qwen3TokenizerDecoder
+from services.codec.models.qwen3_tts.loader import random_init
+from services.codec.models.qwen3_tts.presets import decoder_preset
+from services.codec.models.qwen3_tts.stateless import decode_with_left_context, stream_stateless
+from services.codec.models.qwen3_tts.streaming import StreamingDecoder
 
 SPF = 1920
 FRAMES = 250

@@ -11,11 +11,11 @@ import random
 import pytest
 import torch
 
+from services.codec.models.qwen3_tts.decoder import Qwen3TokenizerDecoder
+from services.codec.models.qwen3_tts.loader import random_init
+from services.codec.models.qwen3_tts.presets import decoder_preset
+from services.codec.models.qwen3_tts.streaming import StreamingDecoder, state_bytes_per_stream
 from tests.unit.codec.codec_kit import offline_reference, random_codes
-from voxstage.codec.models.qwen3_tts.decoder import Qwen3TokenizerDecoder
-from voxstage.codec.models.qwen3_tts.loader import random_init
-from voxstage.codec.models.qwen3_tts.presets import decoder_preset
-from voxstage.codec.models.qwen3_tts.streaming import StreamingDecoder, state_bytes_per_stream
 
 TOL = 1e-5
 FRAMES = 400

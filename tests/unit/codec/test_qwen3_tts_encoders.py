@@ -17,25 +17,25 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from tests.golden import fixture_dir, load_cases, materialize_checkpoint
-from voxstage.checkpoint import CheckpointError
-from voxstage.codec.models.qwen3_tts.encoder import (
+from services.codec.models.qwen3_tts.encoder import (
     EncoderConfig,
     load_qwen3_tts_encoder,
     random_init_encoder,
     real_encoder_config,
     tiny_encoder_config,
 )
-from voxstage.codec.models.qwen3_tts.encoder_quantizer import unused_quantizer_keys
-from voxstage.codec.models.qwen3_tts.mel import SPEAKER_MEL, mel_spectrogram, slaney_mel_filterbank
-from voxstage.codec.models.qwen3_tts.reference_audio import ReferenceAudioError
-from voxstage.codec.models.qwen3_tts.speaker_encoder import (
+from services.codec.models.qwen3_tts.encoder_quantizer import unused_quantizer_keys
+from services.codec.models.qwen3_tts.mel import SPEAKER_MEL, mel_spectrogram, slaney_mel_filterbank
+from services.codec.models.qwen3_tts.reference_audio import ReferenceAudioError
+from services.codec.models.qwen3_tts.speaker_encoder import (
     SpeakerEncoderConfig,
     load_qwen3_tts_speaker_encoder,
     random_init_speaker_encoder,
     real_speaker_encoder_config,
     tiny_speaker_encoder_config,
 )
+from tests.golden import fixture_dir, load_cases, materialize_checkpoint
+from voxstage.checkpoint import CheckpointError
 
 SR = 24_000
 HAVE_GOLDEN = (fixture_dir() / "cases.json").is_file()

@@ -8,16 +8,16 @@ import numpy as np
 import pytest
 import torch
 
-from voxstage.codec.models.qwen3_tts.encoder import random_init_encoder, tiny_encoder_config
-from voxstage.codec.models.qwen3_tts.mel import (
+from services.codec.models.qwen3_tts.encoder import random_init_encoder, tiny_encoder_config
+from services.codec.models.qwen3_tts.mel import (
     SPEAKER_MEL,
     hz_to_mel,
     mel_spectrogram,
     mel_to_hz,
     slaney_mel_filterbank,
 )
-from voxstage.codec.models.qwen3_tts.reference_audio import ReferenceAudioError, prepare_reference_audio
-from voxstage.codec.models.qwen3_tts.speaker_encoder import (
+from services.codec.models.qwen3_tts.reference_audio import ReferenceAudioError, prepare_reference_audio
+from services.codec.models.qwen3_tts.speaker_encoder import (
     random_init_speaker_encoder,
     tiny_speaker_encoder_config,
 )

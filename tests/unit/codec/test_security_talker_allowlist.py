@@ -16,15 +16,15 @@ import grpc
 import pytest
 from codec_duplex_kit import FakeTalker, Session, only_message, stage
 
+from services.codec.duplex.engine import DuplexCodecEngine
+from services.codec.models.mimi.loader import random_init
+from services.codec.models.mimi.model import MimiModel
+from services.codec.models.mimi.presets import tiny_config
+from services.codec.upstream import TalkerPool, parse_allowed_talkers
 from tests.integration.stagekit import start_stage
-from voxstage.codec.duplex import DuplexCodecEngine
-from voxstage.codec.models.mimi.loader import random_init
-from voxstage.codec.models.mimi.model import MimiModel
-from voxstage.codec.models.mimi.presets import tiny_config
-from voxstage.codec.upstream import TalkerPool, parse_allowed_talkers
 from voxstage.internal.v1 import stage_pb2 as S
 from voxstage.internal.v1 import stage_pb2_grpc
-from voxstage.stage_errors import CODES, StageFailure
+from voxstage.stage.errors import CODES, StageFailure
 
 REPO = Path(__file__).resolve().parents[3]
 PERMISSION_DENIED = 7

@@ -17,8 +17,8 @@ from types import ModuleType
 import pytest
 import torch
 
-from voxstage.codec.models.audio8.layers import Snake
-from voxstage.codec.models.qwen3_tts.layers import SnakeBeta
+from services.codec.models.audio8_tts.layers import Snake
+from services.codec.models.qwen3_tts.layers import SnakeBeta
 from voxstage.nn import snake as snake_op
 
 SnakeFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None], torch.Tensor]

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import pytest
 
+from services.codec import allowlist
+from services.codec.allowlist import TalkerAllowlist
+from services.codec.upstream import TalkerPool
 from tests.fake_resolver import FakeResolver
-from voxstage.codec import allowlist
-from voxstage.codec.allowlist import TalkerAllowlist
-from voxstage.codec.upstream import TalkerPool
-from voxstage.stage_errors import StageFailure
+from voxstage.stage.errors import StageFailure
 
 
 async def test_an_ip_behind_an_allowed_name_is_allowed_and_others_are_not() -> None:

@@ -1,4 +1,4 @@
-"""The codec's shared channel per talker (``voxstage.codec.upstream.TalkerPool``) when that talker dies under
+"""The codec's shared channel per talker (``services.codec.upstream.TalkerPool``) when that talker dies under
 concurrent requests: every request hears UNAVAILABLE, which lets the gateway try another talker. (Seen in
 CI's scale-out test: four requests raced to a just-killed talker; the first one's failed hello closed the
 shared channel, and the other three called Status on it, a gRPC usage error that reached the client as
@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import asyncio
 
-from voxstage.codec.upstream import TalkerPool
-from voxstage.stage_errors import StageFailure
+from services.codec.upstream import TalkerPool
+from voxstage.stage.errors import StageFailure
 
 DEAD = "127.0.0.1:1"  # nothing listens: connection refused at once
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from voxstage.cli import Subparsers, build_parser, main
+from voxstage.launch.cli import Subparsers, build_parser, main
 
 REPO = Path(__file__).resolve().parents[3]
 SEEDS = [f"deploy/{name}.yaml" for name in ("qwen3_tts", "audio8_tts", "personaplex")]

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
+from gateway.http.limits import GuardedH11, http_config
 from voxstage.config import ConfigError, load_deploy_config
-from voxstage.gateway.http_limits import GuardedH11, http_config
 
 REPO = Path(__file__).resolve().parents[3]
 SEEDS = ("qwen3_tts", "audio8_tts", "personaplex")

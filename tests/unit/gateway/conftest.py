@@ -11,11 +11,11 @@ from pathlib import Path
 import grpc
 import pytest
 from duplex_fakes import FakeDuplexCodec, FakeDuplexTalker
-from gateway_fakes import MODEL, FakeCodec, FakeTalker, StageDouble, start_codec, start_talker
-from gateway_kit import DUPLEX_SEED, SEED, MakeStack, Stack, write_checkpoint_config
+from gateway_fakes import FakeCodec, FakeTalker, StageDouble, start_codec, start_talker
+from gateway_kit import DUPLEX_SEED, SEED, MakeStack, Stack
 
+from gateway.app import GatewayServer
 from voxstage.config import load_deploy_config
-from voxstage.gateway.app import GatewayServer
 
 TEARDOWN_LIMIT_S = 60.0
 
@@ -37,7 +37,6 @@ async def _bounded(step: Awaitable[object], what: str) -> None:
 def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     root = tmp_path / "cache"
     monkeypatch.setenv("VOXSTAGE_CACHE", str(root))
-    write_checkpoint_config(root / "presets" / MODEL)
     return root
 
 
@@ -89,11 +88,18 @@ async def make_duplex_stack(cache: Path) -> AsyncIterator[MakeStack]:
     """A gateway on the PersonaPlex deploy file in front of a duplex codec double (``duplex_fakes.py``)."""
     stacks: list[Stack] = []
 
-    async def make(*codecs_given: FakeDuplexCodec, overrides: Sequence[str] = (), talkers: int = 1) -> Stack:
-        """One codec double per ``codecs_given`` (one default double when none), ``talkers`` talkers."""
+    async def make(
+        *codecs_given: FakeDuplexCodec,
+        overrides: Sequence[str] = (),
+        talkers: int = 1,
+        talker: FakeDuplexTalker | None = None,
+    ) -> Stack:
+        """One codec double per ``codecs_given`` (one default double when none), ``talkers`` talkers (the
+        first ``talker`` if given)."""
         given = codecs_given or (FakeDuplexCodec(),)
         codecs = [await start_codec(c) for c in given]  # type: ignore[arg-type]
-        talker_doubles = [await start_talker(FakeDuplexTalker()) for _ in range(talkers)]  # type: ignore[arg-type]
+        doubles = [talker or FakeDuplexTalker(), *(FakeDuplexTalker() for _ in range(talkers - 1))]
+        talker_doubles = [await start_talker(t) for t in doubles]  # type: ignore[arg-type]
         config = load_deploy_config(DUPLEX_SEED, platform="cpu", overrides=list(overrides))
         gw = GatewayServer(
             config, [c.address for c in codecs], [t.address for t in talker_doubles], host="127.0.0.1",

@@ -161,9 +161,20 @@ class FakeDuplexCodec(stage_pb2_grpc.CodecServicer):
 
 @dataclass
 class FakeDuplexTalker(stage_pb2_grpc.TalkerServicer):
+    # What the checkpoint offers; None (the default): voices unknown, each one passed to the talker.
+    catalog: stage_pb2.ModelCatalog | None = None
+
     async def Status(self, request: Any, context: Any) -> stage_pb2.TalkerStatusResponse:
-        return stage_pb2.TalkerStatusResponse(
-            status=stage_pb2.StageStatus(
-                ready=True, model=MODEL, family=FAMILY, slots_total=8, frame_rate_hz=12.5, sample_rate_hz=RATE
-            )
+        status = stage_pb2.StageStatus(
+            ready=True, model=MODEL, family=FAMILY, slots_total=8, frame_rate_hz=12.5, sample_rate_hz=RATE
         )
+        if self.catalog is not None:
+            status.duplex = True
+            status.catalog.CopyFrom(self.catalog)
+        return stage_pb2.TalkerStatusResponse(status=status)
+
+
+def stored_voices(*names: str) -> stage_pb2.ModelCatalog:
+    """The catalog of a PersonaPlex checkpoint with these stored voices (sorted, as its talker lists them)."""
+    voices = [stage_pb2.CatalogVoice(name=n, description="stored voice") for n in sorted(names)]
+    return stage_pb2.ModelCatalog(voices=voices, variant="duplex", voice_clone=True, instructions=True)

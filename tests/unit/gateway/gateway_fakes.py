@@ -267,6 +267,8 @@ class _Session:
 class FakeTalker(stage_pb2_grpc.TalkerServicer):
     ready: bool = True
     model: str = MODEL
+    # What the served checkpoint offers (``catalog`` below); None: a talker older than the catalog.
+    catalog: stage_pb2.ModelCatalog | None = field(default_factory=lambda: catalog())
 
     async def Status(self, request: Any, context: Any) -> stage_pb2.TalkerStatusResponse:
         return stage_pb2.TalkerStatusResponse(
@@ -277,6 +279,7 @@ class FakeTalker(stage_pb2_grpc.TalkerServicer):
                 slots_total=4,
                 frame_rate_hz=FRAME_RATE,
                 sample_rate_hz=SAMPLE_RATE,
+                catalog=self.catalog,
             )
         )
 
@@ -308,3 +311,30 @@ async def start_talker(talker: FakeTalker | None = None) -> StageDouble:
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()
     return StageDouble(server, port, servicer)
+
+
+# The Qwen3-TTS built-in voice-alias table (gateway/voice_aliases.py) also names aiden and uncle_fu.
+SPEAKERS = ["serena", "vivian", "ryan", "eric", "aiden", "uncle_fu"]
+LANGUAGES = {"english": 2050, "chinese": 2055, "german": 2053, "sichuan_dialect": 2062}
+
+
+def catalog(variant: str = "custom_voice") -> stage_pb2.ModelCatalog:
+    """What a Qwen3-TTS talker of ``variant`` reports in ``StageStatus.catalog`` for a checkpoint with these
+    speakers and languages (dialects are reached through their speakers, never named)."""
+    languages = [name for name in LANGUAGES if "dialect" not in name]
+    described = {"eric": "preset speaker (sichuan dialect)"}
+    voices = [
+        stage_pb2.CatalogVoice(
+            name=name, languages=languages, description=described.get(name, "preset speaker")
+        )
+        for name in (SPEAKERS if variant == "custom_voice" else [])
+    ]
+    return stage_pb2.ModelCatalog(
+        voices=voices,
+        languages=languages,
+        variant=variant,
+        voice_clone=variant == "base",
+        reference_required=variant == "base",
+        instructions=variant != "base",
+        voice_required=variant == "custom_voice",
+    )

@@ -1,39 +1,22 @@
-"""Shared pieces of the gateway tests: the stack a test drives and the checkpoint config the catalog reads."""
+"""Shared pieces of the gateway tests: the stack a test drives and the catalog a talker double reports."""
 
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
-from gateway_fakes import FakeCodec, StageDouble
+from gateway_fakes import LANGUAGES, SPEAKERS, FakeCodec, StageDouble, catalog  # noqa: F401 - tests import these from here
 
-from voxstage.gateway.app import GatewayServer
+from gateway.app import GatewayServer
 from voxstage.v1 import speech_pb2_grpc
 
 REPO = Path(__file__).resolve().parents[3]
 SEED = REPO / "deploy" / "qwen3_tts.yaml"
 DUPLEX_SEED = REPO / "deploy" / "personaplex.yaml"
-# The Qwen3-TTS built-in voice-alias table (gateway/voice_aliases.py) also names aiden and uncle_fu.
-SPEAKERS = ["serena", "vivian", "ryan", "eric", "aiden", "uncle_fu"]
-LANGUAGES = {"english": 2050, "chinese": 2055, "german": 2053, "sichuan_dialect": 2062}
-
-
-def write_checkpoint_config(directory: Path, variant: str = "custom_voice") -> None:
-    """The voice-bearing part of a Qwen3-TTS ``config.json``, as the gateway's catalog reads it."""
-    talker = {"codec_language_id": LANGUAGES}
-    if variant == "custom_voice":
-        talker["spk_id"] = {name: 3000 + i for i, name in enumerate(SPEAKERS)}
-        talker["spk_is_dialect"] = {"eric": "sichuan_dialect"}
-    directory.mkdir(parents=True, exist_ok=True)
-    data = {"model_type": "qwen3_tts", "tts_model_type": variant, "talker_config": talker}
-    (directory / "config.json").write_text(json.dumps(data))
-
-
 @dataclass
 class Stack:
     gateway: GatewayServer

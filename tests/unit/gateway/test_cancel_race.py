@@ -20,7 +20,7 @@ import pytest
 from gateway_fakes import FakeCodec
 from gateway_kit import MakeStack, until
 
-from voxstage.gateway import upstream
+from gateway import upstream
 from voxstage.internal.v1 import stage_pb2
 from voxstage.transport.shm_layout import StaleShmReference
 from voxstage.v1 import speech_pb2

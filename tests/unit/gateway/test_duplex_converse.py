@@ -6,13 +6,12 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import grpc
 import numpy as np
 import pytest
-from duplex_fakes import FakeDuplexCodec
+from duplex_fakes import FakeDuplexCodec, FakeDuplexTalker, stored_voices
 from gateway_kit import MakeStack, Stack
 from gateway_kit import until as wait_until
 
@@ -289,13 +288,8 @@ async def test_turn_mode_refuses_converse_and_duplex_only_models_refuse_tts(
     assert r.status_code == 400 and r.json()["error"]["code"] == "tts_not_supported"
 
 
-async def test_stored_voices_are_listed_and_checked(make_duplex_stack: MakeStack, cache: Path) -> None:
-    voices = cache / "presets" / "personaplex-tiny" / "voices"
-    voices.mkdir(parents=True)
-    (voices.parent / "config.json").write_text("{}")
-    for name in ("NATF0", "NATM1"):
-        (voices / f"{name}.pt").write_bytes(b"")
-    stack = await make_duplex_stack()
+async def test_stored_voices_are_listed_and_checked(make_duplex_stack: MakeStack) -> None:
+    stack = await make_duplex_stack(talker=FakeDuplexTalker(catalog=stored_voices("NATF0", "NATM1")))
     listed = await stack.stub.ListVoices(speech_pb2.ListVoicesRequest())
     assert [v.name for v in listed.voices] == ["NATF0", "NATM1"]
     c = Caller(stack)

@@ -1,14 +1,14 @@
 """docs/api.md states the duplex formats, limits and events that the code enforces (one source of truth:
-``voxstage.duplex_audio`` and ``gateway/realtime_events.py``)."""
+``voxstage.duplex_audio`` and ``gateway/realtime/events.py``)."""
 
 from __future__ import annotations
 
 import re
 from pathlib import Path
 
+from gateway.duplex.settings import UNSUPPORTED
 from voxstage import metrics
 from voxstage.duplex_audio import FORMATS, INPUT_BUFFER_SECONDS, MAX_APPEND_BYTES, MAX_EVENT_BYTES
-from voxstage.gateway.realtime_events import UNSUPPORTED
 
 API = (Path(__file__).resolve().parents[3] / "docs" / "api.md").read_text()
 SECTION = API[API.index("## Full-duplex sessions") : API.index("## Errors")]

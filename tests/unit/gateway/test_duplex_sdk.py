@@ -14,7 +14,6 @@ import soundfile as sf
 from duplex_fakes import FakeDuplexCodec
 from gateway_kit import MakeStack
 
-from voxstage.cli import main
 from voxstage.client import (
     AgentAudio,
     AgentTranscript,
@@ -24,6 +23,7 @@ from voxstage.client import (
     SpeechClient,
     SpeechError,
 )
+from voxstage.launch.cli import main
 
 FRAME_BYTES = 1920 * 2
 

@@ -13,9 +13,9 @@ import pytest
 from gateway_fakes import FakeCodec
 from gateway_kit import MakeStack, until
 
+from gateway.auth import SecurityConfigError, load_key_limits
+from gateway.quotas import SESSION, STREAM, ClientLimits, LimitsError, Quotas, parse_key_options
 from voxstage.config import load_deploy_config
-from voxstage.gateway.auth import SecurityConfigError, load_key_limits
-from voxstage.gateway.quotas import SESSION, STREAM, ClientLimits, LimitsError, Quotas, parse_key_options
 from voxstage.v1 import speech_pb2, speech_pb2_grpc
 
 PCM = speech_pb2.AUDIO_ENCODING_PCM_S16LE

@@ -15,12 +15,13 @@ import pytest
 from gateway_fakes import expected_samples
 from gateway_kit import MakeStack
 
+from gateway.grpc import speech as grpc_api
+from gateway.http import speech as http_speech
 from voxstage import formats
 from voxstage.audio import AudioFormat, StreamingEncoder, decode_audio, encode_clip
 from voxstage.client import AsyncSpeechClient
 from voxstage.client import _common as sdk
 from voxstage.client import cli as say
-from voxstage.gateway import grpc_api, http_speech
 from voxstage.v1 import speech_pb2
 
 REPO = Path(__file__).resolve().parents[3]

@@ -5,8 +5,8 @@ from __future__ import annotations
 from gateway_fakes import FakeCodec
 from gateway_kit import MakeStack
 
+from gateway.accounting import PlaybackSimulator, RequestAccounting
 from voxstage import metrics
-from voxstage.gateway.accounting import PlaybackSimulator, RequestAccounting
 from voxstage.v1 import speech_pb2
 
 

@@ -8,9 +8,9 @@ import contextlib
 import grpc
 import pytest
 
+from gateway.admission import Admission
+from gateway.errors import GatewayError
 from voxstage import metrics
-from voxstage.gateway.admission import Admission
-from voxstage.gateway.errors import GatewayError
 
 
 def gauge(name: str) -> float:

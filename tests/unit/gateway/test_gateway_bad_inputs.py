@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import soundfile as sf
 from gateway_fakes import FakeCodec, FakeTalker, expected_samples
-from gateway_kit import MakeStack, Stack, write_checkpoint_config
+from gateway_kit import MakeStack, Stack, catalog
 
 from voxstage.v1 import speech_pb2
 
@@ -298,8 +298,9 @@ async def test_bad_inputs_table(make_stack: MakeStack) -> None:
 
 
 async def test_talker_error_is_relayed_when_the_gateway_cannot_judge(make_stack: MakeStack) -> None:
-    # The gateway cannot read this model's config, so the voice goes to the talker; its NOT_FOUND comes back.
-    stack = await make_stack(talker=FakeTalker(model="/models/not-mounted"))
+    # The talker reports no catalog (one older than it), so the voice goes to the talker; its NOT_FOUND comes
+    # back.
+    stack = await make_stack(talker=FakeTalker(model="/models/not-mounted", catalog=None))
     with pytest.raises(grpc.aio.AioRpcError) as err:
         await stack.stub.Synthesize(speech_pb2.SynthesizeRequest(config=cfg(voice="nobody"), text="hi"))
     assert err.value.code() is grpc.StatusCode.NOT_FOUND
@@ -313,8 +314,7 @@ async def test_talker_error_is_relayed_when_the_gateway_cannot_judge(make_stack:
 
 
 async def test_voice_clone_model_rules(make_stack: MakeStack, cache: Any) -> None:
-    write_checkpoint_config(cache / "presets" / "qwen3-tts-tiny-base", variant="base")
-    stack = await make_stack(talker=FakeTalker(model="qwen3-tts-tiny-base"))
+    stack = await make_stack(talker=FakeTalker(model="qwen3-tts-tiny-base", catalog=catalog("base")))
     cases = [
         (cfg(), "needs reference audio"),
         (cfg(voice="serena", reference_audio=ref(data=wav_bytes(1.0))), "has no preset voices"),

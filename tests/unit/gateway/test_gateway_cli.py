@@ -59,8 +59,8 @@ async def test_gateway_command_rejects_bad_flags() -> None:
 
 async def test_gateway_imports_no_model_code() -> None:
     probe = (
-        "import sys, voxstage.cli, voxstage.gateway.app, voxstage.client; "
-        "mods = ('torch', 'voxstage.talker.engine', 'voxstage.codec.engine'); "
+        "import sys, voxstage.launch.cli, gateway.app, voxstage.client; "
+        "mods = ('torch', 'services.talker.engine', 'services.codec.engine'); "
         "bad = [m for m in mods if m in sys.modules]; "
         "print(bad); sys.exit(1 if bad else 0)"
     )

@@ -16,10 +16,10 @@ from pathlib import Path
 import grpc
 import pytest
 
+from gateway.discovery import Discovery, Target
+from gateway.errors import GatewayError
+from gateway.routing import Replica, ReplicaPool
 from tests.fake_resolver import FakeResolver
-from voxstage.gateway.discovery import Discovery, Target
-from voxstage.gateway.errors import GatewayError
-from voxstage.gateway.routing import Replica, ReplicaPool
 from voxstage.internal.v1 import stage_pb2
 from voxstage.resolver import ResolveError, SystemResolver
 

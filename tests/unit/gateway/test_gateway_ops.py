@@ -21,7 +21,7 @@ import pytest
 import yaml
 
 from voxstage import metrics
-from voxstage.cli import build_parser
+from voxstage.launch.cli import build_parser
 
 REPO = Path(__file__).resolve().parents[3]
 COMPOSE = REPO / "docker-compose.yml"
@@ -73,7 +73,9 @@ def test_compose_shape() -> None:
         assert check[:4] == ["CMD", "python", "-m", "voxstage.health_probe"]
         port = svc["command"][svc["command"].index("--grpc-port" if name == "gateway" else "--port") + 1]
         assert check[-1] == f"localhost:{port}"
-        assert any(str(v).startswith("models:/models") for v in svc["volumes"])
+        # The stages load checkpoints; the gateway learns the model from the talker's Status and mounts none.
+        mounts_models = any(str(v).startswith("models:/models") for v in svc["volumes"])
+        assert mounts_models == (name != "gateway"), name
     assert services["gateway"]["depends_on"] == {
         "talker": {"condition": "service_healthy"},
         "codec": {"condition": "service_healthy"},

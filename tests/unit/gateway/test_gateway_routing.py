@@ -12,8 +12,8 @@ from gateway_fakes import FakeCodec, FakeTalker, expected_samples, start_codec
 from gateway_kit import MakeStack
 from grpc.aio import Metadata
 
-from voxstage.gateway.errors import GatewayError
-from voxstage.gateway.routing import Replica, ReplicaPool, open_on_pair, parse_addresses
+from gateway.errors import GatewayError
+from gateway.routing import Replica, ReplicaPool, open_on_pair, parse_addresses
 from voxstage.internal.v1 import stage_pb2
 from voxstage.v1 import speech_pb2
 

@@ -17,7 +17,7 @@ from gateway_kit import REPO, MakeStack
 
 from voxstage import limits
 from voxstage.internal.v1 import stage_pb2
-from voxstage.stage_errors import StageFailure
+from voxstage.stage.errors import StageFailure
 from voxstage.v1 import speech_pb2
 
 L = limits
@@ -116,7 +116,7 @@ def _leaf(config: speech_pb2.SynthesisConfig, path: str) -> Any:
 
 def _talker_refusal(**params: Any) -> str:
     """What the talker answers for these request params (its seed check needs no model)."""
-    from voxstage.talker.worker import RequestParams, TalkerWorker
+    from services.talker.worker import RequestParams, TalkerWorker
 
     fake = SimpleNamespace(defaults=SimpleNamespace(seed=None))
     with pytest.raises(StageFailure) as err:
@@ -146,7 +146,7 @@ async def test_a_2_63_seed_is_refused_at_the_gateway_in_the_talkers_words(make_s
 
 
 def test_the_talker_refuses_what_the_gateway_refuses_in_the_same_words() -> None:
-    from voxstage.talker.request_params import request_params
+    from services.talker.request_params import request_params
 
     cases = [
         ("sampling", "temperature", 1000.0, L.TEMPERATURE),

@@ -19,9 +19,9 @@ import numpy as np
 import pytest
 import soundfile as sf
 from gateway_fakes import FakeTalker, expected_samples
-from gateway_kit import MakeStack, write_checkpoint_config
+from gateway_kit import MakeStack, catalog
 
-import voxstage.gateway.request as request_module
+import gateway.tts.request as request_module
 from voxstage.audio import AudioError, decode_audio
 from voxstage.v1 import speech_pb2
 
@@ -64,8 +64,7 @@ def no_decoding(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 
 
 async def _base_stack(make_stack: MakeStack, cache: Path) -> Any:
-    write_checkpoint_config(cache / "presets" / BASE, variant="base")
-    return await make_stack(talker=FakeTalker(model=BASE))
+    return await make_stack(talker=FakeTalker(model=BASE, catalog=catalog("base")))
 
 
 def _grpc_request(data: bytes) -> speech_pb2.SynthesizeRequest:

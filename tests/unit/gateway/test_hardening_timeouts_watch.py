@@ -13,8 +13,8 @@ from collections.abc import AsyncIterator
 import grpc
 import pytest
 
-from voxstage.gateway.stream_watch import StreamWatch
-from voxstage.gateway.synthesis import FLUSH, InputItem
+from gateway.tts.stream_watch import StreamWatch
+from gateway.tts.synthesis import FLUSH, InputItem
 
 
 class FakeStream:

@@ -17,10 +17,10 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from openai import AsyncOpenAI, AuthenticationError
 
+from gateway.app import reachable_from_elsewhere
+from gateway.auth import KeyCheck, SecurityConfigError, load_api_keys
 from voxstage.client import AsyncSpeechClient, RetryPolicy, SpeechError
 from voxstage.config import ConfigError, load_deploy_config
-from voxstage.gateway.app import reachable_from_elsewhere
-from voxstage.gateway.auth import KeyCheck, SecurityConfigError, load_api_keys
 from voxstage.v1 import speech_pb2
 
 KEY = "vx-test-key-1"
@@ -200,7 +200,7 @@ async def test_an_open_gateway_without_keys_says_so_once_at_start(
     make_stack: MakeStack, keys_env: list[str], caplog: pytest.LogCaptureFixture
 ) -> None:
     """Issue 29: a public face on a non-loopback address with no API keys logs one clear warning."""
-    caplog.set_level(logging.WARNING, logger="voxstage.gateway.app")
+    caplog.set_level(logging.WARNING, logger="gateway.app")
 
     def warnings() -> list[str]:
         found = [r.getMessage() for r in caplog.records if "no API keys" in r.getMessage()]

@@ -11,12 +11,12 @@ import pytest
 from gateway_fakes import FakeCodec, FakeTalker, expected_samples
 from gateway_kit import SEED, until
 
+from gateway.app import GatewayServer
 from tests.tlskit import authority
 from voxstage.client import AsyncSpeechClient, RetryPolicy, SpeechError
 from voxstage.config import load_deploy_config
-from voxstage.gateway.app import GatewayServer
 from voxstage.internal.v1 import stage_pb2_grpc
-from voxstage.stage_tls import load_link_tls
+from voxstage.stage.tls import load_link_tls
 
 
 async def _double(

@@ -19,12 +19,12 @@ import grpc
 import pytest
 from pydantic import ValidationError
 
+from gateway.duplex.session import Ended
+from gateway.errors import GatewayError
+from gateway.realtime.events import SessionUpdateEvent
+from gateway.realtime.ws import close_code
 from voxstage.audio import AudioError, audio_from_base64, decode_audio
 from voxstage.duplex_audio import decode_base64
-from voxstage.gateway.duplex_session import Ended
-from voxstage.gateway.errors import GatewayError
-from voxstage.gateway.realtime_events import SessionUpdateEvent
-from voxstage.gateway.realtime_ws import close_code
 
 API_DOC = (Path(__file__).resolve().parents[3] / "docs" / "api.md").read_text()
 

@@ -10,10 +10,10 @@ from typing import Literal
 import grpc
 import httpx
 import pytest
-from gateway_fakes import MODEL
-from gateway_kit import REPO, MakeStack, write_checkpoint_config
+from gateway_fakes import FakeTalker
+from gateway_kit import REPO, MakeStack, catalog
 
-from voxstage.gateway.voice_aliases import DEFAULT_ALIASES, OPENAI_VOICES
+from gateway.voice_aliases import DEFAULT_ALIASES, OPENAI_VOICES
 from voxstage.v1 import speech_pb2
 
 PCM = speech_pb2.AUDIO_ENCODING_PCM_S16LE
@@ -32,7 +32,7 @@ def test_the_default_table_covers_openais_names_and_the_doc_lists_it() -> None:
     rows = [line for line in doc.splitlines() if line.startswith("| `")]
     assert rows == [
         f"| `{a}` | `{DEFAULT_ALIASES['qwen3_tts'][a]}` | `{DEFAULT_ALIASES['personaplex'][a]}` | "
-        f"`{DEFAULT_ALIASES['arktts'][a]}` |"
+        f"`{DEFAULT_ALIASES['audio8_tts'][a]}` |"
         for a in OPENAI_VOICES
     ]
 
@@ -90,8 +90,7 @@ async def test_instructions_reach_a_model_that_takes_them(make_stack: MakeStack)
 async def test_instructions_are_refused_by_a_model_that_does_not_take_them(
     make_stack: MakeStack, cache: Path
 ) -> None:
-    write_checkpoint_config(cache / "presets" / MODEL, variant="base")
-    stack = await make_stack()
+    stack = await make_stack(talker=FakeTalker(catalog=catalog("base")))
     async with httpx.AsyncClient(base_url=stack.http_url) as http:
         body = {"input": "hi", "instructions": "Whisper.", "ref_audio": "AAAA"}
         r = await http.post("/v1/audio/speech", json=body)

@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from voxstage.talker.models.qwen3_tts.config import parse_config
-from voxstage.talker.models.qwen3_tts.loader import random_init
-from voxstage.talker.models.qwen3_tts.model import Qwen3TTSTalker
-from voxstage.talker.models.qwen3_tts.presets import preset_config, preset_generation_config
-from voxstage.talker.models.qwen3_tts.tokenizer import QwenTextTokenizer, write_tiny_tokenizer
+from services.talker.models.qwen3_tts.config import parse_config
+from services.talker.models.qwen3_tts.loader import random_init
+from services.talker.models.qwen3_tts.model import Qwen3TTSTalker
+from services.talker.models.qwen3_tts.presets import preset_config, preset_generation_config
+from services.talker.models.qwen3_tts.tokenizer import QwenTextTokenizer, write_tiny_tokenizer
 
 # Tiny models are dominated by per-op overhead: one intra-op thread avoids oversubscribing small CI machines.
 torch.set_num_threads(1)

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from voxstage.talker.engine import EngineConfig, TalkerEngine, TalkerOutput, TalkerRequest
-from voxstage.talker.packed import PackedDecodeAdapter
+from services.talker.engine import EngineConfig, TalkerEngine, TalkerOutput, TalkerRequest
+from services.talker.packed import PackedDecodeAdapter
 
 MAX_TICKS = 10_000  # a stuck engine fails the test instead of hanging it
 

@@ -25,14 +25,14 @@ import numpy as np  # noqa: E402
 import triton.language as tl  # noqa: E402
 from triton.runtime import interpreter  # noqa: E402
 
+from services.talker.models.qwen3_tts.backbone import KVCache, Qwen3Backbone  # noqa: E402
+from services.talker.models.qwen3_tts.config import parse_config  # noqa: E402
+from services.talker.models.qwen3_tts.frame import FrameState, frame_step  # noqa: E402
+from services.talker.models.qwen3_tts.loader import random_init  # noqa: E402
+from services.talker.models.qwen3_tts.model import Qwen3TTSTalker  # noqa: E402
+from services.talker.models.qwen3_tts.presets import preset_config, preset_generation_config  # noqa: E402
+from services.talker.sampling import Sampler, SamplingParams  # noqa: E402
 from voxstage.nn import triton_kernels  # noqa: E402  (needs Triton)
-from voxstage.talker.models.qwen3_tts.backbone import KVCache, Qwen3Backbone  # noqa: E402
-from voxstage.talker.models.qwen3_tts.config import parse_config  # noqa: E402
-from voxstage.talker.models.qwen3_tts.frame import FrameState, frame_step  # noqa: E402
-from voxstage.talker.models.qwen3_tts.loader import random_init  # noqa: E402
-from voxstage.talker.models.qwen3_tts.model import Qwen3TTSTalker  # noqa: E402
-from voxstage.talker.models.qwen3_tts.presets import preset_config, preset_generation_config  # noqa: E402
-from voxstage.talker.sampling import Sampler, SamplingParams  # noqa: E402
 
 
 @pytest.fixture(autouse=True)

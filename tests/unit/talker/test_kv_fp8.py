@@ -19,20 +19,20 @@ import pytest
 import torch
 
 from bench.kv_fp8 import golden_personaplex, golden_qwen, measure
+from services.talker.engine import EngineConfig, TalkerEngine
+from services.talker.main import use_kv_cache_dtype
+from services.talker.models.audio8_tts.adapter import Audio8TTSAdapter
+from services.talker.models.personaplex.adapter import PersonaPlexAdapter
+from services.talker.models.personaplex.config import parse_lm_config
+from services.talker.models.personaplex.model import RingKV, Temporal
+from services.talker.models.qwen3_tts.adapter import Qwen3TTSAdapter
+from services.talker.models.qwen3_tts.model import Qwen3TTSTalker
+from services.talker.models.qwen3_tts.tokenizer import QwenTextTokenizer
 from tests.unit.talker.talker_kit import drive as drive_engine
 from tests.unit.talker.test_personaplex_adapter import Session, _sessions, drive
 from tests.unit.talker.test_talker_engine import assert_same_frames, request
 from voxstage.nn import kv_fp8
 from voxstage.stage.process import StageStartError
-from voxstage.talker.engine import EngineConfig, TalkerEngine
-from voxstage.talker.main import use_kv_cache_dtype
-from voxstage.talker.models.arktts.adapter import ArkTTSAdapter
-from voxstage.talker.models.personaplex.adapter import PersonaPlexAdapter
-from voxstage.talker.models.personaplex.config import parse_lm_config
-from voxstage.talker.models.personaplex.model import RingKV, Temporal
-from voxstage.talker.models.qwen3_tts.adapter import Qwen3TTSAdapter
-from voxstage.talker.models.qwen3_tts.model import Qwen3TTSTalker
-from voxstage.talker.models.qwen3_tts.tokenizer import QwenTextTokenizer
 
 # Frames per golden run: 200 as the issue asks for PersonaPlex; 100 for Qwen3-TTS, whose CPU frame (talker +
 # 15 code-predictor steps) is slower (the benchmark runs 200 of each).
@@ -171,7 +171,7 @@ def test_memory_accounting_halves_the_ring_and_the_pool(tiny_custom_voice: Qwen3
 
 
 def test_audio8_refuses_fp8_with_its_reason() -> None:
-    adapter = ArkTTSAdapter.__new__(ArkTTSAdapter)  # the refusal reads no model state
+    adapter = Audio8TTSAdapter.__new__(Audio8TTSAdapter)  # the refusal reads no model state
     adapter.use_kv_cache_dtype("auto")
     with pytest.raises(StageStartError, match=r"stages\[0\]\.kv_cache_dtype: fp8 is not supported by Audio8"):
         use_kv_cache_dtype(adapter, "fp8")

@@ -23,16 +23,16 @@ if os.environ.get("TRITON_INTERPRET") != "1":
 import triton.language as tl  # noqa: E402
 from triton.runtime import interpreter  # noqa: E402
 
+from services.talker import kv  # noqa: E402
+from services.talker.kv import attend_pool, grouped_causal_mask  # noqa: E402
+from services.talker.models.personaplex.adapter import PersonaPlexAdapter  # noqa: E402
+from services.talker.models.personaplex.prompt import build_prompt  # noqa: E402
+from services.talker.sampling import SamplingParams  # noqa: E402
 from tests.golden_personaplex import fixture_model, load_case  # noqa: E402
 from tests.unit.talker.test_fused_interpret import _kernels_on_cpu, _norm, token_index  # noqa: E402, F401
 from tests.unit.talker.test_pool_attention_interpret import _case, _interpreter_fixes  # noqa: E402, F401
 from voxstage.nn import fused, kv_fp8, triton_attention  # noqa: E402
 from voxstage.nn.layers import rope_cos_sin, rope_inv_freq  # noqa: E402
-from voxstage.talker import kv  # noqa: E402
-from voxstage.talker.kv import attend_pool, grouped_causal_mask  # noqa: E402
-from voxstage.talker.models.personaplex.adapter import PersonaPlexAdapter  # noqa: E402
-from voxstage.talker.models.personaplex.prompt import build_prompt  # noqa: E402
-from voxstage.talker.sampling import SamplingParams  # noqa: E402
 
 
 @pytest.fixture(autouse=True)

@@ -9,12 +9,12 @@ import numpy as np
 import pytest
 import torch
 
+from services.talker.models.personaplex.adapter import PersonaPlexAdapter, bucket
+from services.talker.models.personaplex.model import PersonaPlexLM
+from services.talker.models.personaplex.prompt import Prompt, build_prompt
+from services.talker.models.personaplex.voices import voice_from_codes
+from services.talker.sampling import SamplingParams
 from tests.golden_personaplex import fixture_model, load_case
-from voxstage.talker.models.personaplex.adapter import PersonaPlexAdapter, bucket
-from voxstage.talker.models.personaplex.model import PersonaPlexLM
-from voxstage.talker.models.personaplex.prompt import Prompt, build_prompt
-from voxstage.talker.models.personaplex.voices import voice_from_codes
-from voxstage.talker.sampling import SamplingParams
 
 TEXT = SamplingParams(temperature=0.7, top_k=25)
 AUDIO = SamplingParams(temperature=0.8, top_k=250)

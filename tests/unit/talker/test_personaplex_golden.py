@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 import torch
 
+from services.talker.models.personaplex.adapter import PersonaPlexAdapter
+from services.talker.models.personaplex.prompt import Prompt, VoiceEmbeddings, build_prompt
+from services.talker.sampling import SamplingParams
 from tests.golden_personaplex import fixture_model, load_case
-from voxstage.talker.models.personaplex.adapter import PersonaPlexAdapter
-from voxstage.talker.models.personaplex.prompt import Prompt, VoiceEmbeddings, build_prompt
-from voxstage.talker.sampling import SamplingParams
 
 GREEDY = SamplingParams(do_sample=False)
 CASES = ("prompt_voice", "ring_window")

@@ -11,13 +11,13 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from services.talker.models.personaplex.config import parse_lm_config
+from services.talker.models.personaplex.loader import build_model, load_personaplex_lm, save_checkpoint
+from services.talker.models.personaplex.model import PersonaPlexLM
+from services.talker.models.personaplex.tokenizer import PersonaTokenizer, tiny_tokenizer_model, wrap_system
+from services.talker.models.personaplex.voices import parse_voice, voice_from_codes
 from tests.golden_personaplex import fixture_model, load_case
 from voxstage.checkpoint import CheckpointError
-from voxstage.talker.models.personaplex.config import parse_lm_config
-from voxstage.talker.models.personaplex.loader import build_model, load_personaplex_lm, save_checkpoint
-from voxstage.talker.models.personaplex.model import PersonaPlexLM
-from voxstage.talker.models.personaplex.tokenizer import PersonaTokenizer, tiny_tokenizer_model, wrap_system
-from voxstage.talker.models.personaplex.voices import parse_voice, voice_from_codes
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,7 @@ import os
 import pytest
 import torch
 
-from voxstage.talker.kv import attend_pool, grouped_causal_mask
+from services.talker.kv import attend_pool, grouped_causal_mask
 
 pytest.importorskip("triton")
 if os.environ.get("TRITON_INTERPRET") != "1":
@@ -129,7 +129,7 @@ def test_split_choice_is_static() -> None:
 
 def test_attend_glue_routes_to_the_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
     # attend = write_kv + attend_pool, with the kernel taking the positions from write_index's result.
-    from voxstage.talker import kv
+    from services.talker import kv
 
     q, k_pool, v_pool, slot_ids, positions = _case(2, 2, 90, torch.float32)
     g = torch.Generator().manual_seed(5)

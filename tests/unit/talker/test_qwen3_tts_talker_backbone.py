@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from services.talker.models.qwen3_tts.backbone import KVCache, Qwen3Backbone
+from services.talker.models.qwen3_tts.config import BackboneConfig
 from voxstage.nn.layers import rotate_half
-from voxstage.talker.models.qwen3_tts.backbone import KVCache, Qwen3Backbone
-from voxstage.talker.models.qwen3_tts.config import BackboneConfig
 
 CFG = BackboneConfig(
     hidden_size=32,

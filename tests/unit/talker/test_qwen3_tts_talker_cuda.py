@@ -8,18 +8,18 @@ import numpy as np
 import pytest
 import torch
 
+from services.talker.engine import TalkerRequest
+from services.talker.models.qwen3_tts.adapter import Qwen3TTSAdapter
+from services.talker.models.qwen3_tts.config import parse_config
+from services.talker.models.qwen3_tts.generate import TalkerRequest as LoopRequest
+from services.talker.models.qwen3_tts.generate import generate
+from services.talker.models.qwen3_tts.loader import random_init
+from services.talker.models.qwen3_tts.presets import preset_config, preset_generation_config
+from services.talker.models.qwen3_tts.prompt import PromptSpec, build_prompt
+from services.talker.models.qwen3_tts.tokenizer import QwenTextTokenizer
+from services.talker.sampling import SamplingParams
+from services.talker.spec import SpeechSpec
 from tests.unit.talker.talker_kit import run_graphed
-from voxstage.talker.engine import TalkerRequest
-from voxstage.talker.models.qwen3_tts.adapter import Qwen3TTSAdapter
-from voxstage.talker.models.qwen3_tts.config import parse_config
-from voxstage.talker.models.qwen3_tts.generate import TalkerRequest as LoopRequest
-from voxstage.talker.models.qwen3_tts.generate import generate
-from voxstage.talker.models.qwen3_tts.loader import random_init
-from voxstage.talker.models.qwen3_tts.presets import preset_config, preset_generation_config
-from voxstage.talker.models.qwen3_tts.prompt import PromptSpec, build_prompt
-from voxstage.talker.models.qwen3_tts.tokenizer import QwenTextTokenizer
-from voxstage.talker.sampling import SamplingParams
-from voxstage.talker.spec import SpeechSpec
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 ROLE = [151644, 300, 198]

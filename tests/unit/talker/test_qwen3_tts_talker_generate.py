@@ -9,11 +9,11 @@ from collections.abc import Callable
 import pytest
 import torch
 
-from voxstage.talker.models.qwen3_tts.frame import FrameState, frame_step
-from voxstage.talker.models.qwen3_tts.generate import TalkerRequest, generate
-from voxstage.talker.models.qwen3_tts.model import Qwen3TTSTalker
-from voxstage.talker.models.qwen3_tts.prompt import PromptSpec, build_prompt
-from voxstage.talker.sampling import SamplingParams
+from services.talker.models.qwen3_tts.frame import FrameState, frame_step
+from services.talker.models.qwen3_tts.generate import TalkerRequest, generate
+from services.talker.models.qwen3_tts.model import Qwen3TTSTalker
+from services.talker.models.qwen3_tts.prompt import PromptSpec, build_prompt
+from services.talker.sampling import SamplingParams
 
 ModelFactory = Callable[[str], Qwen3TTSTalker]
 ROLE = [151644, 300, 198]

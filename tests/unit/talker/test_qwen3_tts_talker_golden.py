@@ -17,21 +17,21 @@ import numpy as np
 import pytest
 import torch
 
-from tests import golden
-from tests.unit.talker.talker_kit import drive, frames_of
-from voxstage.talker.engine import EngineConfig, Finish, TalkerEngine
-from voxstage.talker.engine import TalkerRequest as EngineRequest
-from voxstage.talker.models.qwen3_tts.adapter import Qwen3TTSAdapter, QwenPrepared
-from voxstage.talker.models.qwen3_tts.generate import TalkerRequest, TalkerResult, generate, prefill
-from voxstage.talker.models.qwen3_tts.loader import load_qwen3_tts_talker
-from voxstage.talker.models.qwen3_tts.model import Qwen3TTSTalker
-from voxstage.talker.models.qwen3_tts.prompt import (
+from services.talker.engine import EngineConfig, Finish, TalkerEngine
+from services.talker.engine import TalkerRequest as EngineRequest
+from services.talker.models.qwen3_tts.adapter import Qwen3TTSAdapter, QwenPrepared
+from services.talker.models.qwen3_tts.generate import TalkerRequest, TalkerResult, generate, prefill
+from services.talker.models.qwen3_tts.loader import load_qwen3_tts_talker
+from services.talker.models.qwen3_tts.model import Qwen3TTSTalker
+from services.talker.models.qwen3_tts.prompt import (
     PromptSpec,
     TalkerPrompt,
     build_prompt,
     icl_text_tokens_needed,
 )
-from voxstage.talker.sampling import SamplingParams
+from services.talker.sampling import SamplingParams
+from tests import golden
+from tests.unit.talker.talker_kit import drive, frames_of
 
 pytestmark = pytest.mark.skipif(
     not (golden.fixture_dir() / golden.CASES_JSON).is_file(),

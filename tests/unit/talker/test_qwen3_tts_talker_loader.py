@@ -11,16 +11,16 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from voxstage.checkpoint import CheckpointError
-from voxstage.talker.models.qwen3_tts.config import parse_config
-from voxstage.talker.models.qwen3_tts.loader import (
+from services.talker.models.qwen3_tts.config import parse_config
+from services.talker.models.qwen3_tts.loader import (
     load_qwen3_tts_talker,
     random_init,
     talker_checkpoint_state,
 )
-from voxstage.talker.models.qwen3_tts.model import Qwen3TTSTalker
-from voxstage.talker.models.qwen3_tts.presets import preset_config, preset_generation_config
-from voxstage.talker.models.qwen3_tts.tokenizer import write_tiny_tokenizer
+from services.talker.models.qwen3_tts.model import Qwen3TTSTalker
+from services.talker.models.qwen3_tts.presets import preset_config, preset_generation_config
+from services.talker.models.qwen3_tts.tokenizer import write_tiny_tokenizer
+from voxstage.checkpoint import CheckpointError
 
 
 def write_checkpoint(out: Path, model: Qwen3TTSTalker, config: dict[str, Any]) -> Path:

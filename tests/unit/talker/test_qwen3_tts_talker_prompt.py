@@ -7,8 +7,8 @@ from collections.abc import Callable
 import pytest
 import torch
 
-from voxstage.talker.models.qwen3_tts.model import Qwen3TTSTalker
-from voxstage.talker.models.qwen3_tts.prompt import (
+from services.talker.models.qwen3_tts.model import Qwen3TTSTalker
+from services.talker.models.qwen3_tts.prompt import (
     PromptError,
     PromptSpec,
     build_prompt,

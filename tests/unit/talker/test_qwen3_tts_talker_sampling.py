@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from voxstage.talker.sampling import (
+from services.talker.sampling import (
     TOP_K_CAP,
     Sampler,
     SamplingParams,

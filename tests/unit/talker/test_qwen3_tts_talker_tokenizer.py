@@ -8,14 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from voxstage.checkpoint import CheckpointError
-from voxstage.talker.models.qwen3_tts.tokenizer import (
+from services.talker.models.qwen3_tts.tokenizer import (
     ASSISTANT_TEMPLATE,
     SPECIAL_TOKENS,
     QwenTextTokenizer,
     byte_symbols,
     write_tiny_tokenizer,
 )
+from voxstage.checkpoint import CheckpointError
 
 TEXTS = [
     "Hello, the world! It's 42.",

@@ -6,11 +6,17 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from services.talker.duplex.engine import (
+    DuplexAdmissionError,
+    DuplexConfig,
+    DuplexEngine,
+    DuplexRequest,
+    Finish,
+)
+from services.talker.models.personaplex.adapter import PersonaPlexAdapter
+from services.talker.models.personaplex.model import PersonaPlexLM
+from services.talker.sampling import SamplingParams
 from tests.golden_personaplex import fixture_model, load_case
-from voxstage.talker.duplex import DuplexAdmissionError, DuplexConfig, DuplexEngine, DuplexRequest, Finish
-from voxstage.talker.models.personaplex.adapter import PersonaPlexAdapter
-from voxstage.talker.models.personaplex.model import PersonaPlexLM
-from voxstage.talker.sampling import SamplingParams
 
 TEXT = SamplingParams(temperature=0.7, top_k=25)
 AUDIO = SamplingParams(temperature=0.8, top_k=250)

@@ -6,8 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from tests.unit.talker.talker_kit import drive, frames_of
-from voxstage.talker.engine import (
+from services.talker.engine import (
     AdmissionError,
     EngineConfig,
     Finish,
@@ -16,11 +15,12 @@ from voxstage.talker.engine import (
     TalkerOutput,
     TalkerRequest,
 )
-from voxstage.talker.models.qwen3_tts.adapter import Qwen3TTSAdapter
-from voxstage.talker.models.qwen3_tts.model import Qwen3TTSTalker
-from voxstage.talker.models.qwen3_tts.tokenizer import QwenTextTokenizer
-from voxstage.talker.sampling import Sampler, SamplingParams
-from voxstage.talker.spec import SpeechSpec
+from services.talker.models.qwen3_tts.adapter import Qwen3TTSAdapter
+from services.talker.models.qwen3_tts.model import Qwen3TTSTalker
+from services.talker.models.qwen3_tts.tokenizer import QwenTextTokenizer
+from services.talker.sampling import Sampler, SamplingParams
+from services.talker.spec import SpeechSpec
+from tests.unit.talker.talker_kit import drive, frames_of
 
 SAMPLED = SamplingParams(do_sample=True, temperature=0.9, top_k=50, repetition_penalty=1.05)
 GREEDY = SamplingParams(do_sample=False)
@@ -247,8 +247,8 @@ def test_out_of_range_codes_end_only_their_request(
 def test_startup_capture_covers_every_key_the_engine_can_use(
     tiny_custom_voice: Qwen3TTSTalker, tiny_tokenizer: QwenTextTokenizer
 ) -> None:
-    from voxstage.talker.launch import bucket
-    from voxstage.talker.models.qwen3_tts.prefill import PrefillChunk
+    from services.talker.launch import bucket
+    from services.talker.models.qwen3_tts.prefill import PrefillChunk
 
     adapter = Qwen3TTSAdapter(tiny_custom_voice, tiny_tokenizer)
     adapter.allocate(6, 300)

@@ -18,6 +18,14 @@ from typing import Any
 import numpy as np
 import pytest
 
+from services.talker.duplex.engine import DuplexConfig, DuplexEngine, DuplexRequest
+from services.talker.engine import Finish, TalkerEngine, TalkerOutput
+from services.talker.models import Catalog, CatalogVoice, TalkerInfo
+from services.talker.models.personaplex.adapter import PersonaPlexAdapter
+from services.talker.models.qwen3_tts.model import Qwen3TTSTalker
+from services.talker.models.qwen3_tts.tokenizer import QwenTextTokenizer
+from services.talker.sampling import SamplingParams
+from services.talker.worker import TalkerDefaults, TalkerWorker
 from tests.engine_faults import step_or_recover
 from tests.golden_personaplex import fixture_model, load_case
 from tests.unit.talker.talker_kit import drive, frames_of
@@ -25,20 +33,13 @@ from tests.unit.talker.test_talker_duplex import AUDIO, TEXT, user_frames
 from tests.unit.talker.test_talker_engine import make_engine, request
 from voxstage.config import StageConfig
 from voxstage.stage.engine_loop import EngineThread
-from voxstage.talker.duplex import DuplexConfig, DuplexEngine, DuplexRequest
-from voxstage.talker.engine import Finish, TalkerEngine, TalkerOutput
-from voxstage.talker.models import TalkerInfo
-from voxstage.talker.models.personaplex.adapter import PersonaPlexAdapter
-from voxstage.talker.models.qwen3_tts.model import Qwen3TTSTalker
-from voxstage.talker.models.qwen3_tts.tokenizer import QwenTextTokenizer
-from voxstage.talker.sampling import SamplingParams
-from voxstage.talker.worker import TalkerDefaults, TalkerWorker
 
 MAX_TICKS = 2000
 INFO = TalkerInfo(
     family="qwen3_tts", model="m", num_code_groups=16, frame_rate_hz=12.5, voices=("ryan",),
     languages=("auto",), variant="custom_voice", default_sampling=SamplingParams(),
-    default_subtalker_sampling=SamplingParams(), max_new_frames=64,
+    default_subtalker_sampling=SamplingParams(), max_new_frames=64, max_positions=4096,
+    catalog=Catalog(voices=(CatalogVoice("ryan"),), languages=(), voice_required=True),
 )  # fmt: skip
 
 

@@ -6,12 +6,12 @@ from pathlib import Path
 
 import pytest
 
+from services.talker.models import Catalog, CatalogVoice, TalkerInfo
+from services.talker.sampling import SamplingParams
+from services.talker.takes import sendable
+from services.talker.worker import TalkerDefaults, apply_overrides
 from voxstage.config import load_deploy_config
-from voxstage.stage_errors import StageFailure
-from voxstage.talker.models import TalkerInfo
-from voxstage.talker.sampling import SamplingParams
-from voxstage.talker.takes import sendable
-from voxstage.talker.worker import TalkerDefaults, apply_overrides
+from voxstage.stage.errors import StageFailure
 
 SEED = Path(__file__).resolve().parents[3] / "deploy" / "qwen3_tts.yaml"
 CHECKPOINT = SamplingParams(do_sample=True, temperature=0.5, top_k=10, top_p=0.8, repetition_penalty=1.2)
@@ -30,6 +30,8 @@ def info() -> TalkerInfo:
         default_sampling=CHECKPOINT,
         default_subtalker_sampling=CHECKPOINT_SUB,
         max_new_frames=8192,
+        max_positions=4096,
+        catalog=Catalog(voices=(CatalogVoice("ryan"),), languages=(), voice_required=True),
     )
 
 

@@ -22,8 +22,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from voxstage.codec.checks import check_codes
-from voxstage.codec.slot_pool import collect_state_shapes, name_state_keys
+from services.codec.checks import check_codes
+from services.codec.slot_pool import collect_state_shapes, name_state_keys
 
 from .config import MimiConfig
 from .layers import Downsample, StreamConv1d, StreamConvTranspose1d, Upsample

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 # The flat layout is the one every codec family's slot pool uses; Mimi's in-place step reads it too.
-from voxstage.codec.slot_pool import StateLayout
+from services.codec.slot_pool import StateLayout
 
 __all__ = ["StateLayout", "StreamContext"]
 

@@ -36,8 +36,8 @@ from typing import Literal, TypeVar
 
 import torch
 
-from voxstage.codec.checks import check_lengths, check_slots
-from voxstage.codec.slot_pool import StateLayout, state_bytes
+from services.codec.checks import check_lengths, check_slots
+from services.codec.slot_pool import StateLayout, state_bytes
 
 from .model import MimiModel
 

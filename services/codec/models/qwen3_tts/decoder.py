@@ -13,9 +13,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from voxstage.codec.checks import check_codes
-from voxstage.codec.slot_pool import collect_state_shapes, name_state_keys
-from voxstage.codec.stream_layers import (
+from services.codec.checks import check_codes
+from services.codec.slot_pool import collect_state_shapes, name_state_keys
+from services.codec.stream_layers import (
     CausalConv1d,
     CausalConvTranspose1d,
     ConvNeXtBlock,

@@ -2,7 +2,7 @@
 step.
 
 The causal convs, ConvNeXt block, stream context and the window attention's K/V history are shared with the
-Audio8 codec (``voxstage.codec.stream_layers``); what stays here has this checkpoint's own math or names
+Audio8 codec (``services.codec.stream_layers``); what stays here has this checkpoint's own math or names
 (SnakeBeta, named residual units, separate q/k/v projections with rotate-half RoPE and repeated K/V heads).
 """
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from voxstage.codec.stream_layers import (
+from services.codec.stream_layers import (
     CausalConv1d,
     CausalConvTranspose1d,
     StreamContext,

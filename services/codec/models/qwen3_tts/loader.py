@@ -14,8 +14,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from services.codec.stream_layers import ConvNeXtBlock
 from voxstage.checkpoint import CheckpointError, load_state_dict_strict, read_json
-from voxstage.codec.stream_layers import ConvNeXtBlock
 from voxstage.nn.layers import RMSNorm
 
 from .checkpoint_io import read_prefixed_tensors

@@ -1,6 +1,6 @@
 """Speech-tokenizer side of the Qwen3-TTS presets: ``speech_tokenizer/config.json`` dicts.
 
-Preset names match the talker's (``voxstage.talker.models.qwen3_tts.presets.PRESETS``):
+Preset names match the talker's (``services.talker.models.qwen3_tts.presets.PRESETS``):
 
 * ``qwen3-tts-tiny``: small dims with the real rates (1920 samples per frame, 16 x 2048 codebooks, window 72)
   so it runs fast on CPU yet streams exactly like the released codec;

@@ -3,7 +3,7 @@
 This is the fallback for codecs without streaming state, and the baseline that shows why the 12 Hz codec
 streams statefully: its receptive field is ~580 frames, so any practical left context only approximates the
 single-pass output (see ``tests/unit/codec/test_qwen3_tts_decoder_stateless.py`` for measured errors). The
-decoding of each window is shared with Audio8 (``voxstage.codec.stateless``); the fixed-chunk schedule is
+decoding of each window is shared with Audio8 (``services.codec.stateless``); the fixed-chunk schedule is
 this family's.
 """
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from voxstage.codec.stateless import decode_windows, decode_with_left_context
+from services.codec.stateless import decode_windows, decode_with_left_context
 
 from .decoder import Qwen3TokenizerDecoder
 

@@ -9,12 +9,12 @@ Per stream the pool holds: the last (k-1)*d inputs of every causal conv, the las
 transposed conv, the last ``sliding_window - 1`` post-RoPE keys/values of every attention layer, and the
 absolute frame position (RoPE angles use absolute positions, so a streamed frame sees the same angles as
 offline). The pool itself (one flat ``[max_streams, width]`` buffer, gathered and scattered per step) is the
-one both TTS codec families use: ``voxstage.codec.slot_pool``.
+one both TTS codec families use: ``services.codec.slot_pool``.
 """
 
 from __future__ import annotations
 
-from voxstage.codec.slot_pool import SlotPoolDecoder, state_bytes_per_stream
+from services.codec.slot_pool import SlotPoolDecoder, state_bytes_per_stream
 
 from .decoder import Qwen3TokenizerDecoder
 

@@ -17,11 +17,12 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
+from services.talker.duplex.engine import DuplexAdapter
+from services.talker.kv import kv_cache_fp8
+from services.talker.launch import HostRing, Pending, all_inactive, bucket, collect
 from voxstage.cudagraphs import GraphCache
 from voxstage.nn.kv_fp8 import FP8
 from voxstage.quote import quoted
-from voxstage.talker.kv import kv_cache_fp8
-from voxstage.talker.launch import HostRing, Pending, all_inactive, bucket, collect
 
 from ...sampling import SamplingParams
 from .config import AGENT_STREAMS, LMConfig
@@ -34,7 +35,7 @@ from .voices import VoiceLibrary
 MIN_ATTN_BUCKET = 64
 
 
-class PersonaPlexAdapter:
+class PersonaPlexAdapter(DuplexAdapter):
     def __init__(
         self,
         model: PersonaPlexLM,
@@ -193,11 +194,12 @@ class PersonaPlexAdapter:
         frame_step(self.model, self.kv, self.state, self.scratch, b, attn_len, all_greedy=bool(greedy))
 
     # -- CUDA graphs -----------------------------------------------------------------------------------------
-    def enable_cuda_graphs(self) -> None:
+    def enable_cuda_graphs(self) -> bool:
         # Warm-up runs execute for real; with every row inactive they leave all slot state as it was.
         self.graphs = GraphCache(
             self.decode_core, enabled=True, quiesce=lambda key: all_inactive(self.state.active)
         )
+        return True
 
     def graph_keys(self) -> list[tuple[int, int, int]]:
         batches = sorted({bucket(n, self.num_slots) for n in range(1, self.num_slots + 1)})

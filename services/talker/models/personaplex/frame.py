@@ -18,7 +18,7 @@ duplex session runs until it is closed.
 
 Rows with ``active`` false keep all of their state; the K/V they write lands at their own next ring index,
 which their next real step overwrites first. Randomness is keyed by (seed, step, stream) as in
-``voxstage.talker.sampling``, so a seeded session draws the same tokens alone or batched.
+``services.talker.sampling``, so a seeded session draws the same tokens alone or batched.
 """
 
 from __future__ import annotations

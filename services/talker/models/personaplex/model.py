@@ -21,9 +21,9 @@ from torch import nn
 from torch.nn import functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from services.talker.kv import attend_pool
 from voxstage.nn import kv_fp8
 from voxstage.nn.fused import add_rmsnorm, qkv_into_cache, rope_rotate, silu_mul
-from voxstage.talker.kv import attend_pool
 
 from .config import ZERO_TOKEN, LMConfig
 from .layers import Gating, RMSNorm, rope_tables

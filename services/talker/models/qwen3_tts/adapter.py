@@ -4,7 +4,7 @@ Owns the device state of all slots: the KV pool, the code predictor's frame-loca
 ``FrameState`` (seen c0 codes, frame counters, trailing text queue, sampling rows), each slot's next talker
 input and position. ``decode`` runs one masked frame step over slots ``[0, B)`` (B a power-of-two bucket),
 which is the unit a CUDA graph captures; launch / collect and the graphs come from
-``voxstage.talker.packed`` (shared with Audio8-TTS).
+``services.talker.packed`` (shared with Audio8-TTS).
 """
 
 from __future__ import annotations
@@ -14,16 +14,17 @@ import hashlib
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
 
+from services.talker.kv import kv_cache_fp8
+from services.talker.packed import PackedDecodeAdapter
+from services.talker.sampling import Sampler, SamplingParams
+from services.talker.spec import SpeechSpec
 from voxstage.cudagraphs import GraphCache
 from voxstage.nn.kv_fp8 import FP8
-from voxstage.talker.kv import kv_cache_fp8
-from voxstage.talker.packed import PackedDecodeAdapter
-from voxstage.talker.sampling import Sampler, SamplingParams
-from voxstage.talker.spec import SpeechSpec
 
 from .backbone import KVCache
 from .config import Qwen3TTSConfig
@@ -267,7 +268,10 @@ class Qwen3TTSAdapter(PackedDecodeAdapter):
     def variants(self) -> list[tuple[int, ...]]:
         return [(int(v),) for v in Sampler]
 
-    def variants_of(self, sampling: SamplingParams, subtalker: SamplingParams) -> list[tuple[int, ...]]:
+    def set_prefix_cache(self, max_bytes: int) -> None:
+        self.prefix_cache_bytes = max_bytes
+
+    def graph_variants(self, sampling: SamplingParams, subtalker: SamplingParams) -> list[Any] | None:
         """The variant requests with these settings decode with (the deploy default's, captured first)."""
         return [(int(Sampler.for_params((sampling, subtalker))),)]
 

@@ -1,7 +1,7 @@
 """Qwen3 decoder stack over a caller-owned, static KV cache.
 
 The pool, its call shape (slot per row, absolute positions, ``attn_len``), the causal mask and the cached
-GQA attention are the talker-wide ones of ``voxstage.talker.kv``; this module adds Qwen3's projections,
+GQA attention are the talker-wide ones of ``services.talker.kv``; this module adds Qwen3's projections,
 per-head q/k RMSNorm and its rotary embedding.
 
 Rotary embedding: the talker config carries interleaved MRoPE (sections [24, 20, 20]). For text-only input
@@ -24,9 +24,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from voxstage.nn import fused, kv_fp8
-from voxstage.nn.layers import FusedLinears, RMSNorm, SwiGLU, apply_rope, rope_cos_sin, rope_inv_freq
-from voxstage.talker.kv import (
+from services.talker.kv import (
     KVPool,
     Scales,
     attend,
@@ -35,7 +33,9 @@ from voxstage.talker.kv import (
     grouped_causal_mask,
     kv_bytes_per_token,
 )
-from voxstage.talker.kv import write_index as pool_write_index  # the layers' ``write_index`` is its result
+from services.talker.kv import write_index as pool_write_index  # the layers' ``write_index`` is its result
+from voxstage.nn import fused, kv_fp8
+from voxstage.nn.layers import FusedLinears, RMSNorm, SwiGLU, apply_rope, rope_cos_sin, rope_inv_freq
 
 from .config import BackboneConfig
 

@@ -13,8 +13,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from services.talker.checkpoint import init_like_reference, read_weights
 from voxstage.checkpoint import CheckpointError, build_module, load_state_dict_strict, read_json
-from voxstage.talker.checkpoint import init_like_reference, read_weights
 
 from .config import Qwen3TTSConfig, parse_config
 from .model import Qwen3TTSTalker

@@ -1,9 +1,9 @@
-"""Prompt prefill of the Qwen3-TTS adapter: the shared runner (``voxstage.talker.prefill``), which batches
+"""Prompt prefill of the Qwen3-TTS adapter: the shared runner (``services.talker.prefill``), which batches
 one tick's prefill chunks into as few padded (graph-capturable) forwards as possible."""
 
 from __future__ import annotations
 
-from voxstage.talker.prefill import (
+from services.talker.prefill import (
     MAX_LENGTH,
     MAX_ROWS,
     MAX_TOKENS,

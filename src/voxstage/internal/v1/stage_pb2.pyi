@@ -413,7 +413,7 @@ class RequestState(_message.Message):
     def __init__(self, request_id: _Optional[str] = ..., phase: _Optional[_Union[RequestPhase, str]] = ..., slot: _Optional[int] = ..., frame_count: _Optional[int] = ..., credit: _Optional[int] = ..., shm_slots_lent: _Optional[int] = ..., last_tick: _Optional[int] = ...) -> None: ...
 
 class StageStatus(_message.Message):
-    __slots__ = ("ready", "model", "family", "slots_total", "slots_in_use", "active_streams", "queue_depth", "tick", "requests", "transport", "num_code_groups", "frame_rate_hz", "sample_rate_hz", "max_model_len", "text_token_limit", "text_tokens_per_byte", "reference_positions_per_second")
+    __slots__ = ("ready", "model", "family", "slots_total", "slots_in_use", "active_streams", "queue_depth", "tick", "requests", "transport", "num_code_groups", "frame_rate_hz", "sample_rate_hz", "max_model_len", "text_token_limit", "text_tokens_per_byte", "reference_positions_per_second", "duplex", "catalog")
     READY_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     FAMILY_FIELD_NUMBER: _ClassVar[int]
@@ -431,6 +431,8 @@ class StageStatus(_message.Message):
     TEXT_TOKEN_LIMIT_FIELD_NUMBER: _ClassVar[int]
     TEXT_TOKENS_PER_BYTE_FIELD_NUMBER: _ClassVar[int]
     REFERENCE_POSITIONS_PER_SECOND_FIELD_NUMBER: _ClassVar[int]
+    DUPLEX_FIELD_NUMBER: _ClassVar[int]
+    CATALOG_FIELD_NUMBER: _ClassVar[int]
     ready: bool
     model: str
     family: str
@@ -448,7 +450,39 @@ class StageStatus(_message.Message):
     text_token_limit: int
     text_tokens_per_byte: float
     reference_positions_per_second: float
-    def __init__(self, ready: _Optional[bool] = ..., model: _Optional[str] = ..., family: _Optional[str] = ..., slots_total: _Optional[int] = ..., slots_in_use: _Optional[int] = ..., active_streams: _Optional[int] = ..., queue_depth: _Optional[int] = ..., tick: _Optional[int] = ..., requests: _Optional[_Iterable[_Union[RequestState, _Mapping]]] = ..., transport: _Optional[_Union[TransportHello, _Mapping]] = ..., num_code_groups: _Optional[int] = ..., frame_rate_hz: _Optional[float] = ..., sample_rate_hz: _Optional[int] = ..., max_model_len: _Optional[int] = ..., text_token_limit: _Optional[int] = ..., text_tokens_per_byte: _Optional[float] = ..., reference_positions_per_second: _Optional[float] = ...) -> None: ...
+    duplex: bool
+    catalog: ModelCatalog
+    def __init__(self, ready: _Optional[bool] = ..., model: _Optional[str] = ..., family: _Optional[str] = ..., slots_total: _Optional[int] = ..., slots_in_use: _Optional[int] = ..., active_streams: _Optional[int] = ..., queue_depth: _Optional[int] = ..., tick: _Optional[int] = ..., requests: _Optional[_Iterable[_Union[RequestState, _Mapping]]] = ..., transport: _Optional[_Union[TransportHello, _Mapping]] = ..., num_code_groups: _Optional[int] = ..., frame_rate_hz: _Optional[float] = ..., sample_rate_hz: _Optional[int] = ..., max_model_len: _Optional[int] = ..., text_token_limit: _Optional[int] = ..., text_tokens_per_byte: _Optional[float] = ..., reference_positions_per_second: _Optional[float] = ..., duplex: _Optional[bool] = ..., catalog: _Optional[_Union[ModelCatalog, _Mapping]] = ...) -> None: ...
+
+class ModelCatalog(_message.Message):
+    __slots__ = ("voices", "languages", "variant", "voice_clone", "reference_required", "reference_text_required", "instructions", "voice_required")
+    VOICES_FIELD_NUMBER: _ClassVar[int]
+    LANGUAGES_FIELD_NUMBER: _ClassVar[int]
+    VARIANT_FIELD_NUMBER: _ClassVar[int]
+    VOICE_CLONE_FIELD_NUMBER: _ClassVar[int]
+    REFERENCE_REQUIRED_FIELD_NUMBER: _ClassVar[int]
+    REFERENCE_TEXT_REQUIRED_FIELD_NUMBER: _ClassVar[int]
+    INSTRUCTIONS_FIELD_NUMBER: _ClassVar[int]
+    VOICE_REQUIRED_FIELD_NUMBER: _ClassVar[int]
+    voices: _containers.RepeatedCompositeFieldContainer[CatalogVoice]
+    languages: _containers.RepeatedScalarFieldContainer[str]
+    variant: str
+    voice_clone: bool
+    reference_required: bool
+    reference_text_required: bool
+    instructions: bool
+    voice_required: bool
+    def __init__(self, voices: _Optional[_Iterable[_Union[CatalogVoice, _Mapping]]] = ..., languages: _Optional[_Iterable[str]] = ..., variant: _Optional[str] = ..., voice_clone: _Optional[bool] = ..., reference_required: _Optional[bool] = ..., reference_text_required: _Optional[bool] = ..., instructions: _Optional[bool] = ..., voice_required: _Optional[bool] = ...) -> None: ...
+
+class CatalogVoice(_message.Message):
+    __slots__ = ("name", "languages", "description")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    LANGUAGES_FIELD_NUMBER: _ClassVar[int]
+    DESCRIPTION_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    languages: _containers.RepeatedScalarFieldContainer[str]
+    description: str
+    def __init__(self, name: _Optional[str] = ..., languages: _Optional[_Iterable[str]] = ..., description: _Optional[str] = ...) -> None: ...
 
 class CodecStatusRequest(_message.Message):
     __slots__ = ("include_requests",)

@@ -1,0 +1,1 @@
+"""The stage services: ``services.talker`` (text -> codec frames), ``services.codec`` (frames <-> PCM)."""

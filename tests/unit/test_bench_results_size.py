@@ -1,0 +1,59 @@
+"""``bench/results/`` stays small: what the docs cite is committed as files, the rest of each run is packed
+(``bench/pack_results.py``: logs and Prometheus snapshots in one ``raw.tar.xz`` per run, large per-phase
+JSON as ``.json.xz``). Packing round-trips: every file a run wrote comes back as it was."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+from bench.pack_results import ARCHIVE, pack_run, unpack_run
+
+ROOT = Path(__file__).resolve().parents[2]
+LIMIT_BYTES = 10 * 1024 * 1024
+
+
+def test_committed_results_stay_under_ten_megabytes_and_keep_no_loose_logs() -> None:
+    out = subprocess.run(
+        ["git", "ls-files", "-s", "bench/results"], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout
+    names = [line.split("\t", 1)[1] for line in out.splitlines()]
+    assert names, "no committed results"
+    size = sum((ROOT / n).stat().st_size for n in names if (ROOT / n).is_file())
+    assert size < LIMIT_BYTES, f"bench/results/ holds {size / 2**20:.1f} MiB in git; pack the runs"
+    loose = [n for n in names if n.endswith((".log", ".prom", ".txt"))]
+    assert not loose, f"unpacked run records (python -m bench.pack_results RUN): {loose[:5]}"
+
+
+def test_packing_a_run_round_trips(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    (run / "serve_x").mkdir(parents=True)
+    files = {
+        "summary.json": json.dumps({"ok": True}),
+        "summary.md": "# summary\n",
+        "serve_x/closed_search_x.json": json.dumps({"records": list(range(40_000))}),  # > 100 KB
+        "serve_x/latency_x.json": json.dumps({"p50": 1.0}),
+        "serve_x/serve_x.log": "log line\n" * 100,
+        "metrics_x_talker-0.prom": "voxstage_stage_requests_total 3\n",
+    }
+    for name, text in files.items():
+        (run / name).write_text(text)
+    pack_run(run)
+    kept = sorted(p.relative_to(run).as_posix() for p in run.rglob("*") if p.is_file())
+    assert kept == [
+        ARCHIVE,
+        "serve_x/closed_search_x.json.xz",
+        "serve_x/latency_x.json",
+        "summary.json",
+        "summary.md",
+    ]
+    packed = (run / ARCHIVE).read_bytes()
+    again = tmp_path / "again"
+    shutil.copytree(run, again)
+    unpack_run(again)
+    pack_run(again)
+    assert (again / ARCHIVE).read_bytes() == packed  # deterministic
+    unpack_run(run)
+    assert {p.relative_to(run).as_posix(): p.read_text() for p in run.rglob("*") if p.is_file()} == files
