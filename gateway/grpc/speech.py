@@ -21,8 +21,9 @@ from google.protobuf import duration_pb2
 
 from gateway.accounting import RequestAccounting
 from gateway.catalog import voices_of
+from gateway.checks import resolve_model
 from gateway.core import GatewayCore
-from gateway.errors import GatewayError, abort, as_gateway_error, invalid, not_found
+from gateway.errors import GatewayError, abort, as_gateway_error, invalid
 from gateway.grpc.converse import converse
 from gateway.quotas import STREAM, client_of
 from gateway.tts.request import (
@@ -37,7 +38,6 @@ from gateway.tts.stream_watch import StreamWatch
 from gateway.tts.synthesis import FLUSH, AudioOut, Finished, InputItem, SegmentEnd, Started, whole_text
 from voxstage import formats
 from voxstage.audio import AudioError, AudioFormat, StreamingEncoder, encode_clip
-from voxstage.quote import quoted
 from voxstage.v1 import speech_pb2, speech_pb2_grpc
 
 # gRPC's spelling of the one format table (voxstage.formats), shared with HTTP, the SDK and the CLI.
@@ -269,21 +269,8 @@ class SpeechServicer(speech_pb2_grpc.SpeechServicer):
     async def ListVoices(
         self, request: speech_pb2.ListVoicesRequest, context: Context
     ) -> speech_pb2.ListVoicesResponse:
-        model = self.core.model
         try:
-            if model is None:
-                raise GatewayError(
-                    grpc.StatusCode.UNAVAILABLE,
-                    "no talker has reported its model yet",
-                    field="talker",
-                    retry_after_s=1.0,
-                )
-            if request.model and request.model not in (model.name, *model.aliases):
-                raise not_found(
-                    "model",
-                    f"model {quoted(request.model)} is not served here; served: {model.name}",
-                    reason="model_not_found",
-                )
+            model = resolve_model(request.model, self.core.model, "model")
         except GatewayError as exc:
             await abort(context, exc)
             raise AssertionError("unreachable") from None

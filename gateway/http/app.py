@@ -23,11 +23,11 @@ from starlette.requests import ClientDisconnect
 
 from gateway.accounting import RequestAccounting
 from gateway.catalog import voices_of
+from gateway.checks import resolve_model
 from gateway.core import GatewayCore
 from gateway.errors import (
     GatewayError,
     as_gateway_error,
-    not_found,
     openai_body,
     openai_error,
     retry_after_header,
@@ -154,24 +154,10 @@ def build_app(core: GatewayCore) -> FastAPI:
 
     @app.get("/v1/audio/voices")
     async def voices(model: str = "", language: str = "") -> JSONResponse:
-        current = core.model
-        if current is None:
-            return _error_response(
-                GatewayError(
-                    grpc.StatusCode.UNAVAILABLE,
-                    "no talker has reported its model yet",
-                    field="talker",
-                    retry_after_s=1.0,
-                )
-            )
-        if model and model not in (current.name, *current.aliases):
-            return _error_response(
-                not_found(
-                    "model",
-                    f"model {quoted(model)} is not served here; served: {current.name}",
-                    reason="model_not_found",
-                )
-            )
+        try:
+            current = resolve_model(model, core.model, "model")
+        except GatewayError as err:
+            return _error_response(err)
         out = [
             {
                 "name": v.name,
