@@ -27,7 +27,7 @@ from bench import loadgen
 from bench.duplex_levels import Clients, SessionOptions, level_stack, run_levels
 from bench.procsample import Sampler, format_groups
 from bench.prom import parse_prom
-from bench.stack import Stack
+from bench.stack import REPO, Stack
 from bench.timeline import compress, render_window, wait_for_traces, write_window
 
 if TYPE_CHECKING:
@@ -62,7 +62,8 @@ def phases_for(model: str, fam: Family, phases: list[str]) -> list[str]:
     skipped = [p for p in phases if p not in PHASES and p != "report"]
     if skipped:
         print(f"\n== {model}: {','.join(skipped)} skipped: TTS phases; a duplex model is measured by "
-              f"realtime and timeline (its frame step: bench/{fam.engine_script})", flush=True)  # fmt: skip
+              f"realtime and timeline (its frame step: {fam.engine_script.relative_to(REPO)})",
+              flush=True)  # fmt: skip
     return [p for p in phases if p not in skipped]
 
 

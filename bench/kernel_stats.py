@@ -1,6 +1,7 @@
-"""Per-call kernel statistics from a ``torch.profiler`` run (``bench/profile_gpu.py``): count, busy time,
-kernel families (name prefixes, as in ``../shared/reference/qwen3-profile.md``) and coarse classes; and
-the printed summary of the script's records (a table, the fastest setting per call shape)."""
+"""Per-call kernel statistics from a ``torch.profiler`` run (a family's profile script, e.g.
+``bench/families/<family>/profile_gpu.py``): count, busy time, kernel families (name prefixes, as in the
+profiles under ``../shared/reference/``) and coarse classes; and the printed summary of the script's records
+(a table beside a "before" profile, the fastest setting per call shape)."""
 
 from __future__ import annotations
 
@@ -25,9 +26,6 @@ CLASSES = [
     ("elementwise", r"elementwise|CatArray|index|scatter"),
 ]
 
-# qwen3-profile.md (0.6B, 2026-12-01): (kernels, GPU-busy ms) per call, printed next to this run's rows.
-BEFORE = {("talker", 1, 1): (3479, 9.07), ("talker", 64, 1): (3685, 12.49),
-          ("codec", 1, 1): (1083, 2.61), ("codec", 64, 25): (1128, 152.5)}  # fmt: skip
 SLOW_CONV = "implicit_convolve_sgemm"  # the cuDNN fallback the "before" profile found (17.8 ms in one launch)
 
 
@@ -104,7 +102,12 @@ def summarize(prof: Any, calls: int, cuda: bool, top: int = 12) -> dict[str, Any
 
 
 # -- the printed report -----------------------------------------------------------------------------------
-def table(records: list[Record]) -> str:
+# A "before" profile: (part, batch, frames) -> (kernels, GPU-busy ms) per call, of one preset size.
+Before = tuple[str, dict[tuple[str, int, int], tuple[int, float]]]
+
+
+def table(records: list[Record], before: Before | None = None) -> str:
+    """One row per record; ``before`` (the size it was taken at, its rows) printed beside matching rows."""
     head = f"{'part':7}{'size':6}{'B':>4}{'T':>4} {'fused':6}{'sampler':8}{'dtype':6}{'cudnn':6}"
     head += f"{'kernels':>9}{'busy ms':>10}{'wall ms':>10}{'capt s':>8}  before (kernels, busy ms)"
     lines = [head]
@@ -116,10 +119,11 @@ def table(records: list[Record]) -> str:
         if "error" in r:
             lines.append(f"{cells}  ERROR {r['error'][:70]}")
             continue
-        before = BEFORE.get((r["part"], r["batch"], r["frames"])) if r["size"] == "0.6b" else None
+        key = (r["part"], r["batch"], r["frames"])
+        was = before[1].get(key) if before and r["size"] == before[0] else None
         cells += f"{r['kernels_per_call']:>9}{r['gpu_busy_ms']:>10.3f}{r['wall_ms_p50']:>10.3f}"
         cells += f"{r['capture_s']:>8.2f}"
-        lines.append(cells + (f"  {before}" if before else ""))
+        lines.append(cells + (f"  {was}" if was else ""))
     return "\n".join(lines)
 
 

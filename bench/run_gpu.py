@@ -14,9 +14,11 @@
   ``openai`` measures c=1 and the closed search again through the official ``openai`` client on kept-alive
   HTTP connections; ``llm`` / ``llm_poisson`` repeat them with the text streamed as deltas at an LLM's rate
   (bench/serve_gpu.py); ``--pairs N`` serves from N talker + codec pairs sharing the GPU;
-* ``engine``: ``bench/engine_gpu.py`` (frame step and codec time at batch 1/8/32/64);
-* ``reference``: the preset's weights exported in the checkpoint layout, then the family's reference
-  benchmark (``bench/reference_*.py``) in the reference's own environment;
+* ``engine``: the family's engine benchmark (its descriptor's ``Bench.engine_script``, in its bench folder
+  ``bench/families/<family>/``: frame step and codec time at batch 1/8/32/64);
+* ``reference``: the preset's weights exported in the reference's checkpoint layout, then the family's
+  reference benchmark (``Bench.reference_export`` and ``Bench.reference_script``, in the same folder) in the
+  reference's own environment;
 * ``report``: ``summary.json`` / ``summary.md`` with ours-vs-reference ratios, and plots.
 
 Every phase writes its JSON as soon as it ends, so a run cut short keeps what it finished and ``--phases``
@@ -60,8 +62,9 @@ class Family:
     voice: str
     language: str
     frame_rate_hz: float
-    engine_script: str
-    reference_script: str  # an official reference implementation the `reference` phase runs ("": none)
+    engine_script: Path  # the family's engine micro-benchmark, in its bench folder
+    reference_script: Path | None  # an official reference implementation the `reference` phase runs
+    reference_export: Path | None  # writes a preset's weights in the reference's checkpoint layout
     duplex: bool = False  # a full-duplex model: only the `realtime` and `timeline` phases serve it
 
 
@@ -72,10 +75,12 @@ def family_of(model: str) -> Family:
     if found is None or bench is None:
         known = ", ".join(p.name for f in families.families() if f.bench for p in f.presets)
         raise SystemExit(f"--models: {model!r} is not a benchmarked preset ({known})")
-    fam = found[0]
+    fam, folder = found[0], REPO / bench.folder
+    reference = folder / bench.reference_script if bench.reference_script else None
+    export = folder / bench.reference_export if bench.reference_export else None
     return Family(
         REPO / fam.deploy_file, bench.schedule, bench.voice, bench.language, fam.frame_rate_hz,
-        bench.engine_script, bench.reference_script, fam.duplex,
+        folder / bench.engine_script, reference, export, fam.duplex,
     )  # fmt: skip
 
 
@@ -127,24 +132,25 @@ def serve_tag(model: str, pairs: int) -> str:
 def engine_phase(a: argparse.Namespace, model: str, out: Path, prof: Profile) -> None:
     tag = size_of(model)
     script = family_of(model).engine_script
-    cmd = [sys.executable, str(REPO / "bench" / script), "--out", str(out / f"engine_{tag}.json")]
+    cmd = [sys.executable, str(script), "--out", str(out / f"engine_{tag}.json")]
     cmd += ["--size", tag, "--device", a.device, *(["--quick"] if prof.engine_quick else [])]
     cmd += a.engine_args.split()
     print(f"\n== engine {tag}: {' '.join(cmd)}", flush=True)
     with (out / f"engine_{tag}.log").open("wb") as log:
         code = subprocess.run(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT).returncode
     if code != 0:
-        raise RuntimeError(f"{script} exited {code}; see {out / f'engine_{tag}.log'}")
+        raise RuntimeError(f"{script.name} exited {code}; see {out / f'engine_{tag}.log'}")
 
 
 def reference_phase(a: argparse.Namespace, model: str, out: Path, prof: Profile) -> None:
     tag = size_of(model)
-    script = family_of(model).reference_script
-    if not script:
+    fam = family_of(model)
+    script, exporter = fam.reference_script, fam.reference_export
+    if script is None or exporter is None:
         print(f"\n== reference {tag}: skipped (no runnable reference implementation)", flush=True)
         return
     weights = Path(a.scratch) / f"ref-weights-{tag}"
-    export = [sys.executable, str(REPO / "bench" / "export_reference_weights.py"), "--model", model]
+    export = [sys.executable, str(exporter), "--model", model]
     export += ["--out", str(weights), "--device", a.device]
     print(f"\n== reference {tag}: {' '.join(export)}", flush=True)
     log_path = out / f"reference_{tag}.log"
@@ -157,7 +163,7 @@ def reference_phase(a: argparse.Namespace, model: str, out: Path, prof: Profile)
                 env["PYTHONPATH"] = a.ref_env  # the reference's own packages only, never voxstage's
             else:
                 env.pop("PYTHONPATH", None)
-            cmd = [a.ref_python or sys.executable, str(REPO / "bench" / script)]
+            cmd = [a.ref_python or sys.executable, str(script)]
             cmd += ["--weights", str(weights), "--out", str(out / f"reference_{tag}.json")]
             cmd += ["--device", a.device, "--frames", str(a.frames), "--runs", str(prof.ref_runs)]
             cmd += ["--decoder-iters", "3"] if a.profile == "smoke" else []
@@ -167,7 +173,7 @@ def reference_phase(a: argparse.Namespace, model: str, out: Path, prof: Profile)
     finally:
         shutil.rmtree(weights, ignore_errors=True)  # up to 4 GB per model
     if code != 0:
-        raise RuntimeError(f"{script} exited {code}; see {log_path}")
+        raise RuntimeError(f"{script.name} exited {code}; see {log_path}")
 
 
 def worktree_tree(repo: Path) -> str | None:

@@ -1,5 +1,5 @@
 """Access to the Qwen3-TTS golden fixtures in ``tests/fixtures/qwen3_tts`` (made by
-``scripts/make_golden_qwen3_tts.py`` from the reference ``qwen-tts`` 0.1.1 package).
+``tests/golden_builders/make_golden_qwen3_tts.py`` from the reference ``qwen-tts`` 0.1.1 package).
 
 Tests import this as ``from tests.golden import ...`` (run pytest as ``python -m pytest`` from the repo root).
 The generator also imports this file by path inside its throwaway venv, so it may only depend on numpy,

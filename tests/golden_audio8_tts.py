@@ -1,5 +1,6 @@
 """Access to the Audio8-TTS golden fixtures in ``tests/fixtures/audio8_tts`` (made by
-``scripts/make_golden_audio8_tts.py`` with ``transformers`` 4.57.3 ``Qwen2Model`` / ``LlamaModel``).
+``tests/golden_builders/make_golden_audio8_tts.py`` with ``transformers`` 4.57.3 ``Qwen2Model`` /
+``LlamaModel``).
 
 The generator imports this file by path inside its throwaway venv, so it depends only on numpy and torch,
 never on ``voxstage`` at import time.

@@ -1,5 +1,5 @@
 """Access to the PersonaPlex LM golden fixtures in ``tests/fixtures/personaplex/lm`` (made by
-``scripts/make_golden_personaplex.py`` from the reference ``moshi`` 0.2.13 package).
+``tests/golden_builders/make_golden_personaplex.py`` from the reference ``moshi`` 0.2.13 package).
 
 The generator imports this file by path inside its throwaway venv, so it depends only on numpy and torch,
 never on ``voxstage`` at import time.

@@ -1,5 +1,6 @@
 """Access to the Mimi golden fixtures in ``tests/fixtures/personaplex/mimi`` (made by
-``scripts/golden_personaplex_mimi.py`` with the reference ``moshi`` 0.2.13; see the README there).
+``tests/golden_builders/golden_personaplex_mimi.py`` with the reference ``moshi`` 0.2.13; see the README
+there).
 
 Depends on numpy, torch and safetensors only. Weights are stored as int8 ``q`` with a per-tensor ``exp``
 (value ``q * 2**exp``), so :func:`load_state_dict` returns fp32 tensors bit-identical to what moshi ran.

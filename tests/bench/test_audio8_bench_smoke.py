@@ -17,7 +17,14 @@ pytestmark = pytest.mark.timeout(200)
 
 def test_audio8_engine_benchmark_runs_on_cpu(tmp_path: Path) -> None:
     out = tmp_path / "a8.json"
-    cmd = [sys.executable, "bench/audio8_gpu.py", "--out", str(out), "--size", "audio8-tts-tiny"]
+    cmd = [
+        sys.executable,
+        "bench/families/audio8_tts/audio8_gpu.py",
+        "--out",
+        str(out),
+        "--size",
+        "audio8-tts-tiny",
+    ]
     cmd += ["--device", "cpu", "--batches", "1,2", "--iters", "2"]
     env = {**os.environ, "VOXSTAGE_CACHE": str(tmp_path / "cache")}
     subprocess.run(cmd, cwd=ROOT, check=True, capture_output=True, timeout=180, env=env)

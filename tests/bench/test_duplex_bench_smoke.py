@@ -18,7 +18,16 @@ pytestmark = pytest.mark.timeout(200)
 
 def test_frame_step_benchmark_runs_on_cpu(tmp_path: Path) -> None:
     out = tmp_path / "pp.json"
-    cmd = [sys.executable, "bench/personaplex_gpu.py", "--out", str(out), "--size", "tiny", "--device", "cpu"]
+    cmd = [
+        sys.executable,
+        "bench/families/personaplex/personaplex_gpu.py",
+        "--out",
+        str(out),
+        "--size",
+        "tiny",
+        "--device",
+        "cpu",
+    ]
     cmd += ["--batches", "1,2", "--iters", "2", "--window", "64"]
     subprocess.run(cmd, cwd=ROOT, check=True, capture_output=True, timeout=120)
     result = json.loads(out.read_text())

@@ -1,6 +1,7 @@
 """CI smoke test of ``bench/kv_fp8.py`` on CPU with the tiny presets: it runs and writes sane JSON (error
-entries for the golden fixtures and both tiny presets, timing rows for both kv_cache_dtype values). CPU
-timing is not a benchmark: only the shape of the results is checked."""
+entries for the golden fixtures and both tiny presets of the families with an fp8 cache, found through the
+registry in its order; timing rows for both kv_cache_dtype values). CPU timing is not a benchmark: only the
+shape of the results is checked."""
 
 from __future__ import annotations
 
@@ -25,12 +26,13 @@ def test_kv_fp8_bench_runs_on_cpu(tmp_path: Path) -> None:
     result = json.loads(out.read_text())
     models = [e["model"] for e in result["errors"]]
     assert models == [
+        "golden/qwen3_tts/custom_voice",
         "golden/personaplex/prompt_voice",
         "golden/personaplex/ring_window",
-        "golden/qwen3_tts/custom_voice",
-        "personaplex-tiny",
         "qwen3-tts-tiny",
+        "personaplex-tiny",
     ]
+    assert list(result["timing"]) == ["qwen3-tts-tiny", "personaplex-tiny"]
     for entry in result["errors"]:
         for method in ("weights", "amax", "unit"):
             assert entry[method]["cache"]["k"]["clipped_share"] == 0.0

@@ -1,4 +1,5 @@
-"""``bench/codec_precision.py`` runs on the golden decoder and reports a real, non-zero bf16 error."""
+"""``bench/families/qwen3_tts/codec_precision.py`` runs on the golden decoder and reports a real, non-zero
+bf16 error."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from bench import codec_precision
+from bench.families.qwen3_tts import codec_precision
 from tests.golden import fixture_dir
 
 

@@ -1,6 +1,6 @@
-"""CPU smoke test of ``bench/profile_gpu.py`` on the tiny preset: it runs as the lead runs it (a subprocess)
-and writes one sane record per lever setting. CPU timing is not a benchmark: only shapes and counts are
-checked."""
+"""CPU smoke test of ``bench/families/qwen3_tts/profile_gpu.py`` on the tiny preset: it runs as the lead runs
+it (a subprocess) and writes one sane record per lever setting. CPU timing is not a benchmark: only shapes
+and counts are checked."""
 
 from __future__ import annotations
 
@@ -20,7 +20,15 @@ pytestmark = pytest.mark.timeout(120)
 
 def test_profile_script_writes_a_record_per_setting(tmp_path: Path) -> None:
     out = tmp_path / "prof.json"
-    cmd = [sys.executable, "bench/profile_gpu.py", "--out", str(out), "--device", "cpu", "--quick"]
+    cmd = [
+        sys.executable,
+        "bench/families/qwen3_tts/profile_gpu.py",
+        "--out",
+        str(out),
+        "--device",
+        "cpu",
+        "--quick",
+    ]
     env = {**os.environ, "VOXSTAGE_CACHE": str(tmp_path / "cache"), "OMP_NUM_THREADS": "1"}
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=100, env=env)
     assert done.returncode == 0, done.stderr[-3000:]

@@ -29,5 +29,5 @@ FAMILY = Family(
     codec_dtype_key="audio8_tts_codec_dtype",
     deploy_file="deploy/audio8_tts.yaml",
     # No preset speakers, the text's own language; its reference is remote code only.
-    bench=Bench("4,25", engine_script="audio8_gpu.py"),
+    bench=Bench("4,25", folder="bench/families/audio8_tts", engine_script="audio8_gpu.py"),
 )

@@ -40,10 +40,18 @@ class Bench:
     schedule: str  # "initial,steady" chunk frames of the deploy file
     voice: str = ""  # "" for a family without preset speakers
     language: str = ""  # "" for a family that reads the text's language
-    engine_script: str = ""  # the family's in-process engine benchmark under bench/
-    # The reference implementation's benchmark under bench/, run in its own environment beside voxstage
-    # (the RTF/TTFA baseline); "" when none can run here.
+    # The family's bench folder (from the repository root): every benchmark that drives this family's own
+    # code or its reference lives there, and only there may a bench tool name the family.
+    folder: str = ""
+    engine_script: str = ""  # the family's in-process engine benchmark, in `folder`
+    # The reference implementation's benchmark, in `folder`, run in its own environment beside voxstage
+    # (the RTF/TTFA baseline); "" when none can run here. `reference_export`, in `folder`, first writes the
+    # preset's weights in the reference's checkpoint layout (--model, --out, --device).
     reference_script: str = ""
+    reference_export: str = ""
+    # The module (in `folder`) of ``bench/kv_fp8.py``'s drivers for a family with an fp8 KV cache ("": none;
+    # bench/kv_fp8_kit.py says what it provides).
+    kv_fp8: str = ""
     tag_prefix: str = ""  # dropped from a preset's name to make its result files' tag ("0.6b")
     default_models: tuple[str, ...] = ()  # the presets a run benchmarks when --models names none
 

@@ -32,5 +32,11 @@ FAMILY = Family(
     ),
     deploy_file="deploy/personaplex.yaml",
     # Duplex sessions through /v1/realtime (bench/capacity_phases.py: the realtime and timeline phases).
-    bench=Bench("1,5", voice="NATF0", engine_script="personaplex_gpu.py"),
+    bench=Bench(
+        "1,5",
+        voice="NATF0",
+        folder="bench/families/personaplex",
+        engine_script="personaplex_gpu.py",
+        kv_fp8="bench.families.personaplex.kv_fp8",
+    ),
 )

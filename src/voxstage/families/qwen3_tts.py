@@ -49,10 +49,13 @@ FAMILY = Family(
     deploy_file="deploy/qwen3_tts.yaml",
     bench=Bench(
         "1,25",
+        folder="bench/families/qwen3_tts",
         voice="ryan",
         language="english",
         engine_script="engine_gpu.py",
         reference_script="reference_qwen_tts.py",
+        reference_export="export_reference_weights.py",
+        kv_fp8="bench.families.qwen3_tts.kv_fp8",
         tag_prefix="qwen3-tts-",
         default_models=("qwen3-tts-0.6b", "qwen3-tts-1.7b"),
     ),

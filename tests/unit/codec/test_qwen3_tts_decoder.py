@@ -38,7 +38,7 @@ _codes = random_codes
 
 def _decode_cases() -> dict[str, dict[str, Any]]:
     if not (fixture_dir() / "cases.json").is_file():
-        pytest.skip("golden fixtures not generated yet (scripts/make_golden_qwen3_tts.py)")
+        pytest.skip("golden fixtures not generated yet (tests/golden_builders/make_golden_qwen3_tts.py)")
     cases = {name: case for name, case in load_cases().items() if case.get("kind") == "codec_decode"}
     assert cases, "the fixtures hold no codec_decode case"
     return cases
@@ -47,7 +47,7 @@ def _decode_cases() -> dict[str, dict[str, Any]]:
 @pytest.fixture(scope="module")
 def golden_decoder(tmp_path_factory: pytest.TempPathFactory) -> Qwen3TokenizerDecoder:
     if not (fixture_dir() / "cases.json").is_file():
-        pytest.skip("golden fixtures not generated yet (scripts/make_golden_qwen3_tts.py)")
+        pytest.skip("golden fixtures not generated yet (tests/golden_builders/make_golden_qwen3_tts.py)")
     # Through the real on-disk layout and the real loader, exactly as a released checkpoint would load.
     ckpt = materialize_checkpoint("custom_voice", tmp_path_factory.mktemp("qwen3_tts_ckpt"))
     return load_qwen3_tts_decoder(ckpt)
@@ -106,7 +106,7 @@ def test_golden_decode_matches_reference(golden_decoder: Qwen3TokenizerDecoder) 
 
 def test_golden_config_parses() -> None:
     if not (fixture_dir() / "cases.json").is_file():
-        pytest.skip("golden fixtures not generated yet (scripts/make_golden_qwen3_tts.py)")
+        pytest.skip("golden fixtures not generated yet (tests/golden_builders/make_golden_qwen3_tts.py)")
     cfg = decoder_config_from_tokenizer_json(load_config("speech_tokenizer"))
     assert cfg.samples_per_frame == 1920 and cfg.sliding_window == 72 and cfg.num_quantizers == 16
 

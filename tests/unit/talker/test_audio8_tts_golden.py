@@ -1,5 +1,5 @@
 """Audio8-TTS against the transformers reference (``tests/fixtures/audio8_tts``, from
-``scripts/make_golden_audio8_tts.py``).
+``tests/golden_builders/make_golden_audio8_tts.py``).
 
 transformers keeps its RoPE table in fp32, so parity is checked with ``rope_dtype=torch.float32``; the
 released model's bf16 table is measured against the same reference and must stay a small, nonzero shift.

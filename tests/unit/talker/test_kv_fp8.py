@@ -18,7 +18,9 @@ import numpy as np
 import pytest
 import torch
 
-from bench.kv_fp8 import golden_personaplex, golden_qwen, measure
+from bench.families.personaplex import kv_fp8 as personaplex_fp8
+from bench.families.qwen3_tts import kv_fp8 as qwen3_fp8
+from bench.kv_fp8 import measure
 from services.talker.engine import EngineConfig, TalkerEngine
 from services.talker.main import use_kv_cache_dtype
 from services.talker.models.audio8_tts.adapter import Audio8TTSAdapter
@@ -41,7 +43,7 @@ FRAMES = {"personaplex": 200, "qwen3_tts": 100}
 
 def _golden_cases(tmp: Path) -> dict[str, Any]:
     pp = FRAMES["personaplex"]
-    cases = golden_personaplex(pp, streams=1) + [golden_qwen(FRAMES["qwen3_tts"], streams=1, tmp=tmp)]
+    cases = personaplex_fp8.golden_cases(pp, 1, tmp) + qwen3_fp8.golden_cases(FRAMES["qwen3_tts"], 1, tmp)
     frames = {name: pp if "personaplex" in name else FRAMES["qwen3_tts"] for name, _, _ in cases}
     return {name: (make, yardstick, frames[name]) for name, make, yardstick in cases}
 

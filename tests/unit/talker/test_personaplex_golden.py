@@ -1,5 +1,6 @@
 """Golden parity of the PersonaPlex LM with the reference moshi 0.2.13 ``LMGen.step`` (fixtures from
-``scripts/make_golden_personaplex.py``): greedy token streams, prompt columns, ring wrap, stored voices."""
+``tests/golden_builders/make_golden_personaplex.py``): greedy token streams, prompt columns, ring wrap, stored
+voices."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Golden parity with the reference qwen-tts 0.1.1 (fixtures from scripts/make_golden_qwen3_tts.py).
+"""Golden parity with the reference qwen-tts 0.1.1 (fixtures from
+tests/golden_builders/make_golden_qwen3_tts.py).
 
 Each variant's tiny checkpoint is materialized in the released on-disk layout and loaded through the real
 loader; prompts are rebuilt from the recorded token ids; prefill embeddings and logits must match within

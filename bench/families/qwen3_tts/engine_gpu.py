@@ -7,7 +7,8 @@ Measures, on one CUDA device:
 * one request through TalkerEngine + CodecEngine: time to first PCM and real-time factor at concurrency 1;
 * peak device memory against a ``gpu_memory_utilization`` budget.
 
-Usage: ``python bench/engine_gpu.py --out results.json [--size 0.6b] [--quick]``. Writes JSON.
+Usage: ``python bench/families/qwen3_tts/engine_gpu.py --out results.json [--size 0.6b] [--quick]``.
+Writes JSON.
 """
 
 from __future__ import annotations

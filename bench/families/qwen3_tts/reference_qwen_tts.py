@@ -1,11 +1,12 @@
 """Time the reference ``qwen-tts`` 0.1.1 generation loop at batch 1 (reference-gpu.md §2 methodology).
 
-    PYTHONPATH=/tmp/refenv python3 bench/reference_qwen_tts.py --weights /tmp/ref-0.6b --out ref.json
+    PYTHONPATH=/tmp/refenv python3 bench/families/qwen3_tts/reference_qwen_tts.py --weights /tmp/ref-0.6b \
+        --out ref.json
 
 Runs in the reference's own environment (qwen-tts 0.1.1 + transformers 4.57.3 in a ``--target`` folder, see
 bench/README.md); it never imports voxstage and voxstage never imports it. The weights are the ones our
-stack serves, written by ``bench/export_reference_weights.py`` in the real checkpoint layout and loaded
-strictly, so both sides run the same size-true random model.
+stack serves, written by ``bench/families/qwen3_tts/export_reference_weights.py`` in the real checkpoint
+layout and loaded strictly, so both sides run the same size-true random model.
 
 What is timed, as in reference-gpu.md §2: ``model.generate`` in the form ``generate_custom_voice`` uses
 (speaker ryan, English, ``non_streaming_mode=True``, package sampling defaults) on a prompt of 24 random text
@@ -33,7 +34,7 @@ from typing import Any
 
 import torch
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[3]
 FRAME_S = 0.08
 IM_START, IM_END, ASSISTANT, NEWLINE = 151644, 151645, 77091, 198  # Qwen2 tokenizer ids of the chat frame
 FIRST_SPECIAL_TEXT_ID = 151643  # random prompt ids stay below the special tokens
@@ -55,7 +56,7 @@ def stub_unused() -> None:
     """The golden-fixture generator's stubs (sox, onnxruntime, torchaudio: the 25 Hz tokenizer and demo),
     plus librosa and soundfile, which ``import qwen_tts`` pulls in at module level for the speaker encoder's
     mel filterbank and the wrapper's file I/O, neither used by a CustomVoice ``generate``."""
-    sys.path.insert(0, str(REPO / "scripts"))
+    sys.path.insert(0, str(REPO / "tests" / "golden_builders"))
     from make_golden_qwen3_tts import stub_unused_modules
 
     stub_unused_modules()
@@ -243,7 +244,12 @@ def time_decoder(weights: Path, device: str, frames: int, dtypes: list[str], war
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--weights", type=Path, required=True, help="bench/export_reference_weights.py output")
+    ap.add_argument(
+        "--weights",
+        type=Path,
+        required=True,
+        help="bench/families/qwen3_tts/export_reference_weights.py output",
+    )
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     ap.add_argument("--frames", type=int, default=100)

@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 import torch
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 SILENCE_TOKENS = [948, 243, 1178, 546, 1736, 1030, 1978, 2008]
 SINE_TOKENS = [430, 1268, 381, 1611, 1095, 1495, 56, 472]
 TEXT_PAD = 3
@@ -201,4 +201,4 @@ def build_lm_fixtures(out_dir: Path, command: str) -> None:
 if __name__ == "__main__":
     out = Path(sys.argv[1]) if len(sys.argv) > 1 else REPO / "tests" / "fixtures" / "personaplex" / "lm"
     torch.manual_seed(0)
-    build_lm_fixtures(out, command="python scripts/golden_personaplex_lm.py")
+    build_lm_fixtures(out, command="python tests/golden_builders/golden_personaplex_lm.py")

@@ -6,7 +6,7 @@ composite wrappers and host-side checks left out; a hidden copy, such as a ``lay
 contiguous, counts as one more). Runs the slot-indexed API (``slots = arange(B)``) and, where the codec has
 it, the packed one.
 
-    .venv/bin/python bench/mimi_step_ops.py --batches 1,8 --iters 5
+    .venv/bin/python bench/families/personaplex/mimi_step_ops.py --batches 1,8 --iters 5
 """
 
 from __future__ import annotations

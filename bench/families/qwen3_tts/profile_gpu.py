@@ -16,10 +16,10 @@ Levers (``--levers``; one not listed is held at its baseline, the first value):
 * ``cudnn``: ``torch.backends.cudnn.benchmark`` off / on for the codec. cuDNN caches a plan per shape for
   the life of the process whatever the flag was, so "on" runs in a child process of this script.
 
-Usage: ``python -m bench.profile_gpu --out prof.json [--size 0.6b|1.7b] [--quick] [--parts talker,codec]
-[--levers fused,sampler,dtype,cudnn]``; ``--device cpu`` is a smoke run on the tiny preset (CPU profiler
-activity: leaf ops stand in for kernels). Writes a JSON list of records (after every record, so a crash keeps
-what was measured) and prints a table.
+Usage: ``python -m bench.families.qwen3_tts.profile_gpu --out prof.json [--size 0.6b|1.7b] [--quick]
+[--parts talker,codec] [--levers fused,sampler,dtype,cudnn]``; ``--device cpu`` is a smoke run on the tiny
+preset (CPU profiler activity: leaf ops stand in for kernels). Writes a JSON list of records (after every
+record, so a crash keeps what was measured) and prints a table.
 """
 
 from __future__ import annotations
@@ -51,13 +51,21 @@ from voxstage.nn import fused
 from voxstage.presets import resolve_model
 
 try:
-    from bench.engine_gpu import SAMPLING, admit_prompts
-    from bench.kernel_stats import summarize, table, wins
-except ModuleNotFoundError:  # run as a file (python bench/profile_gpu.py): bench/ itself is on sys.path
-    from engine_gpu import SAMPLING, admit_prompts  # type: ignore[no-redef]
-    from kernel_stats import summarize, table, wins  # type: ignore[no-redef]
+    from bench.families.qwen3_tts.engine_gpu import SAMPLING, admit_prompts
+    from bench.kernel_stats import Before, summarize, table, wins
+except ModuleNotFoundError:  # run as a file: this folder is on sys.path, the repository root is not
+    sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
+    from bench.families.qwen3_tts.engine_gpu import SAMPLING, admit_prompts
+    from bench.kernel_stats import Before, summarize, table, wins
 
 Record = dict[str, Any]
+# ``../shared/reference/qwen3-profile.md`` (0.6B, 2026-12-01): (kernels, GPU-busy ms) per call, printed next
+# to this run's rows.
+BEFORE: Before = (
+    "0.6b",
+    {("talker", 1, 1): (3479, 9.07), ("talker", 64, 1): (3685, 12.49),
+     ("codec", 1, 1): (1083, 2.61), ("codec", 64, 25): (1128, 152.5)},
+)  # fmt: skip
 
 LEVERS = {"fused": [True, False], "sampler": ["top_k", "full", "greedy"], "dtype": ["bf16", "fp32"],
           "cudnn": [False, True]}  # fmt: skip
@@ -365,7 +373,7 @@ def main(argv: list[str] | None = None) -> int:
         except Exception as exc:
             records.append(failed({"part": "codec", "levers": {"cudnn_benchmark": True}}, exc))
         out.write_text(json.dumps(records, indent=1) + "\n")
-    print(table(records), flush=True)
+    print(table(records, BEFORE), flush=True)
     print(wins(records, fused.triton_available()), flush=True)
     print(f"{len(records)} records in {time.perf_counter() - started:.0f} s -> {out}", flush=True)
     return 0

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Build the Audio8-TTS (arktts) golden fixtures with ``transformers`` as the structural reference.
 
-    python scripts/make_golden_audio8_tts.py [--venv DIR] [--out tests/fixtures/audio8_tts]
+    python tests/golden_builders/make_golden_audio8_tts.py [--venv DIR] [--out tests/fixtures/audio8_tts]
 
 No reference package exists for Audio8 (its modeling code is HF remote code), so parity is structural
 (models.md §2.4): the slow AR equals ``transformers.Qwen2Model`` (q/k/v bias, o without) and the fast AR
@@ -34,7 +34,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import golden_venv  # noqa: E402  (a sibling script, importable once the folder is on the path)
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 DEFAULT_VENV = Path("/tmp/voxstage-golden-arktts-venv")
 DEFAULT_OUT = REPO / "tests" / "fixtures" / "audio8_tts"
 REQUIREMENTS = [

@@ -21,7 +21,7 @@ from golden_qwen3_tts_weights import (
     write_npz,
 )
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 VARIANTS = ("custom_voice", "voice_design", "base")
 EOS_ID = 2150
 # Knobs applied after the random draw; each is documented in the fixture README.

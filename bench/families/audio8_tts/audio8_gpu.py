@@ -11,7 +11,8 @@ With the size-true ``audio8-tts-0.6b`` random-weight preset:
 * ``work_ratio``: codec GPU-seconds per talker GPU-second for the same audio at batch 64, which says which
   stage bounds capacity on a shared GPU.
 
-    python bench/audio8_gpu.py --out a8.json [--batches 1,8,32,64] [--device cpu --size audio8-tts-tiny]
+    python bench/families/audio8_tts/audio8_gpu.py --out a8.json [--batches 1,8,32,64] \
+        [--device cpu --size audio8-tts-tiny]
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ import venv
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 # Single-threaded, fixed hashing: reruns give byte-identical fixtures.
 DETERMINISTIC_ENV = {"PYTHONHASHSEED": "0", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 
@@ -46,7 +46,7 @@ def ensure_venv(venv_dir: Path, requirements: Sequence[str], no_deps: Sequence[s
 def command_line(script: Path, out: Path) -> str:
     """The command that regenerates fixtures in ``out`` (recorded in them), relative to the repo."""
     shown = out.relative_to(REPO) if out.is_relative_to(REPO) else out
-    return f"python scripts/{script.name} --out {shown}"
+    return f"python tests/golden_builders/{script.name} --out {shown}"
 
 
 def run_in_venv(

@@ -6,7 +6,8 @@ steady chunks, and reports the bf16 output's error against fp32: max abs, relati
 Two sources: the golden fixtures' decoder (the reference checkpoint layout, tiny) and size-true random
 weights (the 0.6B / 1.7B codec, the same decoder). Random codes, fixed seed.
 
-Usage: ``python -m bench.codec_precision --out codec_precision.json [--device cuda] [--frames 100]``.
+Usage: ``python -m bench.families.qwen3_tts.codec_precision --out codec_precision.json [--device cuda]
+[--frames 100]``.
 """
 
 from __future__ import annotations

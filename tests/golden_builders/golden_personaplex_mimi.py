@@ -1,15 +1,15 @@
 #!/usr/bin/env python3
 """Golden fixtures for the Mimi codec, recorded with the reference ``moshi`` 0.2.13 package.
 
-    NO_TORCH_COMPILE=1 /tmp/moshi-venv/bin/python scripts/golden_personaplex_mimi.py \
+    NO_TORCH_COMPILE=1 /tmp/moshi-venv/bin/python tests/golden_builders/golden_personaplex_mimi.py \
         --out tests/fixtures/personaplex/mimi
 
 Runs inside a throwaway venv that has ``moshi`` (installed ``--no-deps``); it must not import voxstage, and
-``scripts/make_golden_personaplex.py`` calls :func:`build_mimi_fixtures` from there. It builds the tiny Mimi
-of models.md §3.5 with ``moshi.models.loaders.get_mimi``, gives it seeded weights that are exact in fp32
-(every value ``q * 2**exp`` with ``q`` an int8), checks that a kyutai-format safetensors file of them loads
-strictly into moshi, and records moshi's offline and frame-by-frame streaming encode and decode, once with
-the released 250-step attention context and once with a 10-step context so the streaming ring wraps
+``tests/golden_builders/make_golden_personaplex.py`` calls :func:`build_mimi_fixtures` from there. It builds
+the tiny Mimi of models.md §3.5 with ``moshi.models.loaders.get_mimi``, gives it seeded weights that are exact
+in fp32 (every value ``q * 2**exp`` with ``q`` an int8), checks that a kyutai-format safetensors file of them
+loads strictly into moshi, and records moshi's offline and frame-by-frame streaming encode and decode, once
+with the released 250-step attention context and once with a 10-step context so the streaming ring wraps
 within a few frames. Reruns write byte-identical files (fixed seeds, one thread, deterministic torch,
 fixed zip timestamps).
 
@@ -315,8 +315,9 @@ def _metadata(arrays: Mapping[str, np.ndarray], moshi_version: str, st_version: 
             "safetensors": st_version,
             "settings": "CPU, fp32, 1 thread, deterministic algorithms, NO_TORCH_COMPILE=1",
         },
-        "generator": "scripts/golden_personaplex_mimi.py::build_mimi_fixtures",
-        "command": "NO_TORCH_COMPILE=1 /tmp/moshi-venv/bin/python scripts/golden_personaplex_mimi.py "
+        "generator": "tests/golden_builders/golden_personaplex_mimi.py::build_mimi_fixtures",
+        "command": "NO_TORCH_COMPILE=1 /tmp/moshi-venv/bin/python "
+        "tests/golden_builders/golden_personaplex_mimi.py "
         "--out tests/fixtures/personaplex/mimi",
         "seed": SEED,
         "num_codebooks": NUM_CODEBOOKS,
@@ -339,7 +340,7 @@ _README = """# Mimi golden fixtures
 Recorded with the reference `moshi` 0.2.13 (versions in `cases.json["reference"]`) on the tiny Mimi of
 models.md §3.5 (SEANet dimension 32 / 4 filters, transformer d_model 32 / 2 heads / 2 layers / ff 64,
 quantizer dimension 16, 8 of 32 codebooks used, everything else as released). Made by
-`scripts/golden_personaplex_mimi.py` (see its docstring); reruns are byte-identical.
+`tests/golden_builders/golden_personaplex_mimi.py` (see its docstring); reruns are byte-identical.
 
 | file | holds |
 |---|---|

@@ -13,7 +13,8 @@ each eager and CUDA-graphed (one graph per unit and bucket, as the stages captur
 file's default) and sampled (moshi's server settings). Host-timed with a sync per call, like the reference.
 Also: an eager profile (kernels per frame) and the start-up cost of capturing every graph bucket.
 
-    python bench/personaplex_gpu.py --out pp.json [--batches 1,8,32,64] [--device cpu --size tiny]
+    python bench/families/personaplex/personaplex_gpu.py --out pp.json [--batches 1,8,32,64] \
+        [--device cpu --size tiny]
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 
 Runs in an environment where ``moshi`` is importable (carried as a wheel; never a voxstage dependency):
 
-    python bench/reference_moshi.py --out moshi.json [--batches 1,8,32,64] [--steps 100]
+    python bench/families/personaplex/reference_moshi.py --out moshi.json [--batches 1,8,32,64] [--steps 100]
 
 Size-true random weights (``loaders._lm_kwargs``, ``dep_q=8``, bf16; Mimi fp32, random codebooks). Timed,
 with a host sync per call as moshi's server does (it reads the text token every step):

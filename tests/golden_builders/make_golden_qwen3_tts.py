@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Build the Qwen3-TTS golden fixtures from the reference implementation.
 
-    python scripts/make_golden_qwen3_tts.py [--venv DIR] [--out tests/fixtures/qwen3_tts]
+    python tests/golden_builders/make_golden_qwen3_tts.py [--venv DIR] [--out tests/fixtures/qwen3_tts]
 
 Creates (or reuses) a throwaway venv holding the reference ``qwen-tts`` 0.1.1 (installed ``--no-deps``)
 under transformers 4.57.3, then re-runs itself there with ``--inner`` to draw tiny grid-valued weights,
@@ -17,7 +17,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import golden_venv  # noqa: E402  (a sibling script, importable once the folder is on the path)
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 DEFAULT_VENV = Path("/tmp/voxstage-golden-venv")
 DEFAULT_OUT = REPO / "tests" / "fixtures" / "qwen3_tts"
 # What the reference needs to import and run on the paths used here (models.md §1.7). sox, torchaudio,

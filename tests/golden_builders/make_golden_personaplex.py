@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Build the PersonaPlex golden fixtures (LM and Mimi) from the reference ``moshi`` 0.2.13.
 
-    python scripts/make_golden_personaplex.py [--venv DIR] [--out tests/fixtures/personaplex]
+    python tests/golden_builders/make_golden_personaplex.py [--venv DIR] [--out tests/fixtures/personaplex]
 
 Creates (or reuses) a throwaway venv holding ``moshi`` 0.2.13 (installed ``--no-deps``: it pins torch<2.10
 but runs on the CPU torch 2.13), then re-runs itself there with ``--inner``: ``golden_personaplex_lm.py``
@@ -18,7 +18,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import golden_venv  # noqa: E402  (a sibling script, importable once the folder is on the path)
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 DEFAULT_VENV = Path("/tmp/voxstage-golden-moshi-venv")
 DEFAULT_OUT = REPO / "tests" / "fixtures" / "personaplex"
 # What moshi's LM and Mimi modules import (models.md §3.5, §4).

@@ -1,12 +1,13 @@
 """Write a preset's weights as a real-layout Qwen3-TTS checkpoint, for the reference implementation to load.
 
-    python bench/export_reference_weights.py --model qwen3-tts-0.6b --out /tmp/ref-0.6b [--device cuda]
+    python bench/families/qwen3_tts/export_reference_weights.py --model qwen3-tts-0.6b --out /tmp/ref-0.6b \
+        [--device cuda]
 
 Size-true presets carry no weights on disk: each stage draws them on its device at start-up
 (``voxstage.presets``). This script draws them exactly as the stages do (same seed, device and dtype:
 talker bf16 and codec fp32 on CUDA, fp32 on CPU) and writes ``model.safetensors`` (``talker.*``) and
 ``speech_tokenizer/model.safetensors`` (``decoder.*``) next to the preset's config files, so
-``bench/reference_qwen_tts.py`` times the reference with the very weights our stack serves.
+``bench/families/qwen3_tts/reference_qwen_tts.py`` times the reference with the very weights our stack serves.
 """
 
 from __future__ import annotations
