@@ -317,8 +317,10 @@ class GatewayServer:
         if self.stage is not None:
             await self.stage.drain(self.grace_s)
         if self._http_task is not None:
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._http_task
+            # Not ``suppress(CancelledError)``: that would swallow a cancellation of this stop too.
+            await asyncio.wait([self._http_task])
+            if not self._http_task.cancelled() and (error := self._http_task.exception()) is not None:
+                raise error
         await TRIMMER.stop()
         await self.core.stop()
 

@@ -17,7 +17,6 @@ then in the background, so replicas come and go without a restart.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 
@@ -28,6 +27,7 @@ from gateway.discovery import Discovery
 from gateway.duplex.sessions import SessionManager
 from gateway.quotas import ClientLimits, Quotas
 from gateway.routing import ReplicaPool, codec_status, talker_status
+from gateway.tasks import cancel_and_wait, wait_event
 from gateway.tts.synthesis import Synthesizer
 from voxstage.config import DeployConfig
 from voxstage.resolver import Resolver, SystemResolver
@@ -105,11 +105,7 @@ class GatewayCore:
         ]
 
     async def stop(self) -> None:
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_and_wait(self._tasks)
         await self.codecs.close()
         await self.talkers.close()
         if self.shm_reader is not None:
@@ -121,8 +117,7 @@ class GatewayCore:
     async def _watch(self) -> None:
         while True:
             # Event-driven (a pool changed); the timeout only catches what no event announces.
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._kick.wait(), timeout=min(self.probe_interval_s, 0.5))
+            await wait_event(self._kick, min(self.probe_interval_s, 0.5))
             self._kick.clear()
             await self._refresh()
 

@@ -16,13 +16,13 @@ taken out by its health probes anyway.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from gateway.tasks import wait_event
 from voxstage.resolver import ResolveError, Resolver, is_ip_literal, join_host_port, split_host_port
 
 if TYPE_CHECKING:
@@ -129,8 +129,7 @@ class Discovery:
         while True:
             every = self.interval_s if self.pool.candidates() else min(self.interval_s, EMPTY_RERESOLVE_S)
             wait = max(self._last + every - time.monotonic(), 0.0)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._kick.wait(), timeout=wait)
+            await wait_event(self._kick, wait)
             gap = self._last + MIN_RERESOLVE_GAP_S - time.monotonic()
             if gap > 0:
                 await asyncio.sleep(gap)

@@ -14,10 +14,11 @@ left hundreds of MB.) tests/integration/test_chaos.py measures it on the real st
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import ctypes
 import ctypes.util
 import logging
+
+from gateway.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -73,9 +74,7 @@ class Trimmer:
         self._users = max(self._users - 1, 0)
         if self._task is not None and not self._users:
             task, self._task = self._task, None
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            await cancel_and_wait([task])
 
     async def _run(self) -> None:
         assert _LIBC is not None

@@ -24,7 +24,6 @@ streams already on it keep their channel until they end, and it is dropped when 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import itertools
 import logging
@@ -37,6 +36,7 @@ import grpc
 
 from gateway.discovery import parse_addresses as parse_addresses  # where the CLI finds it
 from gateway.errors import GatewayError
+from gateway.tasks import wait_event
 from voxstage.internal.v1 import stage_pb2, stage_pb2_grpc
 from voxstage.resolver import is_ip_literal, split_host_port
 from voxstage.server import CHANNEL_OPTIONS
@@ -314,10 +314,7 @@ class ReplicaPool:
                             functools.partial(self._probe_done, probing, key, replica)
                         )
                 waits = [self._next_probe(r, interval_s) - now for r in self.replicas if id(r) not in probing]
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(
-                        self._wake.wait(), timeout=max(min(waits, default=interval_s), 0.01)
-                    )
+                await wait_event(self._wake, max(min(waits, default=interval_s), 0.01))
         finally:
             watcher.cancel()
             for task in probing.values():

@@ -32,6 +32,7 @@ from typing import Any
 import grpc
 
 from gateway.errors import GatewayError
+from gateway.tasks import wait_event
 from gateway.tts.synthesis import Flush, InputItem
 from gateway.upstream import CodecStream
 
@@ -159,8 +160,7 @@ class StreamWatch:
             if since is not None:
                 due = min(due, since + self.idle_s)
             self._changed.clear()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._changed.wait(), max(due - now, 0.0))
+            await wait_event(self._changed, max(due - now, 0.0))
         self.error = err
         if self._writing:
             self._teardown = asyncio.create_task(self._throw(run, err))
