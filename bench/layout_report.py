@@ -111,7 +111,7 @@ def row(tag: str, s: dict[str, Any]) -> list[str]:
     placed = "–" if layout is None else f"{layout.name}: {layout.what}"
     t = s.get("ttfa_1rps_ms") or {}
     closed, rt = s.get("closed"), s.get("realtime")
-    streams = "–" if not closed else f"{closed['best']:.0f} ({closed['limited_by'] or '–'})"
+    streams = "–" if not closed else f"{_fmt(closed['best'], 0)} ({closed['limited_by'] or '–'})"
     if rt:
         late = ", ".join(f"{n}: {k}" for n, k in rt["late_frames"].items())
         sessions = f"{rt['most_sessions_without_late_frames']} (late frames at {late})"

@@ -250,7 +250,7 @@ def run_layout(
     that start no stack (engine, reference) only where ``unplaced`` (once per run, not once per layout)."""
     for model in models:
         fam = family_of(model)
-        tag = layouts.tag_of(serve_tag(model, a.pairs), layout)
+        tag = serve_tag(model, a.pairs) if layout is None else layouts.tag_of(size_of(model), layout)
         name = model if layout is None else f"{model} [{layout.name}]"
         if layout is not None and fam.duplex and not layout.duplex:
             print(f"\n== {name}: skipped (a duplex gateway admits one replica's sessions; "
