@@ -6,6 +6,7 @@ GPU busy is null without NVML. The report's rendering of GPU results is checked 
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import subprocess
@@ -14,7 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from bench import layout_report, layouts
+from bench import layout_report, layouts, run_gpu
+from bench.serve_gpu import stack_spec
+from voxstage.config import load_deploy_config
+from voxstage.placement import place
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.timeout(240)
@@ -24,48 +28,73 @@ def load(path: Path) -> dict:
     return json.loads(path.read_text())
 
 
-def test_layouts_run_as_one_command(tmp_path: Path, tmp_path_factory: pytest.TempPathFactory) -> None:
+def test_split_layout_runs_as_one_command(tmp_path: Path, tmp_path_factory: pytest.TempPathFactory) -> None:
     out = tmp_path / "run"
-    cmd = ["bench/run_gpu.sh", str(out), "--models", "qwen3-tts-tiny,personaplex-tiny"]
-    cmd += ["--layout", "split,pair-per-gpu", "--phases", "closed,realtime,report", "--profile", "smoke"]
-    cmd += ["--device", "cpu", "--threads", "1", "--slots", "2", "--frames", "10"]
-    cmd += ["--realtime-levels", "1", "--realtime-seconds", "1", "--client-procs", "1"]
+    cmd = ["bench/run_gpu.sh", str(out), "--models", "qwen3-tts-tiny,personaplex-tiny", "--layout", "split"]
+    cmd += ["--phases", "closed,realtime,report", "--profile", "smoke", "--device", "cpu", "--threads", "1"]
+    cmd += ["--slots", "2", "--frames", "10", "--realtime-levels", "1", "--realtime-seconds", "1"]
+    cmd += ["--client-procs", "1"]
     # The box's install steps are skipped (VX_INSTALLED) and the checkout's own packages serve, as on the
     # device after `bench/run_gpu.sh --install-only`.
     env = {**os.environ, "VX_INSTALLED": "1", "PYTHON": sys.executable}
     env |= {"VX_PKG": str(tmp_path / "none"), "VX_SITE": str(tmp_path / "none")}
     env |= {"VOXSTAGE_CACHE": str(tmp_path_factory.getbasetemp() / "vxcache")}
-    done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, timeout=230)
+    done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, timeout=170)
     log = done.stdout.decode() + done.stderr.decode()
     assert done.returncode == 0, log[-4000:]
 
-    split, pairs = load(out / "serve_tiny_split.json"), load(out / "serve_tiny_pair-per-gpu.json")
+    split = load(out / "serve_tiny_split.json")
     assert split["layout"] == "split" and split["exit_code"] == 0
     assert {"stages.0.devices=0", "stages.1.devices=1"} <= set(split["command"])
-    assert pairs["layout"] == "pair-per-gpu" and pairs["exit_code"] == 0 and pairs["slots_per_replica"] == 1
-    assert {"stages.0.replica_devices=[0,1]", "stages.1.replica_devices=[0,1]"} <= set(pairs["command"])
-    # Each pair on a GPU of its own keeps the deploy file's fraction: none is split.
-    assert not any("gpu_memory_utilization" in item for item in pairs["command"])
-    doc = load(out / "closed_search_tiny_pair-per-gpu.json")
+    doc = load(out / "closed_search_tiny_split.json")
     assert doc["levels"] and all(lv["aggregate"]["errors"] == 0 for lv in doc["levels"])
-    procs = doc["levels"][0]["processes"]["processes"]
-    assert {"talker", "talker-1", "codec", "codec-1", "gateway"} <= set(procs)
-
+    assert {"talker", "codec", "gateway"} <= set(doc["levels"][0]["processes"]["processes"])
     rt = load(out / "realtime_personaplex-tiny_split.json")
-    assert "stages.1.devices=1" in rt["command"]
+    assert {"stages.0.devices=0", "stages.1.devices=1"} <= set(rt["command"])
     (level,) = rt["levels"]
     assert level["sessions"] == 1 and level["errors"] == 0 and level["agent_frames"] > 0
-    assert not (out / "realtime_personaplex-tiny_pair-per-gpu.json").exists()
-    assert "personaplex-tiny [pair-per-gpu]: skipped" in log
 
     summary = load(out / "layouts.json")
-    assert list(summary) == ["personaplex-tiny_split", "tiny_split", "tiny_pair-per-gpu"]
+    assert list(summary) == ["personaplex-tiny_split", "tiny_split"]
     assert summary["personaplex-tiny_split"]["realtime"]["late_frames"] == {"1": level["client_late_frames"]}
-    for tag in ("tiny_split", "tiny_pair-per-gpu"):
-        assert summary[tag]["closed"]["levels"] and summary[tag]["slots"] == 2
+    assert summary["tiny_split"]["closed"]["levels"] and summary["tiny_split"]["slots"] == 2
     table = (out / "layouts.md").read_text()
-    assert table.count("\n") == 2 + 3 and "split: talker on GPU 0, codec on GPU 1" in table
-    assert "| Layouts" not in table and table in (out / "summary.md").read_text()
+    assert table.count("\n") == 2 + 2 and "split: talker on GPU 0, codec on GPU 1" in table
+    assert table in (out / "summary.md").read_text()
+
+
+PLACED = {  # layout -> (talker replicas' CUDA_VISIBLE_DEVICES, codecs') under a launcher that sees 4,5
+    "one-gpu": (["4"], ["4"]),
+    "split": (["4"], ["5"]),
+    "pair-per-gpu": (["4", "5"], ["4", "5"]),
+}
+
+
+@pytest.mark.parametrize("name", list(PLACED))
+@pytest.mark.parametrize("model", ["qwen3-tts-tiny", "personaplex-tiny"])
+def test_layout_places_the_stages_on_a_gpu_host(
+    name: str, model: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The stack a layout starts, loaded as ``voxstage serve`` loads it for a GPU platform (the per-GPU
+    memory check included) and placed as it places it."""
+    layout = layouts.LAYOUTS[name]
+    ns = argparse.Namespace(chunk_schedule="", device="cuda", frames=10, max_model_len=None, threads=None)
+    own = "stages.0.max_model_len=512"  # the run's own --set, kept before the layout's
+    ns.set, ns.pairs, ns.pair_memory_fraction, ns.pairs_share_device = [own], 1, None, True
+    a = layouts.options(ns, layout)
+    assert ns.set == [own] and a.set[0] == own and a.layout_name == name  # ns is left as it was
+    fam = run_gpu.family_of(model)
+    spec = stack_spec(a, model, fam, 8)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,5")
+    config = load_deploy_config(fam.deploy, platform="cuda", overrides=spec.sets())
+    talkers, codecs = place(config, "127.0.0.1")
+    assert ([t.visible for t in talkers], [c.visible for c in codecs]) == PLACED[name]
+    assert config.talker.max_num_seqs == config.codec.max_num_seqs == 8 // layout.pairs
+    assert config.talker.max_model_len == 512
+    # One talker and one codec per GPU in every layout: each keeps the deploy file's GPU fraction.
+    seed = load_deploy_config(fam.deploy, platform="cuda")
+    for stage, ref in ((config.talker, seed.talker), (config.codec, seed.codec)):
+        assert stage.gpu_memory_utilization == ref.gpu_memory_utilization
 
 
 def _level(n: float, ok: bool, busy: dict[str, float]) -> dict:
