@@ -325,12 +325,9 @@ class CodecEngine(Steppable[CodecOutput]):
             self._release(self._streams.pop(stream.stream_id))
 
     def _plan(self, rows: list[Row[StreamState]]) -> list[Call[StreamState]]:
-        if self.tick_policy == "fifo" or not rows:
+        if self.tick_policy == "fifo" or not rows or self.cost is None:
+            # No cost model yet (the warm-up's own stream decodes before calibrate): nothing to bound with.
             return fifo_calls(rows, self.frame_buckets)
-        if self.cost is None:
-            log.warning("codec: deadline ticks without a calibrated cost model: measuring it now")
-            self.calibrate()
-        assert self.cost is not None
         calls, self.planned_s = deadline_calls(
             rows, self.frame_buckets, self.cost, self.tick_budget_s, self.max_streams
         )
