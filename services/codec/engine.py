@@ -31,12 +31,12 @@ the gateway: 48 and 64 gap-free closed-loop streams in two runs with it, 24 with
 fed on a fixed clock, shows a few short stalls with it that it does not show without (docs/benchmarks.md,
 issue 14, which also has the playback-deadline policy that was tried and dropped).
 
-Tick policy (the stage's ``codec_tick_policy``, ``services.codec.schedule``): ``fifo``, the above, decodes every
-ready chunk each tick. ``deadline`` takes ready chunks in order of when each stream's player runs dry while the
-tick's estimated device time (``calibrate``: measured at the warm-up) stays within ``tick_budget_s``, so a
-young stream's next chunk never queues behind more than a budget of bulk work; in async scheduling it launches
-a tick before it collects the previous one (the device goes straight from one to the next) and hands each tick
-out in launch order (``early_handout`` is a fifo switch).
+Tick policy (the stage's ``codec_tick_policy``, ``services.codec.schedule``): ``fifo``, the above, decodes
+every ready chunk each tick. ``deadline`` takes ready chunks in order of when each stream's player runs dry
+while the tick's estimated device time (``calibrate``: measured at the warm-up) stays within
+``tick_budget_s``, so a young stream's next chunk never queues behind more than a budget of bulk work; in
+async scheduling it launches a tick before it collects the previous one (the device goes straight from one
+to the next) and hands each tick out in launch order (``early_handout`` is a fifo switch).
 
 Overlap+crop (``left_context > 0``, the deploy file's ``codec_decode: overlap_crop``): instead of carrying
 state, each chunk is decoded from a reset slot behind up to ``left_context`` of the stream's earlier frames,
@@ -234,6 +234,7 @@ class CodecEngine(Steppable[CodecOutput]):
         self._partial = outputs  # what a failing step already produced: recover hands it out
         t0 = time.perf_counter()
         launched, self._inflight = self._inflight, []
+        collecting = bool(launched)
         if self.tick_policy == "fifo":
             # The previous step's decodes first: stream state is then exactly as the synchronous form sees it.
             for i, group in enumerate(launched):
@@ -253,7 +254,7 @@ class CodecEngine(Steppable[CodecOutput]):
             for s in idle
             if s.stream_id in self._streams and (n := self._ready_frames(s))
         ]
-        if not rows and not launched and not self._inflight:
+        if not rows and not collecting:
             return outputs
         calls = self._plan(rows)
         # Every call launches before any is read back: call k+1's host staging overlaps call k's decode.
@@ -262,7 +263,8 @@ class CodecEngine(Steppable[CodecOutput]):
             for call in calls:
                 fresh.append(self._launch(call))
         except Exception:
-            self._inflight += fresh  # the other calls' decodes are collected next step
+            # The other calls' decodes (and a deadline step's previous tick) are collected next step.
+            self._inflight = [*self._inflight, *launched, *fresh]
             raise
         if self.async_scheduling:
             # deadline: the previous tick is collected only now, behind this one's launch, so the device

@@ -142,3 +142,51 @@ def test_bad_policy_settings_are_refused(model: Qwen3TokenizerDecoder) -> None:
         CodecEngine(pool, max_streams=1, schedule=ChunkSchedule(1, 25), num_groups=GROUPS, tick_policy="edf")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="tick_budget_s must be > 0"):
         CodecEngine(pool, max_streams=1, schedule=ChunkSchedule(1, 25), num_groups=GROUPS, tick_budget_s=0)
+
+
+def test_async_ticks_launch_before_the_previous_one_is_collected(
+    model: Qwen3TokenizerDecoder, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The device must go from one bounded tick straight into the next: a step launches its tick, then waits
+    # for the previous one. Read-backs are events that log when they are waited on (CPU decodes are done
+    # before they return, so the order of the log is the order of the engine's calls).
+    from services.codec import engine as engine_mod
+
+    order: list[str] = []
+    real_read_back = engine_mod.read_back
+
+    class LoggedEvent:
+        def __init__(self, name: str) -> None:
+            self.name = name
+
+        def query(self) -> bool:
+            return False
+
+        def synchronize(self) -> None:
+            order.append(f"collect {self.name}")
+
+    def read_back(wav: torch.Tensor) -> tuple[torch.Tensor, LoggedEvent]:
+        pcm, _ = real_read_back(wav)
+        order.append(f"launch {len(order)}")
+        return pcm, LoggedEvent(order[-1].split()[1])
+
+    monkeypatch.setattr(engine_mod, "read_back", read_back)
+    engine = deadline_engine(model, streams=2, budget_ms=1000, async_scheduling=True)
+    codes = {"a": codes_for(90, 3), "b": codes_for(91, 3)}
+    got: dict[str, list[CodecOutput]] = {}
+    engine.open("a")
+    engine.push("a", codes["a"])
+    engine.finish("a")
+    collect(engine.step(), got)  # launches a's first chunk
+    engine.open("b")
+    engine.push("b", codes["b"])
+    engine.finish("b")
+    collect(engine.step(), got)  # launches b's first chunk, then collects a's
+    assert order == ["launch 0", "launch 1", "collect 0"] and [o.stream_id for o in got["a"]] == ["a"]
+    while engine.has_work():
+        collect(engine.step(), got)
+    for sid, c in codes.items():
+        assert sum(o.frames for o in got[sid]) == 3 and got[sid][-1].final
+        np.testing.assert_allclose(
+            np.concatenate([o.pcm for o in got[sid]]), offline(model, c), atol=TOL, rtol=0
+        )
