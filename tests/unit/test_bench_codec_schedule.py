@@ -1,8 +1,9 @@
 """CPU smoke test of ``bench/codec_schedule.py`` on the tiny preset: every kind of arm runs on the stage's
-engine and writes sane records. CPU decodes finish before they return and their speed is this machine's, so what
-the arms measure is not compared here (the engine tests show each switch works:
+engine and writes sane records. CPU decodes finish before they return and their speed is this machine's,
+so what the arms measure is not compared here (the engine tests show each switch works:
 ``test_without_early_handout_the_async_step_waits_for_the_bulk_decode``, tests/unit/codec/
-test_engine_deadline.py); only counts, shapes and each arm's settings are checked."""
+test_engine_deadline.py); only counts, shapes and each arm's settings are checked. One torch thread: on a
+busy machine more only oversubscribe it (steps of seconds, too few streams started)."""
 
 from __future__ import annotations
 
@@ -21,7 +22,8 @@ def test_codec_schedule_writes_both_arms(
 ) -> None:
     monkeypatch.setenv("VOXSTAGE_CACHE", str(tmp_path / "cache"))
     out = tmp_path / "r" / "codec_schedule.json"
-    argv = ["--out", str(out), "--device", "cpu", "--quick", "--arms", "on,fifo-off,deadline:50",
+    argv = ["--out", str(out), "--device", "cpu", "--quick", "--threads", "1",
+            "--arms", "on,fifo-off,deadline:50",
             "--streams", "3", "--frames", "8", "--duration", "2", "--warmup", "0.5"]  # fmt: skip
     assert codec_schedule.main(argv) == 0
     report = json.loads(out.read_text())
