@@ -119,3 +119,12 @@ def test_serve_refuses_when_it_cannot_start_a_daemon(tmp_path: Path) -> None:
     with pytest.raises(MpsUnavailableError, match="nvidia-cuda-mps-control is not on PATH") as info:
         serve_plan(shares(40, 60), "auto", env)
     assert "talker 40 %, codec 60 %" in str(info.value) and str(tmp_path / "control") in str(info.value)
+
+
+def test_a_lone_replicas_share_is_only_warned_about(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    install_fake_control(tmp_path / "bin", tmp_path / "calls")
+    env = {"PATH": str(tmp_path / "bin"), PIPE_DIR_ENV: str(tmp_path / "none")}
+    placed = [StageShare("talker-0", "0", 40), StageShare("talker-1", "1", 40), StageShare("codec", "0", 60)]
+    with caplog.at_level(logging.WARNING):
+        assert serve_plan(placed, "cuda", env) is not None
+    assert "talker-1: mps_active_thread_percentage 40 caps nothing on GPU 1" in caplog.text

@@ -82,19 +82,25 @@ class StageShare:
 def serve_plan(stages: Sequence[StageShare], device: str, env: MutableMapping[str, str]) -> str | None:
     """Whether ``voxstage serve`` must start an MPS daemon of its own: a line for its log when it must, None
     when no share is set, the stages run on the CPU, or a daemon answers already. Raises
-    ``MpsUnavailableError`` naming the share that cannot work: its stage has the GPU to itself (a share caps
-    a process only against others on one GPU), or ``nvidia-cuda-mps-control`` is not on PATH."""
+    ``MpsUnavailableError`` naming the share that cannot work: no process with a share has another stage
+    process on its GPU (a share caps a process only against others on one GPU; a lone replica's share is
+    only warned about), or ``nvidia-cuda-mps-control`` is not on PATH."""
     shares = [s for s in stages if s.percentage is not None]
     if not shares or device == "cpu":
         return None  # on the CPU every stage warns that its share does nothing (voxstage.stage.process)
-    for share in shares:
-        beside = [o.name for o in stages if o is not share and o.gpu == share.gpu]
-        if not beside:
-            raise MpsUnavailableError(
-                f"{share.name}: mps_active_thread_percentage is {share.percentage}, but no other stage "
-                f"process runs on its GPU {share.gpu}: the share caps SMs only between processes on one GPU; "
-                "remove the key or put the stages on one GPU"
-            )
+    lonely = [s for s in shares if not any(o is not s and o.gpu == s.gpu for o in stages)]
+    if len(lonely) == len(shares):
+        share = lonely[0]
+        raise MpsUnavailableError(
+            f"{share.name}: mps_active_thread_percentage is {share.percentage}, but no other stage "
+            f"process runs on its GPU {share.gpu}: the share caps SMs only between processes on one GPU; "
+            "remove the key or put the stages on one GPU"
+        )
+    for share in lonely:  # replicas placed apart: the share still matters on the shared GPUs
+        log.warning(
+            "%s: mps_active_thread_percentage %d caps nothing on GPU %s: no other stage process runs there",
+            share.name, share.percentage, share.gpu,
+        )  # fmt: skip
     control = pipe_dir(env) / "control"
     if control.exists():
         return None  # a daemon of the host's (or of bench/run_gpu.py --mps): the stages use it
