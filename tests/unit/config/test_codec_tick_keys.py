@@ -15,7 +15,7 @@ QWEN = REPO / "deploy" / "qwen3_tts.yaml"
 
 def test_defaults_and_overrides() -> None:
     codec = load_deploy_config(QWEN, platform="cuda").codec
-    assert (codec.codec_tick_policy, codec.codec_tick_budget_ms) == ("deadline", 20.0)
+    assert (codec.codec_tick_policy, codec.codec_tick_budget_ms) == ("fifo", 20.0)
     sets = ["stages.1.codec_tick_policy=fifo", "stages.1.codec_tick_budget_ms=12.5"]
     codec = load_deploy_config(QWEN, platform="cuda", overrides=sets).codec
     assert (codec.codec_tick_policy, codec.codec_tick_budget_ms) == ("fifo", 12.5)
