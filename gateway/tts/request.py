@@ -234,7 +234,16 @@ async def build_job(
     naming one of its voices (id or name) becomes that voice's encoded reference."""
     uploaded = None
     if voices is not None and raw.voice and served is not None:
-        uploaded = voices.lookup(raw.voice, resolve_model(raw.model, served, names.model), names.voice)
+        model = resolve_model(raw.model, served, names.model)
+        uploaded = voices.lookup(raw.voice, model, names.voice)
+        known = model.voices is None or voices.builtin(raw.voice, model) is not None
+        if uploaded is None and voices.enabled and not known:
+            raise not_found(
+                names.voice,
+                f"voice {quoted(raw.voice)} is neither a built-in voice of model {model.name!r} nor a voice "
+                "of the voice library",
+                reason="voice_not_found",
+            )
         if uploaded is not None:
             if raw.reference is not None:
                 raise invalid(
