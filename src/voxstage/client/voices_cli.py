@@ -50,7 +50,7 @@ def add_voices(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[
         "voices", help="the gateway's voice library: add, list, rm", description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )  # fmt: skip
-    actions = parser.add_subparsers(dest="action", required=True)
+    actions = parser.add_subparsers(dest="action", required=True, help="add, list or rm")
     add = actions.add_parser("add", help="upload a voice: a sample recording and its transcript")
     add.add_argument("name", help="the voice's name (letters, digits, _ - . and inner spaces)")
     add.add_argument("audio", help="the sample: an audio file (WAV, FLAC, OGG, MP3)")
