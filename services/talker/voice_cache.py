@@ -55,10 +55,3 @@ class VoiceCache:
         while self.bytes > self.max_bytes or len(self._entries) > self.max_entries:
             _, old = self._entries.popitem(last=False)
             self.bytes -= old.nbytes
-
-    def forget(self, voice_id: str) -> int:
-        """Drop every version of ``voice_id``; returns how many entries went."""
-        gone = [k for k in self._entries if k.split("@", 1)[0] == voice_id]
-        for key in gone:
-            self.bytes -= self._entries.pop(key).nbytes
-        return len(gone)

@@ -4,19 +4,24 @@ or absent, names are claimed once across processes, and a broken voice is an err
 from __future__ import annotations
 
 import concurrent.futures
+import io
 import multiprocessing
 from pathlib import Path
+from typing import Any
 
 import grpc
 import numpy as np
 import pytest
+import soundfile as sf
 from safetensors import safe_open
 
 from gateway.catalog import ModelInfo
 from gateway.errors import GatewayError
-from gateway.voices.library import VoiceLibrary
+from gateway.voices.library import VoiceLibrary, VoiceUpload
 from gateway.voices.store import NewVoice, VoiceStore, check_name, encoded_reference
+from voxstage import wire
 from voxstage.config import GatewayConfig
+from voxstage.internal.v1 import stage_pb2
 
 
 def new(name: str = "narrator", model: str = "m-base", family: str = "qwen3_tts") -> NewVoice:
@@ -146,3 +151,49 @@ def test_a_voice_made_for_another_model_is_refused_naming_both(tmp_path: Path) -
         assert err.value.code == grpc.StatusCode.FAILED_PRECONDITION
         assert "m-base" in str(err.value) and other.name in str(err.value) and other.family in str(err.value)
     assert library.lookup("nobody", _model(), "voice") is None
+
+
+class _Stub:
+    """A codec's EncodeVoice as the library calls it (the real one runs in test_voice_library.py)."""
+
+    def __init__(self) -> None:
+        self.requests: list[stage_pb2.EncodeVoiceRequest] = []
+
+    async def EncodeVoice(self, request: stage_pb2.EncodeVoiceRequest, timeout: float) -> Any:  # noqa: N802, ASYNC109
+        self.requests.append(request)
+        codes = np.zeros((5, 16), np.int16)
+        return stage_pb2.EncodeVoiceResponse(
+            reference=wire.voice_reference(request.reference.text, codes, np.ones(8, np.float32))
+        )
+
+
+class _Pool:
+    def __init__(self) -> None:
+        self.codec_stub = _Stub()
+
+    def pick(self) -> _Pool:
+        return self
+
+
+def _wav(seconds: float = 1.0) -> bytes:
+    buf = io.BytesIO()
+    sf.write(buf, np.zeros(int(16000 * seconds), np.float32), 16000, format="WAV")
+    return buf.getvalue()
+
+
+async def test_consent_required_means_a_consent_recording_stored_beside_the_sample(tmp_path: Path) -> None:
+    config = GatewayConfig(voice_store_dir=str(tmp_path), voice_consent="required")
+    pool = _Pool()
+    library = VoiceLibrary(config, pool, None)  # type: ignore[arg-type]
+    model = ModelInfo(name="m-base", family="qwen3_tts", sample_rate_hz=24000, voices=(), languages=())
+    with pytest.raises(GatewayError) as err:
+        await library.create(VoiceUpload(name="n", audio=_wav(), ref_text="hi"), model)
+    assert err.value.field == "consent_audio" and not pool.codec_stub.requests
+    meta = await library.create(
+        VoiceUpload(name="n", audio=_wav(), ref_text="hi", consent_audio=_wav(0.5)), model
+    )
+    assert meta.consent and library.get("n").consent
+    assert library.store is not None
+    assert library.store.audio(meta)["consent_audio"].size == 8000
+    [request] = pool.codec_stub.requests
+    assert request.reference.text == "hi" and request.reference.audio_sample_rate_hz == 16000

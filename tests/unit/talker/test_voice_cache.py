@@ -24,7 +24,6 @@ def test_the_cache_is_bounded_by_bytes_and_by_entries() -> None:
     assert cache.get("big@1") is None
     cache.put("half@1", prompt(200))  # 802 bytes: the others make room
     assert cache.bytes <= 1000 and cache.get("half@1") is not None
-    assert cache.forget("half") == 1 and cache.get("half@1") is None
     off = VoiceCache(max_bytes=1 << 20, max_entries=0)
     off.put("a@1", prompt(1))
     assert len(off) == 0
