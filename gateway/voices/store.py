@@ -33,7 +33,8 @@ from pathlib import Path
 
 import grpc
 import numpy as np
-from safetensors.numpy import load, save
+from safetensors import safe_open
+from safetensors.numpy import save
 
 from gateway.errors import GatewayError, invalid, not_found
 from voxstage import wire
@@ -208,8 +209,8 @@ class VoiceStore:
 
     def audio(self, meta: VoiceMeta) -> dict[str, np.ndarray]:
         """Sample and consent recording of a voice (for audit and export)."""
-        tensors, _ = _read(self.voices / f"{meta.id}.safetensors")
-        return {k: v for k, v in tensors.items() if k in ("audio", "consent_audio")}
+        tensors, _ = _read(self.voices / f"{meta.id}.safetensors", ("audio", "consent_audio"))
+        return tensors
 
     def _id_of(self, ref: str) -> str | None:
         ref = ref.strip()
@@ -337,13 +338,20 @@ def _meta(header: dict[str, str]) -> VoiceMeta:
     )  # fmt: skip
 
 
-def _read(path: Path) -> tuple[dict[str, np.ndarray], VoiceMeta]:
-    data = path.read_bytes()
+ENCODED = ("codes", "x_vector")  # what a request needs; the sample and consent audio stay on disk
+
+
+def _read(path: Path, names: tuple[str, ...] = ENCODED) -> tuple[dict[str, np.ndarray], VoiceMeta]:
+    """The tensors ``names`` (those the file has) and the metadata; the file's layout is checked whole."""
     try:
-        tensors = load(data)
+        with safe_open(str(path), "np") as f:
+            header = f.metadata() or {}
+            tensors = {k: f.get_tensor(k) for k in names if k in f.keys()}  # noqa: SIM118 - not a dict
+    except FileNotFoundError:
+        raise
     except Exception as exc:  # safetensors raises its own error type for a damaged file
         raise ValueError(str(exc) or type(exc).__name__) from None
-    return tensors, _meta(_header_of(data))
+    return tensors, _meta(header)
 
 
 def _header_of(data: bytes) -> dict[str, str]:
