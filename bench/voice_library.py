@@ -1,8 +1,8 @@
 """Time to first audio with a voice-library voice, against the same clip inline and a built-in voice
 (issue 30).
 
-    python -m bench.voice_library --out OUT [--model qwen3-tts-0.6b-base] [--builtin-model qwen3-tts-0.6b]
-        [--device cuda] [--rate 1] [--duration 60] [--frames 50] [--clip-seconds 10]
+    python -m bench.voice_library --out OUT --model CLONING_PRESET [--builtin-model PRESET]
+        [--builtin-voice NAME] [--device cuda] [--rate 1] [--duration 60] [--frames 50] [--clip-seconds 10]
 
 One ``voxstage serve`` stack of ``--model`` (a cloning checkpoint, with a voice store under OUT) gets one
 ``--clip-seconds`` clip uploaded once (``POST /v1/audio/voices``); then, at ``--rate`` req/s Poisson for
@@ -35,6 +35,7 @@ import numpy as np
 
 from bench import loadgen
 from bench.stack import Stack, StackSpec
+from voxstage import families
 
 REF_TEXT = (
     "The north wind and the sun were disputing which was the stronger, when a traveler came along "
@@ -124,10 +125,10 @@ def main(argv: list[str] | None = None) -> int:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )  # fmt: skip
     ap.add_argument("--out", type=Path, required=True)
-    ap.add_argument("--model", default="qwen3-tts-0.6b-base", help="a cloning preset or checkpoint")
-    ap.add_argument("--builtin-model", default="qwen3-tts-0.6b", help="'' skips the built-in arm")
-    ap.add_argument("--builtin-voice", default="ryan")
-    ap.add_argument("--language", default="english")
+    ap.add_argument("--model", required=True, help="a preset (or checkpoint) that clones voices")
+    ap.add_argument("--builtin-model", default="", help="a preset with built-in voices; '' skips that arm")
+    ap.add_argument("--builtin-voice", default=None, help="default: the family's bench voice")
+    ap.add_argument("--language", default=None, help="default: the family's bench language")
     ap.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
     ap.add_argument("--rate", type=float, default=1.0, help="Poisson arrivals per second")
     ap.add_argument("--duration", type=float, default=60.0, help="measured seconds per arm")
@@ -141,7 +142,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--set", action="append", default=[], help="more deploy overrides (KEY=VALUE)")
     a = ap.parse_args(argv)
     a.out.mkdir(parents=True, exist_ok=True)
-    tag = a.model.removeprefix("qwen3-tts-")
+    found = families.preset(a.model)
+    bench = found[0].bench if found is not None else None
+    tag = a.model.removeprefix(bench.tag_prefix) if bench is not None else Path(a.model).name
+    if a.language is None:
+        a.language = bench.language if bench is not None else ""
+    if a.builtin_voice is None:
+        builtin = families.preset(a.builtin_model) if a.builtin_model else None
+        a.builtin_voice = builtin[0].bench.voice if builtin is not None and builtin[0].bench else ""
     wav = clip_wav(a.clip_seconds)
     clip = a.out / f"voice_clip_{a.clip_seconds:g}s.wav"
     clip.write_bytes(wav)

@@ -1,6 +1,7 @@
-"""The voice routes' refusals that need no cloning model (the gateway in front of stage doubles serving
-a CustomVoice checkpoint): a model that cannot clone, a gateway without a voice store, a body that is not a
-form, and built-in voices. Uploads that succeed run on real stacks (tests/integration/test_voice_library.py)."""
+"""The voice routes' refusals that need no cloning model (the gateway in front of stage doubles
+serving a CustomVoice checkpoint): a model that cannot clone, a gateway without a voice store, a body
+that is not a form, and built-in voices. Uploads that succeed run on real stacks
+(tests/integration/test_voice_library.py)."""
 
 from __future__ import annotations
 
