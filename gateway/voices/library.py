@@ -222,9 +222,10 @@ class VoiceLibrary:
         None when ``voice`` names no uploaded voice (or the library is off)."""
         if self.store is None or not voice or self.builtin(voice, model) is not None:
             return None
-        meta = self.store.find(voice)
-        if meta is None:
+        found = self.store.resolve(voice)
+        if found is None:
             return None
+        meta = found.meta
         if meta.model != model.name or meta.family != model.family:
             raise GatewayError(
                 grpc.StatusCode.FAILED_PRECONDITION,
@@ -234,7 +235,7 @@ class VoiceLibrary:
                 field=field,
                 reason="voice_model_mismatch",
             )
-        return self.store.load(meta.id, voice)
+        return found
 
     def get(self, ref: str) -> VoiceMeta:
         meta = self._store().find(ref)

@@ -167,10 +167,21 @@ class VoiceStore:
     def find(self, ref: str) -> VoiceMeta | None:
         """The voice whose id or name is ``ref``; None when there is none. A claimed voice whose file is
         missing or unreadable raises DATA_LOSS naming it."""
+        voice = self.resolve(ref)
+        return None if voice is None else voice.meta
+
+    def resolve(self, ref: str) -> EncodedVoice | None:
+        """``find``, with the voice's encoded reference."""
         voice_id = self._id_of(ref)
         if voice_id is None:
             return None
-        return self.load(voice_id, ref).meta
+        try:
+            return self.load(voice_id, ref)
+        except GatewayError:
+            # Deleted by another replica between reading the claim and the file: gone, not broken.
+            if self._id_of(ref) is None:
+                return None
+            raise
 
     def load(self, voice_id: str, shown: str) -> EncodedVoice:
         path = self.voices / f"{voice_id}.safetensors"
