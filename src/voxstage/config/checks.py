@@ -298,6 +298,15 @@ def check_stage_settings(cfg: DeployView) -> list[Issue]:
                         "are small, per-session state kept in the model dtype",
                     )
                 )
+            for key in ("voice_cache_bytes", "voice_cache_entries"):
+                if key in stage.model_fields_set:
+                    out.append(
+                        _error(
+                            ("stages", i, key),
+                            f"belongs to the talker stage (stage_id {TALKER_STAGE_ID}): the talker caches "
+                            "voice prompts; the codec keeps nothing of a voice between requests",
+                        )
+                    )
     return out
 
 

@@ -136,6 +136,10 @@ class StageConfig(StrictModel):
     max_num_batched_tokens: int | None = Field(default=None, ge=1)
     # Talker only: the KV cache's storage, "auto" (the model dtype) or "fp8" (e4m3, per-head scales).
     kv_cache_dtype: str = "auto"
+    # Talker only: ready voice prompts of voice-library voices (services/talker/voice_cache.py), bounded
+    # by bytes and by entries; 0 in either turns the cache off (every request rebuilds its voice's prompt).
+    voice_cache_bytes: int = Field(default=64 * 1024 * 1024, ge=0)
+    voice_cache_entries: int = Field(default=256, ge=0)
     devices: str = "0"
     input_connectors: dict[str, str] = Field(default_factory=dict)
     output_connectors: dict[str, str] = Field(default_factory=dict)
