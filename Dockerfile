@@ -30,10 +30,11 @@ RUN pip install . \
 COPY deploy ./deploy
 
 # /models is the checkpoint volume (compose mounts a named volume there); owning it lets a preset be
-# materialized into it on first start.
+# materialized into it on first start. /var/lib/voxstage/voices is the gateway's voice library (a named
+# volume too, which takes this directory's owner when it is first created).
 RUN useradd --create-home --uid 10001 voxstage \
-    && mkdir -p /models/.voxstage-cache \
-    && chown -R voxstage /models
+    && mkdir -p /models/.voxstage-cache /var/lib/voxstage/voices \
+    && chown -R voxstage /models /var/lib/voxstage
 USER voxstage
 
 # gateway gRPC + HTTP, talker and codec gRPC, talker and codec /metrics

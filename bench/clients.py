@@ -45,6 +45,9 @@ class Synthesis:
     max_frames: int | None = None
     initial_chunk_frames: int = 0  # gRPC only: 0 keeps the deploy file's schedule
     steady_chunk_frames: int = 0
+    # gRPC only: a voice-clone clip sent with every request (a WAV file's bytes) and its transcript.
+    reference_wav: bytes = b""
+    reference_text: str = ""
 
 
 class Client(Protocol):
@@ -74,6 +77,10 @@ def synthesis_config(s: Synthesis) -> speech_pb2.SynthesisConfig:
     if s.initial_chunk_frames or s.steady_chunk_frames:
         cfg.chunk_schedule.initial_chunk_frames = s.initial_chunk_frames
         cfg.chunk_schedule.steady_chunk_frames = s.steady_chunk_frames
+    if s.reference_wav:
+        cfg.reference_audio.data = s.reference_wav
+        cfg.reference_audio.encoding = speech_pb2.AUDIO_ENCODING_WAV
+        cfg.reference_audio.text = s.reference_text
     return cfg
 
 

@@ -52,6 +52,8 @@ class RunConfig:
     segment_frames: int = 0  # LLM mode: per-segment max_frames; 0 = ceil(frames / sentences)
     # Process groups whose CPU (and the GPU's busy share) each level samples (bench/procsample.py).
     sample: dict[str, list[int]] | None = None
+    reference_wav: bytes = b""  # gRPC: a voice-clone clip (WAV bytes) and its transcript on every request
+    reference_text: str = ""
 
     def frame_budget(self, text: str) -> tuple[int | None, int | None]:
         """(``max_frames`` to send, sentences the client flushes): per segment in LLM mode."""
@@ -117,6 +119,8 @@ class Level:
             max_frames=max_frames,
             initial_chunk_frames=cfg.initial_chunk_frames,
             steady_chunk_frames=cfg.steady_chunk_frames,
+            reference_wav=cfg.reference_wav,
+            reference_text=cfg.reference_text,
         )
         self.in_flight += 1
         self.peak = max(self.peak, self.in_flight)

@@ -118,6 +118,11 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--voice", default="ryan", help="'' = the model's default voice")
     ap.add_argument("--language", default="english", help="'' = the model's default")
     ap.add_argument(
+        "--ref-audio", type=Path, default=None, metavar="WAV",
+        help="voice clone: send this WAV file inline with every request (gRPC), with --ref-text",
+    )  # fmt: skip
+    ap.add_argument("--ref-text", default="", help="transcript of --ref-audio")
+    ap.add_argument(
         "--frame-rate-hz", type=float, default=12.5, help="codec frames per second (fixed-length check)"
     )
     ap.add_argument("--model", default="", help="served model name (empty: the deployment's default)")
@@ -155,6 +160,8 @@ def make_client(args: argparse.Namespace) -> Client:
 
 async def amain(args: argparse.Namespace) -> dict[str, Any]:
     initial, steady = (int(x) for x in args.chunk_schedule.split(",")) if args.chunk_schedule else (0, 0)
+    if args.ref_audio is not None and not args.api.startswith("grpc"):
+        raise SystemExit("--ref-audio is sent in SynthesisConfig.reference_audio: a gRPC API only")
     if (initial or steady) and args.api != "grpc":
         raise SystemExit("--chunk-schedule is a gRPC StreamingSynthesize option; the HTTP API has none")
     if args.prompts is None:
@@ -176,6 +183,8 @@ async def amain(args: argparse.Namespace) -> dict[str, Any]:
         text_mode=args.text_mode,
         segment_frames=args.segment_frames,
         sample=args.sample_pids,
+        reference_wav=args.ref_audio.read_bytes() if args.ref_audio is not None else b"",
+        reference_text=args.ref_text,
     )
     client = make_client(args)
     doc: dict[str, Any] = {

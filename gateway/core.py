@@ -29,6 +29,7 @@ from gateway.quotas import ClientLimits, Quotas
 from gateway.routing import ReplicaPool, codec_status, talker_status
 from gateway.tasks import cancel_and_wait, wait_event
 from gateway.tts.synthesis import Synthesizer
+from gateway.voices.library import VoiceLibrary
 from voxstage.config import DeployConfig
 from voxstage.resolver import Resolver, SystemResolver
 from voxstage.transport.shm_reader import ShmReader
@@ -78,6 +79,10 @@ class GatewayCore:
         self.sessions = SessionManager(
             config, self.codecs, self.talkers, model=lambda: self._model, shm_reader=self.shm_reader
         )
+        # The voice library (gateway.voice_store_dir): uploads encoded by a codec, stored on a directory
+        # every replica of this gateway may share.
+        self.voices = VoiceLibrary(gw, self.codecs, gw.voice_aliases)
+        self.sessions.voices = self.voices
         self.probe_interval_s = probe_interval_s
         self._model: ModelInfo | None = None
         self._model_key: tuple[str, str, int, tuple[int, int]] | None = None

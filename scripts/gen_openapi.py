@@ -20,6 +20,23 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_OUT = REPO / "docs" / "openapi.json"
 SPEECH = "/v1/audio/speech"
+VOICES = "/v1/audio/voices"
+# The upload route parses its own bounded multipart body (gateway/http/voices.py), so its form is declared
+# here: a sample file, its transcript and the voice's metadata.
+VOICE_UPLOAD = {
+    "title": "VoiceUpload",
+    "type": "object",
+    "required": ["name", "audio"],
+    "properties": {
+        "name": {"type": "string", "maxLength": 64},
+        "audio": {"type": "string", "format": "binary"},
+        "ref_text": {"type": "string"},
+        "model": {"type": "string"},
+        "language": {"type": "string"},
+        "description": {"type": "string"},
+        "consent_audio": {"type": "string", "format": "binary"},
+    },
+}
 
 
 async def _app_schema() -> dict[str, Any]:
@@ -46,6 +63,11 @@ def build_schema() -> dict[str, Any]:
     components = schema.setdefault("components", {}).setdefault("schemas", {})
     components.update(body.pop("$defs", {}))
     components[SpeechRequest.__name__] = body
+    schema["paths"][VOICES]["post"]["requestBody"] = {
+        "required": True,
+        "content": {"multipart/form-data": {"schema": {"$ref": "#/components/schemas/VoiceUpload"}}},
+    }
+    components["VoiceUpload"] = VOICE_UPLOAD
     schema["paths"][SPEECH]["post"]["requestBody"] = {
         "required": True,
         "content": {

@@ -30,6 +30,7 @@ from gateway.duplex.upstream import AgentPcm, DuplexCodecStream
 from gateway.errors import GatewayError, invalid
 from gateway.routing import Replica, open_on_pair
 from gateway.upstream import Timeouts
+from gateway.voices.store import encoded_reference
 from voxstage import metrics
 from voxstage.duplex_audio import (
     AGENT_WINDOW_SAMPLES,
@@ -133,6 +134,7 @@ class DuplexSession:
             names,
             max_text_chars=self.limits.max_text_chars,
             voice_aliases=self.manager.config.gateway.voice_aliases,
+            voices=self.manager.voices,
         )
         return self.settings
 
@@ -239,7 +241,7 @@ class DuplexSession:
             mode=stage_pb2.STREAM_MODE_DUPLEX,
             talker_address=talker.address,
             model=talker.status.model if talker.status is not None else s.model,
-            voice=s.voice,
+            voice="" if s.uploaded is not None else s.voice,
             instructions=s.instructions,
             pcm_format=stage_pb2.PCM_FORMAT_F32LE,
             sample_rate_hz=0,  # 24 kHz; the output format is made here, next to the client
@@ -249,6 +251,8 @@ class DuplexSession:
             msg.sampling.CopyFrom(s.sampling)
         if s.seed is not None:
             msg.seed = s.seed
+        if s.uploaded is not None:
+            msg.reference.CopyFrom(encoded_reference(s.uploaded))
         if s.voice_audio is not None:
             pcm, rate = s.voice_audio
             msg.reference.audio.inline = np.ascontiguousarray(pcm, "<f4").tobytes()

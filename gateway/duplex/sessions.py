@@ -21,6 +21,7 @@ from gateway.duplex.settings import SessionSettings, session_mode_error
 from gateway.errors import GatewayError
 from gateway.routing import ReplicaPool
 from gateway.upstream import Timeouts
+from gateway.voices.library import VoiceLibrary
 from voxstage import metrics
 from voxstage.config import DeployConfig
 from voxstage.transport.shm_reader import ShmReader
@@ -47,6 +48,7 @@ class SessionManager:
         self.talkers = talkers
         self._model = model
         self.shm_reader = shm_reader
+        self.voices: VoiceLibrary | None = None  # the gateway's voice library (GatewayCore sets it)
         gw = config.gateway
         extra = config.stream
         self.limits = SessionLimits(

@@ -18,6 +18,8 @@ from gateway.catalog import ModelInfo
 from gateway.checks import check_number, check_sampling, resolve_model
 from gateway.errors import GatewayError, invalid, not_found
 from gateway.voice_aliases import resolve_alias
+from gateway.voices.library import VoiceLibrary
+from gateway.voices.store import EncodedVoice
 from voxstage import limits
 from voxstage.audio import AudioError, decode_audio
 from voxstage.duplex import MAX_RECORDING_SECONDS
@@ -97,6 +99,8 @@ class SessionSettings:
     sampling: speech_pb2.SamplingParams = field(default_factory=speech_pb2.SamplingParams)
     # A voice recording to speak with (mono float32 and its rate), decoded and checked at update time.
     voice_audio: tuple[np.ndarray, int] | None = None
+    # ``voice`` names a voice of the voice library: its recording as encoded at upload.
+    uploaded: EncodedVoice | None = None
 
 
 @dataclass
@@ -131,6 +135,7 @@ def apply_update(
     *,
     max_text_chars: int,
     voice_aliases: Mapping[str, str] | None = None,
+    voices: VoiceLibrary | None = None,
 ) -> SessionSettings:
     """The settings after ``update``, or a GatewayError naming the first field at fault."""
     changes: dict[str, object] = {}
@@ -146,7 +151,14 @@ def apply_update(
             )
         changes["instructions"] = update.instructions
     if update.voice is not None:
-        changes["voice"] = _check_voice(update.voice, served, names.voice, voice_aliases)
+        uploaded = None
+        if voices is not None and update.voice and served is not None:
+            uploaded = voices.lookup(update.voice, served, names.voice)
+        changes["uploaded"] = uploaded
+        changes["voice"] = (
+            update.voice.strip() if uploaded is not None
+            else _check_voice(update.voice, served, names.voice, voice_aliases)
+        )  # fmt: skip
     if update.input_format is not None:
         changes["input_format"] = update.input_format
     if update.output_format is not None:
@@ -174,8 +186,12 @@ def apply_update(
         raise invalid(names.voice_audio, "give a stored voice or a voice recording, not both")
     if served is not None and served.budget is not None:  # the session's prompt must fit the talker's window
         pcm, rate = recording if isinstance(recording, tuple) else (np.zeros(0), 1)
+        seconds = pcm.size / rate
+        uploaded = changes.get("uploaded", current.uploaded)
+        if isinstance(uploaded, EncodedVoice):
+            seconds = uploaded.meta.sample_seconds
         persona = changes.get("instructions", current.instructions)
-        served.budget.check([(names.instructions, str(persona))], pcm.size / rate, names.voice_audio)
+        served.budget.check([(names.instructions, str(persona))], seconds, names.voice_audio)
     return replace(current, **changes)  # type: ignore[arg-type]
 
 

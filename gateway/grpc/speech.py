@@ -20,7 +20,6 @@ import numpy as np
 from google.protobuf import duration_pb2
 
 from gateway.accounting import RequestAccounting
-from gateway.catalog import voices_of
 from gateway.checks import resolve_model
 from gateway.core import GatewayCore
 from gateway.errors import GatewayError, abort, as_gateway_error, invalid
@@ -36,6 +35,8 @@ from gateway.tts.request import (
 )
 from gateway.tts.stream_watch import StreamWatch
 from gateway.tts.synthesis import FLUSH, AudioOut, Finished, InputItem, SegmentEnd, Started, whole_text
+from gateway.voices.library import VoiceUpload
+from gateway.voices.views import listing, uploaded_voice
 from voxstage import formats
 from voxstage.audio import AudioError, AudioFormat, StreamingEncoder, encode_clip
 from voxstage.v1 import speech_pb2, speech_pb2_grpc
@@ -134,6 +135,7 @@ class SpeechServicer(speech_pb2_grpc.SpeechServicer):
             voice_aliases=gw.voice_aliases,
             text=text,
             max_frames_limit=self.core.config.max_frames_limit,
+            voices=self.core.voices,
         )
 
     async def Synthesize(
@@ -274,7 +276,44 @@ class SpeechServicer(speech_pb2_grpc.SpeechServicer):
         except GatewayError as exc:
             await abort(context, exc)
             raise AssertionError("unreachable") from None
-        return speech_pb2.ListVoicesResponse(voices=voices_of(model, request.language))
+        return speech_pb2.ListVoicesResponse(voices=listing(model, request.language, self.core.voices))
+
+    async def CreateVoice(  # noqa: N802 - gRPC method name
+        self, request: speech_pb2.CreateVoiceRequest, context: Context
+    ) -> speech_pb2.CreateVoiceResponse:
+        up = VoiceUpload(
+            name=request.name, audio=request.audio, ref_text=request.ref_text, model=request.model,
+            language=request.language, description=request.description,
+            consent_audio=request.consent_audio or None,
+        )  # fmt: skip
+        try:
+            if not request.audio:
+                raise invalid("audio", "required: the sample recording (an audio file)")
+            meta = await self.core.voices.create(up, self.core.model)
+        except Exception as exc:
+            await abort(context, as_gateway_error(exc))
+            raise AssertionError("unreachable") from None
+        return speech_pb2.CreateVoiceResponse(voice=uploaded_voice(meta, self.core.model))
+
+    async def GetVoice(  # noqa: N802 - gRPC method name
+        self, request: speech_pb2.GetVoiceRequest, context: Context
+    ) -> speech_pb2.GetVoiceResponse:
+        try:
+            meta = self.core.voices.get(request.id)
+        except Exception as exc:
+            await abort(context, as_gateway_error(exc))
+            raise AssertionError("unreachable") from None
+        return speech_pb2.GetVoiceResponse(voice=uploaded_voice(meta, self.core.model))
+
+    async def DeleteVoice(  # noqa: N802 - gRPC method name
+        self, request: speech_pb2.DeleteVoiceRequest, context: Context
+    ) -> speech_pb2.DeleteVoiceResponse:
+        try:
+            meta = await self.core.voices.delete(request.id, self.core.model)
+        except Exception as exc:
+            await abort(context, as_gateway_error(exc))
+            raise AssertionError("unreachable") from None
+        return speech_pb2.DeleteVoiceResponse(id=meta.id, name=meta.name)
 
     async def Converse(
         self, request_iterator: AsyncIterator[speech_pb2.ConverseRequest], context: Context

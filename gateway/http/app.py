@@ -22,8 +22,6 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
 from gateway.accounting import RequestAccounting
-from gateway.catalog import voices_of
-from gateway.checks import resolve_model
 from gateway.core import GatewayCore
 from gateway.errors import (
     GatewayError,
@@ -33,6 +31,7 @@ from gateway.errors import (
     retry_after_header,
 )
 from gateway.http.speech import delivery, parse_speech, raw_request, stream, whole_clip
+from gateway.http.voices import add_voice_routes
 from gateway.memory import TRIMMER
 from gateway.message_limits import http_max_body_bytes
 from gateway.quotas import STREAM, http_client_of
@@ -130,6 +129,7 @@ def build_app(core: GatewayCore) -> FastAPI:
                 voice_aliases=gw.voice_aliases,
                 text=body.input,
                 max_frames_limit=core.config.max_frames_limit,
+                voices=core.voices,
             )
             run = core.synth.run(job, whole_text(body.input), acct, text_field="input")
             events = _holding(run, release)  # a streamed body outlives this handler: the stream is held
@@ -152,23 +152,7 @@ def build_app(core: GatewayCore) -> FastAPI:
         )
         return JSONResponse({"object": "list", "data": data})
 
-    @app.get("/v1/audio/voices")
-    async def voices(model: str = "", language: str = "") -> JSONResponse:
-        try:
-            current = resolve_model(model, core.model, "model")
-        except GatewayError as err:
-            return _error_response(err)
-        out = [
-            {
-                "name": v.name,
-                "model": v.model,
-                "languages": list(v.languages),
-                "description": v.description,
-                "native_sample_rate_hz": v.native_sample_rate_hz,
-            }
-            for v in voices_of(current, language)
-        ]
-        return JSONResponse({"voices": out})
+    add_voice_routes(app, core, _read_body, _error_response)
 
     @app.get("/health")
     async def health() -> JSONResponse:

@@ -12,7 +12,8 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
 
 import grpc
 import numpy as np
@@ -25,6 +26,10 @@ from voxstage import formats, limits
 from voxstage.audio import AudioError, AudioFormat, audio_from_base64, decode_audio
 from voxstage.quote import quoted
 from voxstage.v1 import speech_pb2
+
+if TYPE_CHECKING:
+    from gateway.voices.library import VoiceLibrary
+    from gateway.voices.store import EncodedVoice
 
 
 @dataclass(frozen=True)
@@ -80,9 +85,11 @@ HTTP_FIELDS = FieldNames(
 
 @dataclass(frozen=True)
 class Reference:
-    pcm: np.ndarray  # mono float32
+    pcm: np.ndarray  # mono float32; empty for a voice of the library (``encoded`` stands for it)
     sample_rate: int
     text: str
+    # A voice-library voice: the codec's encoding of its sample, sent instead of the audio.
+    encoded: EncodedVoice | None = None
 
 
 @dataclass(frozen=True)
@@ -139,6 +146,7 @@ class SynthesisJob:
     # Text tokens a take of this request may still hold after its reference clip, transcript and
     # instructions (the talker's limits, text_budget.py); None: the talker reported none.
     text_tokens_left: int | None = None
+    voice_label: str = ""  # how logs and StreamStarted name the voice when it is not ``voice`` (an upload)
 
 
 def check_text(text: str, name: str, limit: int, *, already: int = 0, delta: bool = False) -> None:
@@ -217,17 +225,47 @@ async def build_job(
     voice_aliases: Mapping[str, str] | None = None,
     text: str = "",
     max_frames_limit: int | None = None,
+    voices: VoiceLibrary | None = None,
 ) -> SynthesisJob:
     """Every check, the cheap ones first; the reference clip (if any) is decoded last, in a worker thread,
     and only when nothing else is wrong with the request. ``voice_aliases`` is ``gateway.voice_aliases``
     (None: the family's built-in table). ``text`` is a whole request's text (streamed text is judged per
-    segment as it arrives, against ``text_tokens_left``)."""
-    job = _check_job(raw, served, names, max_text_chars=max_text_chars, voice_aliases=voice_aliases)
+    segment as it arrives, against ``text_tokens_left``). ``voices`` is the voice library: a ``voice``
+    naming one of its voices (id or name) becomes that voice's encoded reference."""
+    uploaded = None
+    if voices is not None and raw.voice and served is not None:
+        model = resolve_model(raw.model, served, names.model)
+        uploaded = voices.lookup(raw.voice, model, names.voice)
+        known = model.voices is None or voices.builtin(raw.voice, model) is not None
+        if uploaded is None and voices.enabled and not known:
+            raise not_found(
+                names.voice,
+                f"voice {quoted(raw.voice)} is neither a built-in voice of model {model.name!r} nor a voice "
+                "of the voice library",
+                reason="voice_not_found",
+            )
+        if uploaded is not None:
+            if raw.reference is not None:
+                raise invalid(
+                    names.ref_audio,
+                    f"give an uploaded voice ({names.voice}) or reference audio, not both",
+                    reason="voice_and_reference",
+                )
+            raw = replace(raw, voice="")
+    job = _check_job(
+        raw, served, names, max_text_chars=max_text_chars, voice_aliases=voice_aliases,
+        uploaded=uploaded is not None,
+    )  # fmt: skip
     check_max_frames(raw.sampling, f"{names.sampling}max_frames", max_frames_limit)
     budget = job.model.budget
     fixed = [(names.instructions, raw.instructions)]  # in every take's prompt
     if raw.reference is not None:
         fixed.append((names.ref_text, raw.reference.text))
+    if uploaded is not None:
+        meta = uploaded.meta
+        fixed.append((names.voice, meta.ref_text))
+        job.voice_label = meta.name
+        job.reference = Reference(np.zeros(0, np.float32), meta.sample_rate, meta.ref_text, uploaded)
     if budget is not None:
         budget.check([(names.text, text), *fixed])  # before the clip is decoded: texts that cannot fit
     if raw.reference is not None:
@@ -235,6 +273,8 @@ async def build_job(
     if budget is not None:
         ref = job.reference
         seconds = 0.0 if ref is None else ref.pcm.size / ref.sample_rate
+        if uploaded is not None:
+            seconds = uploaded.meta.sample_seconds
         budget.check([(names.text, text), *fixed], seconds, names.ref_audio)
         job.text_tokens_left = budget.check(fixed, seconds, names.ref_audio)
     return job
@@ -247,6 +287,7 @@ def _check_job(
     *,
     max_text_chars: int,
     voice_aliases: Mapping[str, str] | None,
+    uploaded: bool = False,
 ) -> SynthesisJob:
     model = resolve_model(raw.model, served, names.model)
     if model.duplex_only:
@@ -297,7 +338,7 @@ def _check_job(
             "together with its transcript",
             reason="reference_text_required",
         )
-    if raw.reference is None and model.needs_reference:
+    if raw.reference is None and model.needs_reference and not uploaded:
         raise invalid(
             names.ref_audio,
             f"model {model.name!r} is a voice-clone (base) model and needs reference audio",

@@ -27,6 +27,7 @@ from gateway.routing import Replica, ReplicaPool, open_on_pair
 from gateway.text_budget import TakeBudget
 from gateway.tts.request import SynthesisJob, check_text
 from gateway.upstream import CodecStream, Pcm, Timeouts
+from gateway.voices.store import encoded_reference
 from voxstage.audio import StreamingResampler
 from voxstage.config import DeployConfig
 from voxstage.internal.v1 import stage_pb2
@@ -149,7 +150,7 @@ class Synthesizer:
     ) -> AsyncGenerator[Event, None]:
         """``text_deltas``: ``inputs`` are a client's deltas (the talker may start a segment early)."""
         outcome = "error"
-        acct.describe(job.request_id, job.voice, job.model.name)
+        acct.describe(job.request_id, job.voice_label or job.voice, job.model.name)
         try:
             async with (
                 self.admission.slot(_remaining(deadline)),
@@ -213,7 +214,9 @@ class Synthesizer:
         )
         if job.seed is not None:
             msg.seed = job.seed
-        if job.reference is not None:
+        if job.reference is not None and job.reference.encoded is not None:
+            msg.reference.CopyFrom(encoded_reference(job.reference.encoded))
+        elif job.reference is not None:
             ref = job.reference
             msg.reference.audio.inline = np.ascontiguousarray(ref.pcm, dtype="<f4").tobytes()
             msg.reference.audio_format = stage_pb2.PCM_FORMAT_F32LE
@@ -310,7 +313,7 @@ class Synthesizer:
         flusher = SentenceFlusher() if text_deltas and self.config.gateway.auto_flush == "sentence" else None
         pump = asyncio.create_task(self._pump(job, inputs, stream, acct, segment_starts, text_field, flusher))
         try:
-            yield Started(job.request_id, job.sample_rate, job.model.name, job.voice)
+            yield Started(job.request_id, job.sample_rate, job.model.name, job.voice_label or job.voice)
             relay = self._relay(job, stream, opened, acct, segment_starts, watch)
             async with contextlib.aclosing(relay) as events:
                 async for event in events:

@@ -14,9 +14,11 @@ from services.codec.duplex.stream import DuplexCodecStream
 from services.codec.duplex.worker import DuplexCodecSnapshot, DuplexCodecWorker
 from services.codec.stream import CodecStream
 from services.codec.upstream import TalkerPool
+from services.codec.voice_reference import encode_voice
 from services.codec.worker import CodecSnapshot, CodecWorker
 from voxstage.config import ChunkPlan, ConnectorExtra
 from voxstage.internal.v1 import stage_pb2, stage_pb2_grpc
+from voxstage.stage.errors import StageFailure
 from voxstage.stage.servicer import StageServicer
 from voxstage.transport.shm import ShmWriter
 
@@ -58,6 +60,23 @@ class CodecServicer(StageServicer[CodecStream | DuplexCodecStream], stage_pb2_gr
         self, request: stage_pb2.CodecStatusRequest, context: grpc.aio.ServicerContext
     ) -> stage_pb2.CodecStatusResponse:
         return stage_pb2.CodecStatusResponse(status=await self._status(request.include_requests))
+
+    async def EncodeVoice(  # noqa: N802 - gRPC method name
+        self, request: stage_pb2.EncodeVoiceRequest, context: grpc.aio.ServicerContext
+    ) -> stage_pb2.EncodeVoiceResponse:
+        rt = self.worker.runtime
+        try:
+            if self.draining or not self.ready:
+                raise StageFailure("UNAVAILABLE", f"codec is {'draining' if self.draining else 'not ready'}")
+            if request.model and request.model != rt.model:
+                why = f"model: this codec serves {rt.model!r}, not {request.model!r}"
+                raise StageFailure("NOT_FOUND", why)
+            duplex = isinstance(self.worker, DuplexCodecWorker)
+            ref = await encode_voice(self.worker, rt, request.reference, duplex=duplex)
+        except StageFailure as exc:
+            await context.abort(grpc.StatusCode[exc.code], exc.message)
+            raise  # abort raises; this only satisfies the type checker
+        return stage_pb2.EncodeVoiceResponse(reference=ref)
 
     def _snapshot_fields(
         self, status: stage_pb2.StageStatus, snap: CodecSnapshot | DuplexCodecSnapshot

@@ -22,13 +22,12 @@ import numpy as np
 
 from services.codec.engine import CodecOutput
 from services.codec.relay import TalkerRefused, TalkerRelay
+from services.codec.voice_reference import clone_reference
 from voxstage import wire
 from voxstage.audio import StreamingResampler
 from voxstage.internal.v1 import stage_pb2
 from voxstage.stage.errors import StageFailure
 from voxstage.stage.stream import StageStream
-from voxstage.transport.payload import read_payload
-from voxstage.transport.shm_layout import InvalidShmReference
 
 if TYPE_CHECKING:
     from services.codec.servicer import CodecServicer
@@ -233,6 +232,7 @@ class CodecStream(CodecStageStream):
         talker_open.mode = S.STREAM_MODE_TTS
         talker_open.chunk_schedule.CopyFrom(sched)
         talker_open.reference.CopyFrom(wire.voice_reference(op.reference.text, codes, xvec))
+        talker_open.reference.voice_key = op.reference.voice_key
         talker_open.initial_credit.CopyFrom(
             S.Credit(unit=S.CREDIT_UNIT_FRAMES, amount=window_frames + sched.steady_chunk_frames)
         )
@@ -242,32 +242,8 @@ class CodecStream(CodecStageStream):
         self._send_opened(op, rt, **fmt, chunk_schedule=sched, transport=self._hello(writer, op))
 
     async def _reference(self, ref: S.VoiceReference) -> tuple[np.ndarray | None, np.ndarray | None]:
-        """(ICL codes, x-vector) for a voice-clone request; both None without reference audio."""
-        has_audio = ref.audio.WhichOneof("body") is not None
-        if not has_audio:
-            if ref.codes.frame_count or ref.x_vector_dim or ref.text:
-                raise StageFailure("INVALID_ARGUMENT", "reference.audio: required with a reference")
-            return None, None
-        if not self.rt.voice_clone:
-            raise StageFailure(
-                "INVALID_ARGUMENT",
-                f"reference: {self.rt.model} cannot clone voices (needs a Base checkpoint)",
-            )
-        if not ref.audio_sample_rate_hz:
-            raise StageFailure("INVALID_ARGUMENT", "reference.audio_sample_rate_hz: required")
-        if self.rt.clone_from_codes and not ref.text.strip():
-            raise StageFailure(
-                "INVALID_ARGUMENT",
-                f"reference.text: required: {self.rt.model} clones a voice from the reference audio together "
-                "with its transcript",
-            )
-        try:
-            data, _ = read_payload(ref.audio, None)  # in `open`: shm is not negotiated yet
-        except InvalidShmReference as exc:
-            raise StageFailure("INVALID_ARGUMENT", f"reference.audio: {exc}") from exc
-        pcm = wire.pcm_from_bytes(data, ref.audio_format, field="reference.audio")
-        out = await self.srv.worker.reference(pcm, ref.audio_sample_rate_hz, with_codes=bool(ref.text))
-        return out.codes, out.x_vector
+        """(ICL codes, x-vector) for a voice-clone request; both None without a reference."""
+        return await clone_reference(self.srv.worker, self.rt, ref)
 
     # -- engine -> gateway -----------------------------------------------------------------------------
     def on_pcm(self, out: CodecOutput) -> None:

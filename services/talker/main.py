@@ -34,6 +34,7 @@ def build(args: argparse.Namespace) -> StageParts:
     from services.talker.engine import EngineConfig, TalkerEngine
     from services.talker.models import load_talker
     from services.talker.servicer import SERVICE_NAME, TalkerServicer
+    from services.talker.voice_cache import VoiceCache
     from services.talker.worker import TalkerDefaults, TalkerWorker
     from voxstage.families import family
     from voxstage.internal.v1 import stage_pb2_grpc
@@ -86,7 +87,8 @@ def build(args: argparse.Namespace) -> StageParts:
     worker = TalkerWorker(engine, info, defaults)
     sweep_dead_regions()  # files of dead voxstage processes (both ends crashed earlier)
     writer = ShmWriter(threshold_bytes=config.stream.shm_threshold_bytes) if config.shared_memory else None
-    servicer = TalkerServicer(worker, plan=config.chunk_plan, shm_writer=writer)
+    voices = VoiceCache(stage.voice_cache_bytes, stage.voice_cache_entries)
+    servicer = TalkerServicer(worker, plan=config.chunk_plan, shm_writer=writer, voices=voices)
     log.info(
         "talker: %s (%s, %s) on %s/%s: %d slots x %d positions, prefix cache %s, %s, %s, shm %s",
         info.model, info.family, info.variant, device, str(dtype).removeprefix("torch."), stage.max_num_seqs,
@@ -114,6 +116,7 @@ def _build_duplex(config: Any, device: str, adapter: Any, info: Any) -> StagePar
     from services.talker.duplex.engine import DuplexConfig, DuplexEngine
     from services.talker.duplex.worker import DuplexWorker
     from services.talker.servicer import SERVICE_NAME, TalkerServicer
+    from services.talker.voice_cache import VoiceCache
     from services.talker.worker import TalkerDefaults
     from voxstage.internal.v1 import stage_pb2_grpc
     from voxstage.server import ServiceBinding
@@ -153,7 +156,8 @@ def _build_duplex(config: Any, device: str, adapter: Any, info: Any) -> StagePar
     worker = DuplexWorker(engine, info, TalkerDefaults.from_deploy(stage, info))
     sweep_dead_regions()
     writer = ShmWriter(threshold_bytes=config.stream.shm_threshold_bytes) if config.shared_memory else None
-    servicer = TalkerServicer(worker, plan=config.chunk_plan, shm_writer=writer)
+    voices = VoiceCache(stage.voice_cache_bytes, stage.voice_cache_entries)
+    servicer = TalkerServicer(worker, plan=config.chunk_plan, shm_writer=writer, voices=voices)
     log.info(
         "talker: %s (%s, duplex) on %s: %d sessions x %d-frame window, prefill %d positions/tick, %s",
         info.model, info.family, device, stage.max_num_seqs, window, stage.batched_token_budget,

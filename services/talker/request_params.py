@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from services.talker.voice_cache import VoiceCache, VoicePrompt
 from services.talker.worker import RequestParams
 from voxstage import limits, wire
 from voxstage.internal.v1 import stage_pb2
@@ -25,7 +26,7 @@ _FLOATS = {
 }
 
 
-def request_params(op: stage_pb2.StreamOpen) -> RequestParams:
+def request_params(op: stage_pb2.StreamOpen, voices: VoiceCache | None = None) -> RequestParams:
     s, sub = op.sampling, op.subtalker_sampling
     sampling = {f: _checked(s, f, "sampling") for f in _FLOATS if s.HasField(f)}
     if s.HasField("top_k"):
@@ -38,7 +39,26 @@ def request_params(op: stage_pb2.StreamOpen) -> RequestParams:
         subtalker["top_k"] = _top_k(sub.top_k, "subtalker_sampling.top_k")
     if s.HasField("max_frames"):
         _check(limits.MAX_FRAMES, s.max_frames, "sampling.max_frames")
-    ref = op.reference
+    voice = _voice_prompt(op.reference, voices)
+    return RequestParams(
+        voice=op.voice or None,
+        language=op.language or "auto",
+        instructions=op.instructions or None,
+        seed=op.seed if op.HasField("seed") else None,
+        sampling=sampling,
+        subtalker=subtalker,
+        max_frames=s.max_frames if s.HasField("max_frames") else None,
+        non_streaming=True if op.non_streaming_mode else None,
+        speaker_embedding=voice.speaker_embedding,
+        ref_text=voice.ref_text,
+        ref_codes=voice.ref_codes,
+    )
+
+
+def _voice_prompt(ref: stage_pb2.VoiceReference, voices: VoiceCache | None) -> VoicePrompt:
+    """The reference decoded; a voice-library voice (``voice_key``) from the cache once it has been."""
+    if ref.voice_key and voices is not None and (hit := voices.get(ref.voice_key)) is not None:
+        return hit
     xvec = codes = None
     if ref.x_vector_dim:
         data = _inline(ref.x_vector, "reference.x_vector")
@@ -52,19 +72,10 @@ def request_params(op: stage_pb2.StreamOpen) -> RequestParams:
             field="reference.codes",
             codebook_size=1 << 15,  # the talker checks the real codebook size when it builds the prompt
         )
-    return RequestParams(
-        voice=op.voice or None,
-        language=op.language or "auto",
-        instructions=op.instructions or None,
-        seed=op.seed if op.HasField("seed") else None,
-        sampling=sampling,
-        subtalker=subtalker,
-        max_frames=s.max_frames if s.HasField("max_frames") else None,
-        non_streaming=True if op.non_streaming_mode else None,
-        speaker_embedding=xvec,
-        ref_text=ref.text or None,
-        ref_codes=codes,
-    )
+    prompt = VoicePrompt(xvec, codes, ref.text or None)
+    if ref.voice_key and voices is not None:
+        voices.put(ref.voice_key, prompt)
+    return prompt
 
 
 def _inline(payload: stage_pb2.Payload, field: str) -> bytes:

@@ -15,6 +15,7 @@ from services.talker.duplex.stream import DuplexTalkerStream
 from services.talker.duplex.worker import DuplexWorker
 from services.talker.models import Catalog
 from services.talker.stream import TalkerStream
+from services.talker.voice_cache import VoiceCache
 from services.talker.worker import RequestSnapshot, TalkerSnapshot, TalkerWorker
 from voxstage.config import ChunkPlan
 from voxstage.internal.v1 import stage_pb2, stage_pb2_grpc
@@ -28,9 +29,15 @@ class TalkerServicer(StageServicer[TalkerStream | DuplexTalkerStream], stage_pb2
     worker: TalkerWorker | DuplexWorker
 
     def __init__(
-        self, worker: TalkerWorker | DuplexWorker, *, plan: ChunkPlan, shm_writer: ShmWriter | None
+        self,
+        worker: TalkerWorker | DuplexWorker,
+        *,
+        plan: ChunkPlan,
+        shm_writer: ShmWriter | None,
+        voices: VoiceCache | None = None,
     ) -> None:
         info = worker.info
+        self.voices = voices  # ready prompts of voice-library voices (None: every request decodes its own)
         self.model = info.model
         self.family = info.family
         self.num_groups = info.num_code_groups

@@ -130,7 +130,7 @@ class TalkerStream(TalkerStageStream):
                 f"{op.initial_credit.amount} in unit {stage_pb2.CreditUnit.Name(op.initial_credit.unit)}",
             )
         self.credit = op.initial_credit.amount
-        self.params = request_params(op)
+        self.params = request_params(op, srv.voices)
         self.non_streaming = op.non_streaming_mode
         self.text_deltas = op.text_deltas
         self.worker.check_voice(self.params)

@@ -102,6 +102,12 @@ SHM_FALLBACKS = Counter(
 PREFILL_TOKENS = Counter(
     "voxstage_prefill_tokens", "Prompt positions, by how they were obtained.", ["source"], registry=REGISTRY
 )  # source="computed" | "prefix_cache"
+VOICE_CACHE = Counter(
+    "voxstage_voice_cache_lookups",
+    "Talker lookups of a voice-library voice's ready prompt, by result.",
+    ["result"],
+    registry=REGISTRY,
+)  # result="hit" | "miss"
 INPUT_STARVED = Counter(
     "voxstage_input_starved_frames",
     "Frame steps a talker slot skipped because streamed text had not arrived yet.",

@@ -111,8 +111,21 @@ def start_compose_stack(
     models = tmp / "models"
     models.mkdir(exist_ok=True)
 
+    # Other named volumes (the gateway's voice library) are folders under tmp too, wherever an argument
+    # names their mount point (`--set gateway.voice_store_dir=/var/lib/voxstage/voices`).
+    mounts = {}
+    for svc in services.values():
+        for volume in svc.get("volumes") or []:
+            source, _, target = str(volume).partition(":")
+            if source and not source.startswith((".", "/")) and source != "models":
+                mounts[target.split(":")[0]] = tmp / source
+
     def local(arg: str) -> str:  # /models inside the containers is the volume: tmp/models here
-        return str(models) + arg[len("/models") :] if arg == "/models" or arg.startswith("/models/") else arg
+        if arg == "/models" or arg.startswith("/models/"):
+            return str(models) + arg[len("/models") :]
+        for target, folder in mounts.items():
+            arg = arg.replace(target, str(folder))
+        return arg
 
     ports = {name: {flag: free_port() for flag in PORT_FLAGS} for name in ("talker", "codec", "gateway")}
     hosts = {}

@@ -34,6 +34,13 @@ class Served:
     grpc_port: int
     http_port: int
     cache: Path
+    # The stages' own addresses (a second gateway in front of them: test_voice_library) and the voice
+    # library directory the gateway was given (gateway.voice_store_dir).
+    talker_port: int = 0
+    codec_port: int = 0
+    voice_store: Path | None = None
+    deploy: Path | None = None
+    model: str = ""
 
     @property
     def grpc_addr(self) -> str:
@@ -68,14 +75,17 @@ def serve_stack(
     cache = factory.mktemp(f"vxcache-{name}")
     resolve_model(model, cache=cache)
     log = factory.mktemp(f"{name}-logs") / "serve.log"
-    grpc_port, http_port = free_port(), free_port()
+    grpc_port, http_port, talker_port, codec_port = free_port(), free_port(), free_port(), free_port()
+    store = factory.mktemp(f"{name}-voices")
     cmd = [sys.executable, "-m", "voxstage", "serve", str(deploy), "--model", model, "--device", "cpu"]
     cmd += ["--threads", "1", "--drain-grace", "10", "--start-timeout", "120", "--host", "127.0.0.1"]
     cmd += ["--grpc-port", str(grpc_port), "--http-port", str(http_port)]
+    cmd += ["--talker-port", str(talker_port), "--codec-port", str(codec_port)]
+    cmd += ["--set", f"gateway.voice_store_dir={store}"]
     cmd += [a for s in sets for a in ("--set", s)]
     with log.open("wb") as out:
         proc = subprocess.Popen(cmd, env=stage_env(cache), stdout=out, stderr=subprocess.STDOUT, cwd=ROOT)
-    served = Served(proc, log, grpc_port, http_port, cache)
+    served = Served(proc, log, grpc_port, http_port, cache, talker_port, codec_port, store, deploy, model)
     try:
         deadline = time.monotonic() + start_timeout_s
         while not check(served.grpc_addr, timeout=1.0):

@@ -28,9 +28,13 @@ class DuplexOpen:
     window: int  # samples of agent audio the gateway granted up front: the most that may wait for credit
     recording: np.ndarray | None  # the voice recording, float32 mono at ``recording_rate``
     recording_rate: int
+    # A voice-library voice: its recording's codes as encoded at upload (EncodeVoice), used as they are.
+    codes: np.ndarray | None = None
 
 
-def check_open(op: S.StreamOpen, *, native_rate: int, samples_per_frame: int) -> DuplexOpen:
+def check_open(
+    op: S.StreamOpen, *, native_rate: int, samples_per_frame: int, num_groups: int = 8
+) -> DuplexOpen:
     """Every field a duplex ``open`` may get wrong, each refused naming it (INVALID_ARGUMENT)."""
     for name in TTS_ONLY:
         if getattr(op, name):
@@ -54,11 +58,36 @@ def check_open(op: S.StreamOpen, *, native_rate: int, samples_per_frame: int) ->
             f"initial_credit: need at least {need} SAMPLES (2 frames at {rate} Hz), got {credit.amount} in "
             f"unit {S.CreditUnit.Name(credit.unit)}",
         )
-    recording = _recording(op.reference)
+    if op.reference.voice_key:
+        return DuplexOpen(fmt, rate, credit.amount, None, 0, encoded_codes(op.reference, num_groups))
+    recording = recording_of(op.reference)
     return DuplexOpen(fmt, rate, credit.amount, recording, op.reference.audio_sample_rate_hz)
 
 
-def _recording(ref: S.VoiceReference) -> np.ndarray | None:
+def encoded_codes(ref: S.VoiceReference, num_groups: int) -> np.ndarray:
+    """The codes of an already encoded voice recording (a voice-library voice, ``voice_key`` set)."""
+    if ref.audio.WhichOneof("body") is not None or ref.text or ref.x_vector_dim:
+        raise StageFailure(
+            "INVALID_ARGUMENT", "reference: an encoded voice (voice_key) carries codes only, no audio or text"
+        )
+    if not ref.codes.frame_count:
+        raise StageFailure("INVALID_ARGUMENT", "reference.codes: required with reference.voice_key")
+    try:
+        data, _ = read_payload(ref.codes.codes, None)
+    except InvalidShmReference as exc:
+        raise StageFailure("INVALID_ARGUMENT", f"reference.codes: {exc}") from exc
+    if ref.codes.num_groups != num_groups:
+        raise StageFailure(
+            "INVALID_ARGUMENT",
+            f"reference.codes.num_groups: {ref.codes.num_groups}, this codec has {num_groups}",
+        )
+    # The talker checks the code range against its codebook when it builds the prompt.
+    return wire.codes_from_bytes(
+        data, ref.codes.frame_count, num_groups, field="reference.codes", codebook_size=1 << 15
+    )
+
+
+def recording_of(ref: S.VoiceReference) -> np.ndarray | None:
     if ref.text:
         raise StageFailure("INVALID_ARGUMENT", "reference.text: duplex voice recordings take no transcript")
     if ref.x_vector_dim or ref.x_vector.WhichOneof("body"):
@@ -108,4 +137,5 @@ def talker_open(op: S.StreamOpen, codes: np.ndarray | None) -> S.StreamOpen:
         out.subtalker_sampling.CopyFrom(op.subtalker_sampling)
     if codes is not None:
         out.reference.codes.CopyFrom(wire.voice_reference("", codes, None).codes)
+        out.reference.voice_key = op.reference.voice_key
     return out

@@ -91,7 +91,9 @@ class DuplexCodecStream(CodecStageStream):
     async def _open(self, op: S.StreamOpen) -> None:
         srv, rt = self.srv, self.rt
         self._admit(op, srv, model=rt.model, family=rt.family, duplex=True)
-        params = check_open(op, native_rate=rt.sample_rate, samples_per_frame=rt.samples_per_frame)
+        params = check_open(
+            op, native_rate=rt.sample_rate, samples_per_frame=rt.samples_per_frame, num_groups=rt.num_groups
+        )
         await srv.pool.check(op.talker_address)  # --allowed-talkers: refused before a session slot is taken
         self.fmt, self.rate = params.pcm_format, params.sample_rate
         if self.rate != rt.sample_rate:
@@ -104,7 +106,7 @@ class DuplexCodecStream(CodecStageStream):
         except StageFailure:
             self.joined = False
             raise
-        codes = None
+        codes = params.codes
         if params.recording is not None:
             codes = await self.worker.reference_codes(params.recording, params.recording_rate)
         writer = srv.shm_writer

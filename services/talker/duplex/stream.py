@@ -79,7 +79,7 @@ class DuplexTalkerStream(TalkerStageStream):
         if op.initial_credit.unit != stage_pb2.CREDIT_UNIT_FRAMES or op.initial_credit.amount < 1:
             raise StageFailure("INVALID_ARGUMENT", "initial_credit: need at least 1 FRAME of agent output")
         self.credit = op.initial_credit.amount
-        params = request_params(op)
+        params = request_params(op, srv.voices)
         self.worker.check_voice(params)
         request = self.worker.build_request(self.key, params)
         await self.worker.open(request, self)

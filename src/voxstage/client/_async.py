@@ -19,10 +19,12 @@ from voxstage.client._common import (
     Voice,
     audio_from,
     build_config,
+    create_voice_request,
     error_from_rpc,
     make_stub,
     open_channel,
     stream_info,
+    voice_from,
     voices_from,
 )
 from voxstage.client._converse import AsyncConverseSession
@@ -285,6 +287,36 @@ class AsyncSpeechClient:
         except grpc.aio.AioRpcError as exc:
             raise error_from_rpc(exc) from None
         return voices_from(reply)
+
+    async def create_voice(
+        self, name: str, audio: bytes | str | Path, *, ref_text: str = "", **options: Any
+    ) -> Voice:
+        """Upload a voice to the gateway's voice library: ``audio`` is a sample recording (an audio file's
+        bytes or path) and ``ref_text`` its transcript; ``options``: ``model``, ``language``,
+        ``description``, ``consent_audio``. Then name it (or its ``id``) as ``voice`` anywhere."""
+        request = create_voice_request(name, audio, ref_text=ref_text, **options)
+        try:
+            reply = await self._stub.CreateVoice(request, timeout=self.timeout)
+        except grpc.aio.AioRpcError as exc:
+            raise error_from_rpc(exc) from None
+        return voice_from(reply.voice)
+
+    async def get_voice(self, voice: str) -> Voice:
+        """An uploaded voice, by id or name."""
+        try:
+            reply = await self._stub.GetVoice(speech_pb2.GetVoiceRequest(id=voice), timeout=self.timeout)
+        except grpc.aio.AioRpcError as exc:
+            raise error_from_rpc(exc) from None
+        return voice_from(reply.voice)
+
+    async def delete_voice(self, voice: str) -> str:
+        """Remove an uploaded voice (by id or name); returns its id."""
+        try:
+            request = speech_pb2.DeleteVoiceRequest(id=voice)
+            reply = await self._stub.DeleteVoice(request, timeout=self.timeout)
+        except grpc.aio.AioRpcError as exc:
+            raise error_from_rpc(exc) from None
+        return reply.id
 
 
 __all__ = ["AsyncSpeechClient", "AsyncStreamingSession", "SpeechError"]

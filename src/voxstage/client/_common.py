@@ -163,6 +163,43 @@ class Voice:
     languages: tuple[str, ...]
     description: str
     native_sample_rate: int
+    # Voice library entries (uploaded); built-in voices leave these at their defaults.
+    uploaded: bool = False
+    id: str = ""
+    family: str = ""
+    ref_text: str = ""
+    sample_seconds: float = 0.0
+    created_unix: float = 0.0
+    consent: bool = False
+
+
+def voice_from(v: speech_pb2.Voice) -> Voice:
+    return Voice(
+        v.name, v.model, tuple(v.languages), v.description, v.native_sample_rate_hz, v.uploaded, v.id,
+        v.family, v.ref_text, v.sample_duration.seconds + v.sample_duration.nanos / 1e9,
+        v.created.seconds + v.created.nanos / 1e9, v.consent,
+    )  # fmt: skip
+
+
+def create_voice_request(
+    name: str,
+    audio: bytes | str | Path,
+    *,
+    ref_text: str = "",
+    model: str = "",
+    language: str = "",
+    description: str = "",
+    consent_audio: bytes | str | Path | None = None,
+) -> speech_pb2.CreateVoiceRequest:
+    """``audio`` and ``consent_audio`` are an audio file's bytes or its path."""
+
+    def read(x: bytes | str | Path) -> bytes:
+        return x if isinstance(x, bytes) else Path(x).read_bytes()
+
+    return speech_pb2.CreateVoiceRequest(
+        name=name, audio=read(audio), ref_text=ref_text, model=model, language=language,
+        description=description, consent_audio=read(consent_audio) if consent_audio is not None else b"",
+    )  # fmt: skip
 
 
 def build_config(
@@ -231,10 +268,7 @@ def stream_info(started: speech_pb2.StreamStarted) -> StreamInfo:
 
 
 def voices_from(reply: speech_pb2.ListVoicesResponse) -> list[Voice]:
-    return [
-        Voice(v.name, v.model, tuple(v.languages), v.description, v.native_sample_rate_hz)
-        for v in reply.voices
-    ]
+    return [voice_from(v) for v in reply.voices]
 
 
 def audio_from(reply: speech_pb2.SynthesizeResponse) -> Audio:

@@ -23,10 +23,12 @@ from voxstage.client._common import (
     Voice,
     audio_from,
     build_config,
+    create_voice_request,
     error_from_rpc,
     make_stub,
     open_channel,
     stream_info,
+    voice_from,
     voices_from,
 )
 from voxstage.client._converse import ConverseSession
@@ -249,3 +251,32 @@ class SpeechClient:
         except grpc.RpcError as exc:
             raise error_from_rpc(exc) from None
         return voices_from(reply)
+
+    def create_voice(
+        self, name: str, audio: bytes | str | Path, *, ref_text: str = "", **options: Any
+    ) -> Voice:
+        """Upload a voice to the gateway's voice library: ``audio`` is a sample recording (an audio file's
+        bytes or path) and ``ref_text`` its transcript; ``options``: ``model``, ``language``,
+        ``description``, ``consent_audio``. Then name it (or its ``id``) as ``voice`` anywhere."""
+        request = create_voice_request(name, audio, ref_text=ref_text, **options)
+        try:
+            reply = self._stub.CreateVoice(request, timeout=self.timeout)
+        except grpc.RpcError as exc:
+            raise error_from_rpc(exc) from None
+        return voice_from(reply.voice)
+
+    def get_voice(self, voice: str) -> Voice:
+        """An uploaded voice, by id or name."""
+        try:
+            reply = self._stub.GetVoice(speech_pb2.GetVoiceRequest(id=voice), timeout=self.timeout)
+        except grpc.RpcError as exc:
+            raise error_from_rpc(exc) from None
+        return voice_from(reply.voice)
+
+    def delete_voice(self, voice: str) -> str:
+        """Remove an uploaded voice (by id or name); returns its id."""
+        try:
+            reply = self._stub.DeleteVoice(speech_pb2.DeleteVoiceRequest(id=voice), timeout=self.timeout)
+        except grpc.RpcError as exc:
+            raise error_from_rpc(exc) from None
+        return reply.id

@@ -34,6 +34,16 @@ class GatewayConfig(StrictModel):
     # family's built-in table (gateway/voice_aliases.py); {} turns aliases off. Targets are checked against
     # the model's voices once the gateway knows them (a missing one is logged, and refused per request).
     voice_aliases: dict[str, str] | None = None
+    # The voice library (gateway/voices/): one file per uploaded voice under this directory, shared by every
+    # gateway replica that mounts it; unset turns the library off (uploads are refused, built-in voices
+    # only). Bounds: voices in the library, and each sample's seconds and bytes (at most half of a request's
+    # reference clip bound, so a sample and its consent recording fit one request).
+    voice_store_dir: str | None = Field(default=None, min_length=1)
+    voice_max_count: int = Field(default=1000, ge=1, le=1_000_000)
+    voice_max_seconds: float = Field(default=30.0, gt=0.0, le=30.0)
+    voice_max_bytes: int = Field(default=5 * 1024 * 1024, ge=1024, le=5 * 1024 * 1024)
+    # "required": an upload must carry a consent recording (stored beside the sample, listed for audit).
+    voice_consent: Literal["off", "required"] = "off"
     # Duplex sessions (session_mode: duplex): closed after this long without client audio, and after this
     # long in all; a session holds a talker slot for its whole life, so neither may be unbounded (a day at
     # most, as for streaming calls below).

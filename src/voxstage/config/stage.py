@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 from enum import StrEnum
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
@@ -128,10 +128,18 @@ class StageConfig(StrictModel):
     async_scheduling: bool = False
     # voxstage: this stage's share of the GPU's SMs under CUDA MPS (voxstage.stage.mps); None: no cap.
     mps_active_thread_percentage: int | None = Field(default=None, ge=1, le=100)
+    # voxstage, codec only: which ready chunks a tick decodes (services/codec/schedule.py) and the estimated
+    # device time a deadline tick may take (docs/configuration.md gives the reasons for the defaults).
+    codec_tick_policy: Literal["fifo", "deadline"] = "fifo"
+    codec_tick_budget_ms: float = Field(default=20.0, gt=0.0, le=1000.0)
     max_model_len: int | None = Field(default=None, ge=1)
     max_num_batched_tokens: int | None = Field(default=None, ge=1)
     # Talker only: the KV cache's storage, "auto" (the model dtype) or "fp8" (e4m3, per-head scales).
     kv_cache_dtype: str = "auto"
+    # Talker only: ready voice prompts of voice-library voices (services/talker/voice_cache.py), bounded
+    # by bytes and by entries; 0 in either turns the cache off (every request rebuilds its voice's prompt).
+    voice_cache_bytes: int = Field(default=64 * 1024 * 1024, ge=0)
+    voice_cache_entries: int = Field(default=256, ge=0)
     devices: str = "0"
     input_connectors: dict[str, str] = Field(default_factory=dict)
     output_connectors: dict[str, str] = Field(default_factory=dict)

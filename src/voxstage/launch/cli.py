@@ -17,6 +17,7 @@ from services.talker.main import register as add_talker
 from voxstage import __version__
 from voxstage.client.cli import add_say
 from voxstage.client.talk import add_talk
+from voxstage.client.voices_cli import add_voices
 from voxstage.config import ConfigError
 from voxstage.config.cli_args import add_deploy_options, load_from_args
 from voxstage.config.describe import describe, summary
@@ -64,7 +65,8 @@ def _add_validate_config(subparsers: Subparsers) -> None:
 
 
 SUBCOMMANDS: tuple[Registrar, ...] = (
-    _add_validate_config, add_talker, add_codec, add_serve, add_gateway, add_say, add_talk, add_demo,
+    _add_validate_config, add_talker, add_codec, add_serve, add_gateway, add_say, add_talk, add_voices,
+    add_demo,
 )  # fmt: skip
 
 

@@ -1,6 +1,7 @@
 import datetime
 
 from google.protobuf import duration_pb2 as _duration_pb2
+from google.protobuf import timestamp_pb2 as _timestamp_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
@@ -265,18 +266,82 @@ class ListVoicesResponse(_message.Message):
     def __init__(self, voices: _Optional[_Iterable[_Union[Voice, _Mapping]]] = ...) -> None: ...
 
 class Voice(_message.Message):
-    __slots__ = ("name", "model", "languages", "description", "native_sample_rate_hz")
+    __slots__ = ("name", "model", "languages", "description", "native_sample_rate_hz", "uploaded", "id", "family", "ref_text", "sample_duration", "created", "consent")
     NAME_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     LANGUAGES_FIELD_NUMBER: _ClassVar[int]
     DESCRIPTION_FIELD_NUMBER: _ClassVar[int]
     NATIVE_SAMPLE_RATE_HZ_FIELD_NUMBER: _ClassVar[int]
+    UPLOADED_FIELD_NUMBER: _ClassVar[int]
+    ID_FIELD_NUMBER: _ClassVar[int]
+    FAMILY_FIELD_NUMBER: _ClassVar[int]
+    REF_TEXT_FIELD_NUMBER: _ClassVar[int]
+    SAMPLE_DURATION_FIELD_NUMBER: _ClassVar[int]
+    CREATED_FIELD_NUMBER: _ClassVar[int]
+    CONSENT_FIELD_NUMBER: _ClassVar[int]
     name: str
     model: str
     languages: _containers.RepeatedScalarFieldContainer[str]
     description: str
     native_sample_rate_hz: int
-    def __init__(self, name: _Optional[str] = ..., model: _Optional[str] = ..., languages: _Optional[_Iterable[str]] = ..., description: _Optional[str] = ..., native_sample_rate_hz: _Optional[int] = ...) -> None: ...
+    uploaded: bool
+    id: str
+    family: str
+    ref_text: str
+    sample_duration: _duration_pb2.Duration
+    created: _timestamp_pb2.Timestamp
+    consent: bool
+    def __init__(self, name: _Optional[str] = ..., model: _Optional[str] = ..., languages: _Optional[_Iterable[str]] = ..., description: _Optional[str] = ..., native_sample_rate_hz: _Optional[int] = ..., uploaded: _Optional[bool] = ..., id: _Optional[str] = ..., family: _Optional[str] = ..., ref_text: _Optional[str] = ..., sample_duration: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., created: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., consent: _Optional[bool] = ...) -> None: ...
+
+class CreateVoiceRequest(_message.Message):
+    __slots__ = ("name", "audio", "ref_text", "model", "language", "description", "consent_audio")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    AUDIO_FIELD_NUMBER: _ClassVar[int]
+    REF_TEXT_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    LANGUAGE_FIELD_NUMBER: _ClassVar[int]
+    DESCRIPTION_FIELD_NUMBER: _ClassVar[int]
+    CONSENT_AUDIO_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    audio: bytes
+    ref_text: str
+    model: str
+    language: str
+    description: str
+    consent_audio: bytes
+    def __init__(self, name: _Optional[str] = ..., audio: _Optional[bytes] = ..., ref_text: _Optional[str] = ..., model: _Optional[str] = ..., language: _Optional[str] = ..., description: _Optional[str] = ..., consent_audio: _Optional[bytes] = ...) -> None: ...
+
+class CreateVoiceResponse(_message.Message):
+    __slots__ = ("voice",)
+    VOICE_FIELD_NUMBER: _ClassVar[int]
+    voice: Voice
+    def __init__(self, voice: _Optional[_Union[Voice, _Mapping]] = ...) -> None: ...
+
+class GetVoiceRequest(_message.Message):
+    __slots__ = ("id",)
+    ID_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    def __init__(self, id: _Optional[str] = ...) -> None: ...
+
+class GetVoiceResponse(_message.Message):
+    __slots__ = ("voice",)
+    VOICE_FIELD_NUMBER: _ClassVar[int]
+    voice: Voice
+    def __init__(self, voice: _Optional[_Union[Voice, _Mapping]] = ...) -> None: ...
+
+class DeleteVoiceRequest(_message.Message):
+    __slots__ = ("id",)
+    ID_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    def __init__(self, id: _Optional[str] = ...) -> None: ...
+
+class DeleteVoiceResponse(_message.Message):
+    __slots__ = ("id", "name")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    name: str
+    def __init__(self, id: _Optional[str] = ..., name: _Optional[str] = ...) -> None: ...
 
 class ConverseRequest(_message.Message):
     __slots__ = ("event_id", "session_update", "input_audio_buffer_append", "input_audio_buffer_commit", "response_create", "response_cancel", "conversation_item_truncate")

@@ -49,6 +49,21 @@ class SpeechStub:
                 request_serializer=voxstage_dot_v1_dot_speech__pb2.ListVoicesRequest.SerializeToString,
                 response_deserializer=voxstage_dot_v1_dot_speech__pb2.ListVoicesResponse.FromString,
                 _registered_method=True)
+        self.CreateVoice = channel.unary_unary(
+                '/voxstage.v1.Speech/CreateVoice',
+                request_serializer=voxstage_dot_v1_dot_speech__pb2.CreateVoiceRequest.SerializeToString,
+                response_deserializer=voxstage_dot_v1_dot_speech__pb2.CreateVoiceResponse.FromString,
+                _registered_method=True)
+        self.GetVoice = channel.unary_unary(
+                '/voxstage.v1.Speech/GetVoice',
+                request_serializer=voxstage_dot_v1_dot_speech__pb2.GetVoiceRequest.SerializeToString,
+                response_deserializer=voxstage_dot_v1_dot_speech__pb2.GetVoiceResponse.FromString,
+                _registered_method=True)
+        self.DeleteVoice = channel.unary_unary(
+                '/voxstage.v1.Speech/DeleteVoice',
+                request_serializer=voxstage_dot_v1_dot_speech__pb2.DeleteVoiceRequest.SerializeToString,
+                response_deserializer=voxstage_dot_v1_dot_speech__pb2.DeleteVoiceResponse.FromString,
+                _registered_method=True)
         self.Converse = channel.stream_stream(
                 '/voxstage.v1.Speech/Converse',
                 request_serializer=voxstage_dot_v1_dot_speech__pb2.ConverseRequest.SerializeToString,
@@ -76,7 +91,32 @@ class SpeechServicer:
         raise NotImplementedError('Method not implemented!')
 
     def ListVoices(self, request, context):
-        """Voices available for a model (or for every served model when `model` is empty).
+        """Voices available for a model (or for every served model when `model` is empty): built-in voices and
+        the voice library's uploads (`Voice.uploaded`).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CreateVoice(self, request, context):
+        """Voice library (docs/api.md "Voices"): upload a sample and its transcript once, then name the voice (its
+        id or name) as `SynthesisConfig.voice` or a Converse session's voice. ALREADY_EXISTS when the name is
+        taken, RESOURCE_EXHAUSTED when the library is full, INVALID_ARGUMENT naming the field for bad input,
+        FAILED_PRECONDITION when the served model cannot clone voices.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetVoice(self, request, context):
+        """One voice of the library, by id or name (NOT_FOUND if none).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DeleteVoice(self, request, context):
+        """Removes a voice of the library, by id or name; built-in voices cannot be deleted (FAILED_PRECONDITION).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -107,6 +147,21 @@ def add_SpeechServicer_to_server(servicer, server):
                     servicer.ListVoices,
                     request_deserializer=voxstage_dot_v1_dot_speech__pb2.ListVoicesRequest.FromString,
                     response_serializer=voxstage_dot_v1_dot_speech__pb2.ListVoicesResponse.SerializeToString,
+            ),
+            'CreateVoice': grpc.unary_unary_rpc_method_handler(
+                    servicer.CreateVoice,
+                    request_deserializer=voxstage_dot_v1_dot_speech__pb2.CreateVoiceRequest.FromString,
+                    response_serializer=voxstage_dot_v1_dot_speech__pb2.CreateVoiceResponse.SerializeToString,
+            ),
+            'GetVoice': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetVoice,
+                    request_deserializer=voxstage_dot_v1_dot_speech__pb2.GetVoiceRequest.FromString,
+                    response_serializer=voxstage_dot_v1_dot_speech__pb2.GetVoiceResponse.SerializeToString,
+            ),
+            'DeleteVoice': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteVoice,
+                    request_deserializer=voxstage_dot_v1_dot_speech__pb2.DeleteVoiceRequest.FromString,
+                    response_serializer=voxstage_dot_v1_dot_speech__pb2.DeleteVoiceResponse.SerializeToString,
             ),
             'Converse': grpc.stream_stream_rpc_method_handler(
                     servicer.Converse,
@@ -195,6 +250,87 @@ class Speech:
             '/voxstage.v1.Speech/ListVoices',
             voxstage_dot_v1_dot_speech__pb2.ListVoicesRequest.SerializeToString,
             voxstage_dot_v1_dot_speech__pb2.ListVoicesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CreateVoice(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/voxstage.v1.Speech/CreateVoice',
+            voxstage_dot_v1_dot_speech__pb2.CreateVoiceRequest.SerializeToString,
+            voxstage_dot_v1_dot_speech__pb2.CreateVoiceResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetVoice(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/voxstage.v1.Speech/GetVoice',
+            voxstage_dot_v1_dot_speech__pb2.GetVoiceRequest.SerializeToString,
+            voxstage_dot_v1_dot_speech__pb2.GetVoiceResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeleteVoice(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/voxstage.v1.Speech/DeleteVoice',
+            voxstage_dot_v1_dot_speech__pb2.DeleteVoiceRequest.SerializeToString,
+            voxstage_dot_v1_dot_speech__pb2.DeleteVoiceResponse.FromString,
             options,
             channel_credentials,
             insecure,

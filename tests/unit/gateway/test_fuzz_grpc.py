@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 from collections import Counter
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -160,6 +161,43 @@ def _fuzz_unary(addr: str, seen: Counter[grpc.StatusCode]) -> None:
         list_voices()
 
 
+VOICE_NAME = st.one_of(
+    st.sampled_from(["narrator", "../x", "a/b", "nul\x00", "x" * 300, "serena", "voice_" + "0" * 24, ""]),
+    TEXT,
+)
+AUDIO_BYTES = st.one_of(st.binary(max_size=64), st.sampled_from([b"", b"RIFF", b"fLaC" + bytes(40)]))
+
+
+def _fuzz_voices(addr: str, seen: Counter[grpc.StatusCode]) -> None:
+    """The voice library's RPCs (issue 30): names, files and fields of any shape."""
+    with grpc.insecure_channel(addr) as channel:
+        stub = speech_pb2_grpc.SpeechStub(channel)
+
+        @FUZZ
+        @given(name=VOICE_NAME, audio=AUDIO_BYTES, text=SHORT_TEXT, model=MODEL_NAME, language=LANGUAGE,
+               description=TEXT, consent=_maybe(AUDIO_BYTES))  # fmt: skip
+        def create(name: str, audio: bytes, text: str, model: str, language: str, description: str,
+                   consent: bytes | None) -> None:  # fmt: skip
+            request = speech_pb2.CreateVoiceRequest(
+                name=name, audio=audio, ref_text=text, model=model, language=language,
+                description=description, consent_audio=consent or b"",
+            )  # fmt: skip
+            _check(_code(lambda: stub.CreateVoice(request, timeout=CALL_TIMEOUT_S)), request, seen)
+
+        @FUZZ
+        @given(ref=VOICE_NAME, delete=st.booleans())
+        def get_or_delete(ref: str, delete: bool) -> None:
+            def call() -> Any:
+                if delete:
+                    return stub.DeleteVoice(speech_pb2.DeleteVoiceRequest(id=ref), timeout=CALL_TIMEOUT_S)
+                return stub.GetVoice(speech_pb2.GetVoiceRequest(id=ref), timeout=CALL_TIMEOUT_S)
+
+            _check(_code(call), ref, seen)
+
+        create()
+        get_or_delete()
+
+
 def _fuzz_stream(addr: str, seen: Counter[grpc.StatusCode]) -> None:
     with grpc.insecure_channel(addr) as channel:
         stub = speech_pb2_grpc.SpeechStub(channel)
@@ -199,6 +237,18 @@ async def test_fuzz_unary_and_list_voices(make_stack: MakeStack) -> None:
     print(dict(seen))
     # The generator reaches both the gateway's checks and real synthesis, not only one of them.
     assert seen[grpc.StatusCode.OK] and seen[grpc.StatusCode.INVALID_ARGUMENT], seen
+    await _assert_healthy(stack)
+
+
+async def test_fuzz_voice_library(make_stack: MakeStack, tmp_path: Path) -> None:
+    stack = await make_stack(overrides=[f"gateway.voice_store_dir={tmp_path}"])
+    await _assert_healthy(stack)
+    seen: Counter[grpc.StatusCode] = Counter()
+    await asyncio.to_thread(_fuzz_voices, stack.grpc_addr, seen)
+    print(dict(seen))
+    assert seen[grpc.StatusCode.INVALID_ARGUMENT] and seen[grpc.StatusCode.NOT_FOUND], seen
+    stored = await asyncio.to_thread(lambda: sorted(p.name for p in tmp_path.rglob("*")))
+    assert stored == ["names", "tmp", "voices"]  # nothing was stored
     await _assert_healthy(stack)
 
 

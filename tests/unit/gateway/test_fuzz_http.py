@@ -10,6 +10,7 @@ import base64
 import importlib.util
 import json
 from collections import Counter
+from pathlib import Path
 from types import ModuleType
 from typing import Any
 
@@ -146,8 +147,9 @@ async def _assert_healthy(stack: Stack) -> None:
         assert speech.status_code == 200 and speech.content[:4] == b"RIFF"
 
 
-async def test_fuzz_http_face(make_stack: MakeStack) -> None:
-    stack = await make_stack()
+async def test_fuzz_http_face(make_stack: MakeStack, tmp_path: Path) -> None:
+    # With a voice library (issue 30), so that /v1/audio/voices reaches its checks and the store.
+    stack = await make_stack(overrides=[f"gateway.voice_store_dir={tmp_path}"])
     await _assert_healthy(stack)
     seen = await asyncio.to_thread(_fuzz, stack.http_url)
     print(dict(seen))
@@ -155,6 +157,7 @@ async def test_fuzz_http_face(make_stack: MakeStack) -> None:
     assert seen[("/v1/audio/speech", 200)] and any(
         path == "/v1/audio/speech" and 400 <= code < 500 for path, code in seen
     ), seen
+    assert seen[("/v1/audio/voices", 400)], seen
     await _assert_healthy(stack)
 
 

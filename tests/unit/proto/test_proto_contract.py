@@ -31,9 +31,13 @@ def test_rpc_cardinalities_are_the_published_ones() -> None:
         "StreamingSynthesize": (True, True),
         "ListVoices": (False, False),
         "Converse": (True, True),
+        "CreateVoice": (False, False),
+        "GetVoice": (False, False),
+        "DeleteVoice": (False, False),
     }
-    for service in ("Codec", "Talker"):
-        assert _methods(stage_pb2.DESCRIPTOR, service) == {"Stream": (True, True), "Status": (False, False)}
+    stream_status = {"Stream": (True, True), "Status": (False, False)}
+    assert _methods(stage_pb2.DESCRIPTOR, "Codec") == {**stream_status, "EncodeVoice": (False, False)}
+    assert _methods(stage_pb2.DESCRIPTOR, "Talker") == stream_status
 
 
 def _all_enums(file: FileDescriptor) -> list[EnumDescriptor]:

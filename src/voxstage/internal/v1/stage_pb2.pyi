@@ -123,7 +123,7 @@ class Credit(_message.Message):
     def __init__(self, unit: _Optional[_Union[CreditUnit, str]] = ..., amount: _Optional[int] = ...) -> None: ...
 
 class VoiceReference(_message.Message):
-    __slots__ = ("audio", "audio_format", "audio_sample_rate_hz", "text", "codes", "x_vector", "x_vector_dim")
+    __slots__ = ("audio", "audio_format", "audio_sample_rate_hz", "text", "codes", "x_vector", "x_vector_dim", "voice_key")
     AUDIO_FIELD_NUMBER: _ClassVar[int]
     AUDIO_FORMAT_FIELD_NUMBER: _ClassVar[int]
     AUDIO_SAMPLE_RATE_HZ_FIELD_NUMBER: _ClassVar[int]
@@ -131,6 +131,7 @@ class VoiceReference(_message.Message):
     CODES_FIELD_NUMBER: _ClassVar[int]
     X_VECTOR_FIELD_NUMBER: _ClassVar[int]
     X_VECTOR_DIM_FIELD_NUMBER: _ClassVar[int]
+    VOICE_KEY_FIELD_NUMBER: _ClassVar[int]
     audio: Payload
     audio_format: PcmFormat
     audio_sample_rate_hz: int
@@ -138,7 +139,8 @@ class VoiceReference(_message.Message):
     codes: CodecFrames
     x_vector: Payload
     x_vector_dim: int
-    def __init__(self, audio: _Optional[_Union[Payload, _Mapping]] = ..., audio_format: _Optional[_Union[PcmFormat, str]] = ..., audio_sample_rate_hz: _Optional[int] = ..., text: _Optional[str] = ..., codes: _Optional[_Union[CodecFrames, _Mapping]] = ..., x_vector: _Optional[_Union[Payload, _Mapping]] = ..., x_vector_dim: _Optional[int] = ...) -> None: ...
+    voice_key: str
+    def __init__(self, audio: _Optional[_Union[Payload, _Mapping]] = ..., audio_format: _Optional[_Union[PcmFormat, str]] = ..., audio_sample_rate_hz: _Optional[int] = ..., text: _Optional[str] = ..., codes: _Optional[_Union[CodecFrames, _Mapping]] = ..., x_vector: _Optional[_Union[Payload, _Mapping]] = ..., x_vector_dim: _Optional[int] = ..., voice_key: _Optional[str] = ...) -> None: ...
 
 class ChunkSchedule(_message.Message):
     __slots__ = ("initial_chunk_frames", "steady_chunk_frames", "left_context_frames")
@@ -483,6 +485,20 @@ class CatalogVoice(_message.Message):
     languages: _containers.RepeatedScalarFieldContainer[str]
     description: str
     def __init__(self, name: _Optional[str] = ..., languages: _Optional[_Iterable[str]] = ..., description: _Optional[str] = ...) -> None: ...
+
+class EncodeVoiceRequest(_message.Message):
+    __slots__ = ("model", "reference")
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    REFERENCE_FIELD_NUMBER: _ClassVar[int]
+    model: str
+    reference: VoiceReference
+    def __init__(self, model: _Optional[str] = ..., reference: _Optional[_Union[VoiceReference, _Mapping]] = ...) -> None: ...
+
+class EncodeVoiceResponse(_message.Message):
+    __slots__ = ("reference",)
+    REFERENCE_FIELD_NUMBER: _ClassVar[int]
+    reference: VoiceReference
+    def __init__(self, reference: _Optional[_Union[VoiceReference, _Mapping]] = ...) -> None: ...
 
 class CodecStatusRequest(_message.Message):
     __slots__ = ("include_requests",)

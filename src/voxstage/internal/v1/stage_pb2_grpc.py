@@ -45,6 +45,11 @@ class CodecStub:
                 request_serializer=voxstage_dot_internal_dot_v1_dot_stage__pb2.CodecStatusRequest.SerializeToString,
                 response_deserializer=voxstage_dot_internal_dot_v1_dot_stage__pb2.CodecStatusResponse.FromString,
                 _registered_method=True)
+        self.EncodeVoice = channel.unary_unary(
+                '/voxstage.internal.v1.Codec/EncodeVoice',
+                request_serializer=voxstage_dot_internal_dot_v1_dot_stage__pb2.EncodeVoiceRequest.SerializeToString,
+                response_deserializer=voxstage_dot_internal_dot_v1_dot_stage__pb2.EncodeVoiceResponse.FromString,
+                _registered_method=True)
 
 
 class CodecServicer:
@@ -63,6 +68,14 @@ class CodecServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def EncodeVoice(self, request, context):
+        """Encodes a voice-library upload once (the gateway stores the result): what the codec would compute from
+        the same `reference.audio` on a stream's open, bit for bit.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_CodecServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -75,6 +88,11 @@ def add_CodecServicer_to_server(servicer, server):
                     servicer.Status,
                     request_deserializer=voxstage_dot_internal_dot_v1_dot_stage__pb2.CodecStatusRequest.FromString,
                     response_serializer=voxstage_dot_internal_dot_v1_dot_stage__pb2.CodecStatusResponse.SerializeToString,
+            ),
+            'EncodeVoice': grpc.unary_unary_rpc_method_handler(
+                    servicer.EncodeVoice,
+                    request_deserializer=voxstage_dot_internal_dot_v1_dot_stage__pb2.EncodeVoiceRequest.FromString,
+                    response_serializer=voxstage_dot_internal_dot_v1_dot_stage__pb2.EncodeVoiceResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -132,6 +150,33 @@ class Codec:
             '/voxstage.internal.v1.Codec/Status',
             voxstage_dot_internal_dot_v1_dot_stage__pb2.CodecStatusRequest.SerializeToString,
             voxstage_dot_internal_dot_v1_dot_stage__pb2.CodecStatusResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def EncodeVoice(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/voxstage.internal.v1.Codec/EncodeVoice',
+            voxstage_dot_internal_dot_v1_dot_stage__pb2.EncodeVoiceRequest.SerializeToString,
+            voxstage_dot_internal_dot_v1_dot_stage__pb2.EncodeVoiceResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,0 +1,197 @@
+"""Time to first audio with a voice-library voice, against the same clip inline and a built-in voice
+(issue 30).
+
+    python -m bench.voice_library --out OUT --model CLONING_PRESET [--builtin-model PRESET]
+        [--builtin-voice NAME] [--device cuda] [--rate 1] [--duration 60] [--frames 50] [--clip-seconds 10]
+
+One ``voxstage serve`` stack of ``--model`` (a cloning checkpoint, with a voice store under OUT) gets one
+``--clip-seconds`` clip uploaded once (``POST /v1/audio/voices``); then, at ``--rate`` req/s Poisson for
+``--duration`` s each (``bench.loadgen``, gRPC StreamingSynthesize, fixed length: EOS off for ``--frames``):
+
+* ``uploaded``: ``voice`` = the uploaded voice's name (the codec encoded the clip at upload; the talker
+  caches its prompt);
+* ``inline``: ``reference_audio`` = the same clip and transcript on every request (encoded every time);
+* ``builtin``: a preset voice (``--builtin-voice``) of ``--builtin-model``, the same size without cloning,
+  on its own stack (``--builtin-model ''`` skips it).
+
+Writes ``OUT/voice_ttfa_<arm>_<tag>.json`` (loadgen's format, per request) and
+``OUT/voice_library_<tag>.json``: per arm p50/p90/p95/p99/mean TTFA and errors, and the differences
+``uploaded - builtin`` and ``inline - uploaded`` (ms). Every arm is preceded by an unmeasured warm-up level.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import sys
+import time
+import urllib.request
+import uuid
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from bench import loadgen
+from bench.stack import Stack, StackSpec
+from voxstage import families
+
+REF_TEXT = (
+    "The north wind and the sun were disputing which was the stronger, when a traveler came along "
+    "wrapped in a warm cloak."
+)
+VOICE = "bench-voice"
+
+
+def clip_wav(seconds: float, rate: int = 24_000, seed: int = 0) -> bytes:
+    """A deterministic voiced-like clip (a gliding harmonic tone with syllable-rate gating and a little
+    noise): the same bytes on every run, so the uploaded and inline arms clone from one clip."""
+    import soundfile as sf
+
+    t = np.arange(int(seconds * rate)) / rate
+    f0 = 120 + 30 * np.sin(2 * np.pi * 0.3 * t)
+    phase = 2 * np.pi * np.cumsum(f0) / rate
+    voiced = sum(0.25 / k * np.sin(k * phase) for k in range(1, 8))
+    gate = 0.55 + 0.45 * np.sin(2 * np.pi * 4.0 * t) ** 2
+    noise = 0.01 * np.random.default_rng(seed).standard_normal(t.size)
+    buf = io.BytesIO()
+    sf.write(buf, (voiced * gate + noise).astype(np.float32), rate, format="WAV", subtype="PCM_16")
+    return buf.getvalue()
+
+
+def upload(http: str, name: str, wav: bytes, text: str) -> dict[str, Any]:
+    boundary = uuid.uuid4().hex
+    parts = []
+    for key, value in (("name", name), ("ref_text", text)):
+        head = f'--{boundary}\r\nContent-Disposition: form-data; name="{key}"\r\n\r\n'
+        parts.append(f"{head}{value}\r\n".encode())
+    parts.append(
+        f'--{boundary}\r\nContent-Disposition: form-data; name="audio"; filename="clip.wav"\r\n'
+        "Content-Type: audio/wav\r\n\r\n".encode() + wav + b"\r\n"
+    )
+    body = b"".join(parts) + f"--{boundary}--\r\n".encode()
+    request = urllib.request.Request(
+        f"http://{http}/v1/audio/voices", data=body, method="POST",
+        headers={"Content-Type": f"multipart/form-data; boundary={boundary}"},
+    )  # fmt: skip
+    with urllib.request.urlopen(request, timeout=120) as r:
+        return dict(json.loads(r.read()))
+
+
+def summarize(doc: dict[str, Any]) -> dict[str, Any]:
+    """The measured level's TTFA (ms) and request counts."""
+    level = doc["levels"][-1]
+    agg = level["aggregate"]
+    ttfa = [r["ttfa_s"] * 1e3 for r in level["records"] if r["ok"] and r.get("ttfa_s") is not None]
+    out: dict[str, Any] = {"requests": agg["requests"], "ok": agg["ok"]}
+    out["errors"] = agg.get("errors_by_code", {})
+    if ttfa:
+        arr = np.asarray(ttfa)
+        out["ttfa_ms"] = {
+            "mean": round(float(arr.mean()), 3),
+            **{f"p{q}": round(float(np.percentile(arr, q)), 3) for q in (50, 90, 95, 99)},
+            "min": round(float(arr.min()), 3),
+            "max": round(float(arr.max()), 3),
+        }
+    return out
+
+
+def run_arm(a: argparse.Namespace, stack: Stack, arm: str, tag: str, extra: list[str]) -> dict[str, Any]:
+    common = ["--grpc", stack.grpc, "--frames", str(a.frames), "--settle", "1", "--seed", "0"]
+    common += ["--language", a.language, "--timeout", str(a.timeout), "--ttfa-slo-ms", "0"]
+    warm = a.out / f"voice_warmup_{arm}_{tag}.json"
+    loadgen.main([*common, *extra, "--closed", "1", "--requests", str(a.warmup_requests), "--out", str(warm)])
+    path = a.out / f"voice_ttfa_{arm}_{tag}.json"
+    args = [*common, *extra, "--poisson", str(a.rate), "--duration", str(a.duration), "--out", str(path)]
+    loadgen.main(args)
+    doc = json.loads(path.read_text())
+    return {"file": path.name, "argv": args, **summarize(doc)}
+
+
+def start(a: argparse.Namespace, model: str, tag: str, sets: tuple[str, ...]) -> Stack:
+    spec = StackSpec(model, a.device, a.frames, a.slots, None, None, a.threads, (*a.set, *sets))
+    stack = Stack(spec, a.out / f"serve_voice_{tag}.log")
+    if not stack.start(timeout_s=a.start_timeout):
+        tail = stack.tail()
+        stack.stop()
+        raise SystemExit(f"{model}: the stack did not start:\n{tail}")
+    return stack
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(
+        prog="python -m bench.voice_library", description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )  # fmt: skip
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--model", required=True, help="a preset (or checkpoint) that clones voices")
+    ap.add_argument("--builtin-model", default="", help="a preset with built-in voices; '' skips that arm")
+    ap.add_argument("--builtin-voice", default=None, help="default: the family's bench voice")
+    ap.add_argument("--language", default=None, help="default: the family's bench language")
+    ap.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
+    ap.add_argument("--rate", type=float, default=1.0, help="Poisson arrivals per second")
+    ap.add_argument("--duration", type=float, default=60.0, help="measured seconds per arm")
+    ap.add_argument("--warmup-requests", type=int, default=5)
+    ap.add_argument("--frames", type=int, default=50, help="fixed length: frames per request")
+    ap.add_argument("--clip-seconds", type=float, default=10.0)
+    ap.add_argument("--slots", type=int, default=None, help="max_num_seqs of both stages")
+    ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--timeout", type=float, default=120.0)
+    ap.add_argument("--start-timeout", type=float, default=1200.0)
+    ap.add_argument("--set", action="append", default=[], help="more deploy overrides (KEY=VALUE)")
+    a = ap.parse_args(argv)
+    a.out.mkdir(parents=True, exist_ok=True)
+    found = families.preset(a.model)
+    bench = found[0].bench if found is not None else None
+    tag = a.model.removeprefix(bench.tag_prefix) if bench is not None else Path(a.model).name
+    if a.language is None:
+        a.language = bench.language if bench is not None else ""
+    if a.builtin_voice is None:
+        builtin = families.preset(a.builtin_model) if a.builtin_model else None
+        a.builtin_voice = builtin[0].bench.voice if builtin is not None and builtin[0].bench else ""
+    wav = clip_wav(a.clip_seconds)
+    clip = a.out / f"voice_clip_{a.clip_seconds:g}s.wav"
+    clip.write_bytes(wav)
+    store = a.out / f"voices_{tag}_{uuid.uuid4().hex[:8]}"
+    result: dict[str, Any] = {
+        "tool": "bench.voice_library", "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "model": a.model,
+        "builtin_model": a.builtin_model, "device": a.device, "rate": a.rate, "duration_s": a.duration,
+        "frames": a.frames, "clip_seconds": a.clip_seconds, "arms": {},
+    }  # fmt: skip
+    stack = start(a, a.model, tag, (f"gateway.voice_store_dir={store}",))
+    try:
+        t0 = time.perf_counter()
+        voice = upload(stack.http, VOICE, wav, REF_TEXT)
+        result["upload"] = {"id": voice["id"], "seconds": round(time.perf_counter() - t0, 3)}
+        result["arms"]["uploaded"] = run_arm(a, stack, "uploaded", tag, ["--voice", VOICE])
+        inline = ["--voice", "", "--ref-audio", str(clip), "--ref-text", REF_TEXT]
+        result["arms"]["inline"] = run_arm(a, stack, "inline", tag, inline)
+    finally:
+        stack.stop()
+    if a.builtin_model:
+        builtin = start(a, a.builtin_model, f"{tag}_builtin", ())
+        try:
+            result["arms"]["builtin"] = run_arm(a, builtin, "builtin", tag, ["--voice", a.builtin_voice])
+        finally:
+            builtin.stop()
+    arms = result["arms"]
+
+    def p(arm: str, q: str) -> float | None:
+        return arms.get(arm, {}).get("ttfa_ms", {}).get(q)
+
+    result["diff_ms"] = {
+        f"{x}-{y}_{q}": round(p(x, q) - p(y, q), 3)  # type: ignore[operator]
+        for x, y in (("uploaded", "builtin"), ("inline", "uploaded"))
+        for q in ("p50", "mean", "p95")
+        if p(x, q) is not None and p(y, q) is not None
+    }
+    path = a.out / f"voice_library_{tag}.json"
+    path.write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps({k: result[k] for k in ("diff_ms",)}, indent=2))
+    print(f"wrote {path}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""The voice library (docs/api.md "Voices"): uploaded voices stored on a shared directory."""
