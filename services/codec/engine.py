@@ -49,7 +49,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol, cast
 
 import numpy as np
 import torch
@@ -66,6 +66,7 @@ from services.codec.schedule import (
     deadline_calls,
     fifo_calls,
 )
+from services.codec.voice_states import DecoderSnapshot, VoiceStateCache
 from voxstage import metrics
 from voxstage.chunking import chunk_sizes
 from voxstage.stage.engine_loop import Steppable
@@ -87,6 +88,14 @@ class StreamingCodec(Protocol):
     ) -> torch.Tensor: ...
 
     def reset(self, slots: torch.Tensor) -> None: ...
+
+
+class SnapshotCodec(StreamingCodec, Protocol):
+    """A ``StreamingCodec`` whose slot state can be copied out and put back (``voice_states``)."""
+
+    def snapshot(self, slot: int) -> DecoderSnapshot: ...
+
+    def restore(self, slot: int, state: Any) -> None: ...
 
 
 @dataclass
@@ -119,6 +128,7 @@ class CodecEngine(Steppable[CodecOutput]):
         tick_policy: TickPolicy = "fifo",
         tick_budget_s: float = 0.02,
         cost: DecodeCost | None = None,
+        voice_states: VoiceStateCache | None = None,
     ) -> None:
         # Padding rows of a batch bucket need distinct slots of their own: the pool holds 2x max_streams and
         # the upper half is scratch.
@@ -149,6 +159,11 @@ class CodecEngine(Steppable[CodecOutput]):
         self.cost = cost  # the deadline policy's DecodeCost: measured by calibrate() at the worker's warm-up
         self.planned_s = 0.0  # the last tick's estimated device seconds (deadline policy; benchmarks read it)
         self.early_handout = True  # on evidence (module docstring); bench/codec_schedule.py switches it
+        if voice_states is not None and left_context:
+            raise ValueError("voice_states needs the stateful decode (left_context 0); overlap+crop has none")
+        # Decoder states after a voice-library voice's reference prefix (services/codec/voice_states.py);
+        # None: every stream decodes its prefix (a family whose pool cannot snapshot, or the cache off).
+        self.voice_states = voice_states
         self._inflight: list[Launched] = []
         self._free = list(range(max_streams - 1, -1, -1))
         self._streams: dict[str, StreamState] = {}
@@ -161,8 +176,16 @@ class CodecEngine(Steppable[CodecOutput]):
 
     # -- commands -------------------------------------------------------------------------------------
     def open(
-        self, stream_id: str, *, initial_frames: int | None = None, prefix: np.ndarray | None = None
+        self,
+        stream_id: str,
+        *,
+        initial_frames: int | None = None,
+        prefix: np.ndarray | None = None,
+        prefix_key: str = "",
     ) -> int:
+        """Admit a stream; ``prefix`` codes are decoded first and their audio dropped. ``prefix_key`` names
+        the voice they are (``<voice id>@<version>``): with ``voice_states``, a stream opens from the state
+        another stream of that key reached after the same prefix, and the first one stores it."""
         if stream_id in self._streams:
             raise ValueError(f"stream {stream_id!r} is already open")
         if not self._free:
@@ -172,17 +195,30 @@ class CodecEngine(Steppable[CodecOutput]):
             raise ValueError(
                 f"initial_chunk_frames must be in [1, {self.schedule.steady_frames}], got {initial}"
             )
+        has_prefix = prefix is not None and prefix.shape[0] > 0
+        if has_prefix:
+            assert prefix is not None
+            self._check_codes(prefix)
+        cached = None
+        if has_prefix and prefix_key and self.voice_states is not None:
+            assert prefix is not None
+            cached = self.voice_states.get(prefix_key, prefix)
         slot = self._free.pop()
-        self.codec.reset(torch.tensor([slot], dtype=torch.int64, device=self.device))
+        if cached is not None:
+            self._snapshots().restore(slot, cached)  # where the prefix's decode would leave the slot
+        else:
+            self.codec.reset(torch.tensor([slot], dtype=torch.int64, device=self.device))
         stream = StreamState(stream_id, slot, initial)
         self._streams[stream_id] = stream
-        if prefix is not None and prefix.shape[0]:
-            self._check_codes(prefix)
+        if has_prefix and cached is None:
+            assert prefix is not None
             if self.left_context:  # no state to build: the prefix is context for the first chunks
                 stream.history = prefix[-self.left_context :].astype(np.int64)
             else:
                 stream.pending.append(prefix.astype(np.int64, copy=False))
                 stream.pending_frames = stream.prefix_frames = prefix.shape[0]
+                if prefix_key and self.voice_states is not None:
+                    stream.voice = (prefix_key, prefix)  # its state after the prefix goes to voice_states
         self._update_gauges()
         return slot
 
@@ -409,6 +445,8 @@ class CodecEngine(Steppable[CodecOutput]):
             if drop:
                 stream.prefix_frames -= drop
                 pcm = pcm[drop * self.spf :]
+                if not stream.prefix_frames and stream.voice is not None:
+                    self._store_voice_state(stream)
             real = n - drop
             stream.emitted_frames += real
             stream.segment_emitted += real
@@ -430,8 +468,11 @@ class CodecEngine(Steppable[CodecOutput]):
         return 0 if s.history is None else min(self.left_context, s.history.shape[0])
 
     def _ready_frames(self, s: StreamState) -> int:
-        if s.prefix_frames:  # reference prefix: decode it as soon as the stream opens
-            return min(s.pending_frames, self.schedule.max_frames_per_decode)
+        if s.prefix_frames:
+            # Reference prefix: decoded as soon as the stream opens, on its own, so the chunks after it are
+            # the same whether the talker's first frames came before its decode or not, or the decode was
+            # skipped for a voice state (voice_states): the same PCM either way.
+            return min(s.prefix_frames, self.schedule.max_frames_per_decode)
         if s.marks:  # the segment's frames are all in: decode up to the mark as if the input had ended
             left = s.marks[0] - s.emitted_frames
             return self.schedule.take(s.segment_emitted, left, True, s.initial_frames) if left > 0 else 0
@@ -449,6 +490,17 @@ class CodecEngine(Steppable[CodecOutput]):
     @staticmethod
     def _drained(s: StreamState) -> bool:
         return s.ended and s.pending_frames == 0 and not s.marks
+
+    def _snapshots(self) -> SnapshotCodec:
+        # voice_states is only given with a pool that has snapshot/restore (build_engine asks the runtime).
+        return cast(SnapshotCodec, self.codec)
+
+    def _store_voice_state(self, stream: StreamState) -> None:
+        """``stream`` has just decoded its whole prefix and nothing else: its slot state is the voice's."""
+        assert self.voice_states is not None and stream.voice is not None
+        key, prefix = stream.voice
+        stream.voice = None
+        self.voice_states.put(key, prefix, self._snapshots().snapshot(stream.slot))
 
     def _check_codes(self, codes: np.ndarray) -> None:
         if codes.ndim != 2 or codes.shape[1] != self.num_groups:

@@ -57,6 +57,7 @@ class StreamState:
     marks: deque[int] = field(default_factory=deque)  # `received` counts at which segments end
     prefix_frames: int = 0  # decoded for state only (voice-clone reference codes); their audio is dropped
     history: np.ndarray | None = None  # overlap+crop: the last left_context frames, decoded again each chunk
+    voice: tuple[str, np.ndarray] | None = None  # (voice key, prefix): its state is kept once decoded
     sample_offset: int = 0
     ended: bool = False
     in_flight: bool = False  # a launched decode of this stream is not collected yet

@@ -15,6 +15,7 @@ from voxstage.stage.process import StageParts, StageStartError, register_stage, 
 if TYPE_CHECKING:
     from services.codec.engine import CodecEngine
     from services.codec.models import CodecRuntime
+    from services.codec.voice_states import VoiceStateCache
     from voxstage.config import DeployConfig
     from voxstage.presets import ModelSource
     from voxstage.stage.tls import LinkTls
@@ -83,12 +84,21 @@ def build(args: argparse.Namespace) -> StageParts:
         # The pool is already allocated (it is part of what memory_allocated measured): check the total.
         state = 2 * stage.max_num_seqs * runtime.state_bytes_per_stream
         budget = dataclasses.replace(budget, weights=budget.weights - state)
+        # Voice states (allocated as voices are first used) are slot states too, at most this many bytes.
+        per_voice = runtime.state_bytes_per_stream
+        voices = 0
+        if runtime.decoder_snapshots:
+            voices = min(stage.codec_voice_state_bytes, stage.codec_voice_state_entries * per_voice)
         budget.require(
-            state,
-            f"codec stream state (2 x max_num_seqs {stage.max_num_seqs} slots)",
-            "lower max_num_seqs or raise gpu_memory_utilization",
+            state + voices,
+            f"codec stream state (2 x max_num_seqs {stage.max_num_seqs} slots) and voice states "
+            f"(codec_voice_state_*, {voices} B at most)",
+            "lower max_num_seqs or codec_voice_state_bytes, or raise gpu_memory_utilization",
         )
-        log.info("codec: memory budget %s; stream state %.2f GiB", budget.describe(), state / (1 << 30))
+        log.info(
+            "codec: memory budget %s; stream state %.2f GiB, voice states %.2f GiB at most",
+            budget.describe(), state / (1 << 30), voices / (1 << 30),
+        )  # fmt: skip
     engine = build_engine(config, runtime, device)
     worker = CodecWorker(runtime, engine)
     sweep_dead_regions()
@@ -170,8 +180,25 @@ def build_engine(config: DeployConfig, runtime: CodecRuntime, device: str) -> Co
         async_scheduling=stage.async_scheduling,
         tick_policy=policy,
         tick_budget_s=stage.codec_tick_budget_ms / 1e3,
+        voice_states=_voice_states(config, runtime, left),
     )
     return engine
+
+
+def _voice_states(config: DeployConfig, runtime: CodecRuntime, left_context: int) -> VoiceStateCache | None:
+    """The cache of voice-library voices' decoder states, when the family's pool can snapshot its slots, the
+    decode is stateful and the deploy file leaves it on."""
+    from services.codec.voice_states import VoiceStateCache
+
+    stage = config.codec
+    size, entries = stage.codec_voice_state_bytes, stage.codec_voice_state_entries
+    if not (runtime.decoder_snapshots and size and entries):
+        return None
+    if left_context:
+        if {"codec_voice_state_bytes", "codec_voice_state_entries"} & stage.model_fields_set:
+            log.warning("codec: codec_voice_state_* keep decoder states; overlap+crop decoding has none")
+        return None
+    return VoiceStateCache(size, entries)
 
 
 def _family_dtype(config: DeployConfig, source: ModelSource, flag: str, dtype: Any) -> Any:

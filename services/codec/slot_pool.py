@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar
 
 import torch
@@ -85,6 +86,18 @@ def state_bytes(shapes: Iterable[tuple[int, ...]], dtype: torch.dtype, positions
     """Bytes of one slot: every history of ``shapes`` in ``dtype`` plus ``positions`` int64 frame counters."""
     elem = torch.empty((), dtype=dtype).element_size()
     return sum(math.prod(shape) for shape in shapes) * elem + 8 * positions
+
+
+@dataclass(frozen=True)
+class DecoderState:
+    """One slot's streaming state, copied out of a pool (``SlotPoolDecoder.snapshot``)."""
+
+    row: torch.Tensor  # [width], the pool's dtype and device
+    position: torch.Tensor  # 0-d int64: frames the slot had decoded
+
+    @property
+    def nbytes(self) -> int:
+        return self.row.numel() * self.row.element_size() + 8
 
 
 class StreamingModel(Protocol):
@@ -185,6 +198,25 @@ class SlotPoolDecoder(Generic[ModelT]):
         slots = slots.to(device=self.device, dtype=torch.int64).reshape(-1)
         self.pool.index_fill_(0, slots, 0)
         self.positions.index_fill_(0, slots, 0)
+
+    @torch.inference_mode()
+    def snapshot(self, slot: int) -> DecoderState:
+        """A copy of ``slot``'s whole streaming state (every history and its frame position), taken in
+        device order after the decodes already launched on it; no host sync."""
+        return DecoderState(self.pool[slot].clone(), self.positions[slot].clone())
+
+    @torch.inference_mode()
+    def restore(self, slot: int, state: DecoderState) -> None:
+        """Put ``state`` (from :meth:`snapshot` of this pool) into ``slot``, in place of ``reset``: the
+        next decode continues exactly as the snapshotted stream's would have. ``state`` is left as it was."""
+        if state.row.shape != (self.layout.width,) or state.row.dtype != self.dtype:
+            raise ValueError(
+                f"decoder state of shape {tuple(state.row.shape)} {state.row.dtype} does not fit this pool's "
+                f"({self.layout.width},) {self.dtype} slots"
+            )
+        index = torch.tensor([slot], dtype=torch.int64, device=self.device)
+        self.pool.index_copy_(0, index, state.row[None])
+        self.positions.index_copy_(0, index, state.position[None])
 
     def position(self, slot: int) -> int:
         """Frames decoded so far on ``slot`` (a host read: bookkeeping and tests, not the hot path)."""

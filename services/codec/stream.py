@@ -215,7 +215,11 @@ class CodecStream(CodecStageStream):
         self.engine_open = True
         try:
             self.slot = await srv.worker.open(
-                self.key, initial_frames=sched.initial_chunk_frames, prefix=codes, listener=self
+                self.key,
+                initial_frames=sched.initial_chunk_frames,
+                prefix=codes,
+                listener=self,
+                voice_key=op.reference.voice_key,
             )
         except StageFailure:
             self.engine_open = False

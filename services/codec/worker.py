@@ -87,13 +87,22 @@ class CodecWorker(StageWorker[CodecOutput, PcmListener]):
 
     # -- streams -------------------------------------------------------------------------------------------
     async def open(
-        self, key: str, *, initial_frames: int, prefix: np.ndarray | None, listener: PcmListener
+        self,
+        key: str,
+        *,
+        initial_frames: int,
+        prefix: np.ndarray | None,
+        listener: PcmListener,
+        voice_key: str = "",
     ) -> int:
-        """Admit a stream (its slot index); ``prefix`` codes are decoded first and their audio dropped."""
+        """Admit a stream (its slot index); ``prefix`` codes are decoded first and their audio dropped, or,
+        for a voice-library voice (``voice_key``) whose state the engine keeps, not decoded at all."""
         self._listeners[key] = listener
         try:
             return await self._call(
-                lambda: self.engine.open(key, initial_frames=initial_frames, prefix=prefix)
+                lambda: self.engine.open(
+                    key, initial_frames=initial_frames, prefix=prefix, prefix_key=voice_key
+                )
             )
         except BaseException:
             self._listeners.pop(key, None)

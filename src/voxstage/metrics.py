@@ -108,6 +108,12 @@ VOICE_CACHE = Counter(
     ["result"],
     registry=REGISTRY,
 )  # result="hit" | "miss"
+CODEC_VOICE_STATES = Counter(
+    "voxstage_codec_voice_state_lookups",
+    "Codec lookups of a voice-library voice's decoder state after its reference prefix, by result.",
+    ["result"],
+    registry=REGISTRY,
+)  # result="hit" | "miss"
 INPUT_STARVED = Counter(
     "voxstage_input_starved_frames",
     "Frame steps a talker slot skipped because streamed text had not arrived yet.",

@@ -48,6 +48,10 @@ class CodecRuntime:
     # The family clones a voice from the reference's codes and transcript alone (Audio8: they become prompt
     # frames), with no speaker encoder; the transcript is then required.
     clone_from_codes: bool = False
+    # The decoder pool can copy a slot's streaming state out and put it back exactly (``snapshot`` /
+    # ``restore``), so the engine may keep a voice-library voice's state after its reference prefix
+    # (services/codec/voice_states.py) instead of decoding the prefix on every request.
+    decoder_snapshots: bool = False
 
     @property
     def frame_rate_hz(self) -> float:

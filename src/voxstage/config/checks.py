@@ -228,6 +228,15 @@ def check_stage_settings(cfg: DeployView) -> list[Issue]:
                             "codec's decodes",
                         )
                     )
+            for key in ("codec_voice_state_bytes", "codec_voice_state_entries"):
+                if key in stage.model_fields_set:
+                    out.append(
+                        _error(
+                            ("stages", i, key),
+                            f"belongs to the codec stage (stage_id {CODEC_STAGE_ID}): it keeps the decoder "
+                            "states of voice-library voices; the talker's are voice_cache_*",
+                        )
+                    )
             if not cfg.enable_chunked_prefill:
                 if stage.max_model_len is None:
                     out.append(
@@ -257,6 +266,14 @@ def check_stage_settings(cfg: DeployView) -> list[Issue]:
                     )
                 )
         elif stage.stage_id == CODEC_STAGE_ID:
+            for key in ("codec_voice_state_bytes", "codec_voice_state_entries"):
+                if cfg.session_mode == "duplex" and key in stage.model_fields_set:
+                    out.append(
+                        _warning(
+                            ("stages", i, key),
+                            "has no effect on duplex sessions: their codec decodes no reference prefix",
+                        )
+                    )
             for key in ("codec_tick_policy", "codec_tick_budget_ms"):
                 if cfg.session_mode == "duplex" and key in stage.model_fields_set:
                     out.append(

@@ -140,6 +140,10 @@ class StageConfig(StrictModel):
     # by bytes and by entries; 0 in either turns the cache off (every request rebuilds its voice's prompt).
     voice_cache_bytes: int = Field(default=64 * 1024 * 1024, ge=0)
     voice_cache_entries: int = Field(default=256, ge=0)
+    # Codec only: decoder states of voice-library voices right after their reference prefix
+    # (services/codec/voice_states.py), bounded by bytes and by entries; 0 in either turns them off.
+    codec_voice_state_bytes: int = Field(default=128 * 1024 * 1024, ge=0)
+    codec_voice_state_entries: int = Field(default=64, ge=0)
     devices: str = "0"
     input_connectors: dict[str, str] = Field(default_factory=dict)
     output_connectors: dict[str, str] = Field(default_factory=dict)

@@ -45,6 +45,7 @@ def load_codec(
         decoder_window_frames=cfg.window,
         state_bytes_per_stream=pool.state_bytes_per_stream(),
         clone_from_codes=True,  # the reference's codes and transcript become prompt frames (models.md §2.4)
+        decoder_snapshots=True,  # the slot pool's state is all a stream carries (streaming.py)
     )
 
 

@@ -59,6 +59,7 @@ def load_codec(
         samples_per_frame=cfg.samples_per_frame,
         decoder_window_frames=cfg.sliding_window,
         state_bytes_per_stream=pool.state_bytes_per_stream(),
+        decoder_snapshots=True,  # the slot pool's state is all a stream carries (streaming.py)
     )
 
 
