@@ -5,7 +5,8 @@ Upload through the official ``openai`` client's raw request (it has no voices he
 HTTP, gRPC and ``/v1/realtime`` / ``Converse``, delete, and speak again (404 / NOT_FOUND). A second gateway
 process over the same store sees the first one's uploads and survives its own restart; concurrent uploads
 of one name to the two gateways end with one 201 and one 409. A request by an uploaded voice gives the
-same PCM, bit for bit, as the same seeded request with the sample inline. Bad input is refused naming its
+same PCM, bit for bit, as the same seeded request with the sample inline, also once the codec starts it from
+the voice's kept decoder state (services/codec/voice_states.py). Bad input is refused naming its
 field with the store's files unchanged.
 """
 
@@ -160,12 +161,13 @@ def test_an_uploaded_voice_speaks_bit_identically_to_the_same_sample_inline(
     r = upload(served, "twin", sample, ref_text=REF_TEXT)
     assert r.status_code == 201, r.text
     cleanup.append((served.http_url, r.json()["id"]))
-    by_voice = speak_http(served, served.model, "twin")
+    by_voice = speak_http(served, served.model, "twin")  # the codec decodes the prefix, keeps the state
+    from_state = speak_http(served, served.model, "twin")  # the codec starts from that state
     inline = speak_http(
         served, served.model, "", ref_audio=base64.b64encode(sample).decode(), ref_text=REF_TEXT
     )
-    assert by_voice.status_code == inline.status_code == 200, (by_voice.text, inline.text)
-    assert len(by_voice.content) > 0 and by_voice.content == inline.content
+    assert by_voice.status_code == from_state.status_code == inline.status_code == 200, inline.text
+    assert len(by_voice.content) > 0 and by_voice.content == from_state.content == inline.content
 
 
 def test_personaplex_speaks_an_uploaded_voice_on_realtime_and_converse(
