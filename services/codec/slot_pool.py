@@ -10,6 +10,8 @@ with one ``index_select`` and one ``index_copy_`` instead of two ops per history
 drives any model with ``stream_state_shapes()`` and a functional ``forward_streaming(codes, state, start,
 lengths) -> (wav, new_state)``. The duplex codec's pool (Mimi, in its family folder) shares the layout and
 checks but advances its state in place, in two directions and optionally packed, so it keeps its own pool.
+Since a slot's row and position are all a stream carries, ``snapshot`` / ``restore`` copy a stream's state
+out and back exactly (the codec's voice states, ``services.codec.voice_states``).
 Shapes depend only on (B, T), nothing branches on tensor values and nothing syncs with the host when the
 inputs live on the device, so each (B, T) bucket can be captured as a CUDA graph.
 """
