@@ -45,6 +45,11 @@ class CodecStub:
                 request_serializer=voxstage_dot_internal_dot_v1_dot_stage__pb2.CodecStatusRequest.SerializeToString,
                 response_deserializer=voxstage_dot_internal_dot_v1_dot_stage__pb2.CodecStatusResponse.FromString,
                 _registered_method=True)
+        self.Link = channel.stream_stream(
+                '/voxstage.internal.v1.Codec/Link',
+                request_serializer=voxstage_dot_internal_dot_v1_dot_stage__pb2.LinkBatch.SerializeToString,
+                response_deserializer=voxstage_dot_internal_dot_v1_dot_stage__pb2.LinkBatch.FromString,
+                _registered_method=True)
 
 
 class CodecServicer:
@@ -63,6 +68,14 @@ class CodecServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Link(self, request_iterator, context):
+        """Every request between one gateway and this codec on one call (docs/protocol.md §12): the same
+        per-request messages as Stream, packed per tick.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_CodecServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -75,6 +88,11 @@ def add_CodecServicer_to_server(servicer, server):
                     servicer.Status,
                     request_deserializer=voxstage_dot_internal_dot_v1_dot_stage__pb2.CodecStatusRequest.FromString,
                     response_serializer=voxstage_dot_internal_dot_v1_dot_stage__pb2.CodecStatusResponse.SerializeToString,
+            ),
+            'Link': grpc.stream_stream_rpc_method_handler(
+                    servicer.Link,
+                    request_deserializer=voxstage_dot_internal_dot_v1_dot_stage__pb2.LinkBatch.FromString,
+                    response_serializer=voxstage_dot_internal_dot_v1_dot_stage__pb2.LinkBatch.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -142,6 +160,33 @@ class Codec:
             metadata,
             _registered_method=True)
 
+    @staticmethod
+    def Link(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/voxstage.internal.v1.Codec/Link',
+            voxstage_dot_internal_dot_v1_dot_stage__pb2.LinkBatch.SerializeToString,
+            voxstage_dot_internal_dot_v1_dot_stage__pb2.LinkBatch.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
 
 class TalkerStub:
     """The token core: the codec streams text (or user codes) in and receives codec frames.
@@ -163,6 +208,11 @@ class TalkerStub:
                 request_serializer=voxstage_dot_internal_dot_v1_dot_stage__pb2.TalkerStatusRequest.SerializeToString,
                 response_deserializer=voxstage_dot_internal_dot_v1_dot_stage__pb2.TalkerStatusResponse.FromString,
                 _registered_method=True)
+        self.Link = channel.stream_stream(
+                '/voxstage.internal.v1.Talker/Link',
+                request_serializer=voxstage_dot_internal_dot_v1_dot_stage__pb2.LinkBatch.SerializeToString,
+                response_deserializer=voxstage_dot_internal_dot_v1_dot_stage__pb2.LinkBatch.FromString,
+                _registered_method=True)
 
 
 class TalkerServicer:
@@ -181,6 +231,13 @@ class TalkerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Link(self, request_iterator, context):
+        """Every request between one codec and this talker on one call (docs/protocol.md §12).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_TalkerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -193,6 +250,11 @@ def add_TalkerServicer_to_server(servicer, server):
                     servicer.Status,
                     request_deserializer=voxstage_dot_internal_dot_v1_dot_stage__pb2.TalkerStatusRequest.FromString,
                     response_serializer=voxstage_dot_internal_dot_v1_dot_stage__pb2.TalkerStatusResponse.SerializeToString,
+            ),
+            'Link': grpc.stream_stream_rpc_method_handler(
+                    servicer.Link,
+                    request_deserializer=voxstage_dot_internal_dot_v1_dot_stage__pb2.LinkBatch.FromString,
+                    response_serializer=voxstage_dot_internal_dot_v1_dot_stage__pb2.LinkBatch.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -250,6 +312,33 @@ class Talker:
             '/voxstage.internal.v1.Talker/Status',
             voxstage_dot_internal_dot_v1_dot_stage__pb2.TalkerStatusRequest.SerializeToString,
             voxstage_dot_internal_dot_v1_dot_stage__pb2.TalkerStatusResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Link(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/voxstage.internal.v1.Talker/Link',
+            voxstage_dot_internal_dot_v1_dot_stage__pb2.LinkBatch.SerializeToString,
+            voxstage_dot_internal_dot_v1_dot_stage__pb2.LinkBatch.FromString,
             options,
             channel_credentials,
             insecure,
