@@ -263,7 +263,10 @@ class TalkerRelay:
         self._stop_timers()
         if was_done:
             return  # we cancelled it, or it already ended: nothing is owed
-        self.pool.drop(self.peer)
+        if getattr(self.call, "link_broken", True):
+            # The talker's connection failed (a call of its own, or the link every request shares): dial
+            # afresh next time. One request's call on a healthy link ending badly fails that request alone.
+            self.pool.drop(self.peer)
         if self.shm_ok or self.probe:
             await self.pool.reap(self.probe)
         self._fail(

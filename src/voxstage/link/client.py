@@ -79,6 +79,11 @@ class LinkCall:
     def done(self) -> bool:
         return self._done
 
+    @property
+    def link_broken(self) -> bool:
+        """The link under this request broke (not only this request ended)."""
+        return self._conn.broken is not None
+
     # -- upstream -> downstream --------------------------------------------------------------------------
     async def read(self) -> Any:
         item = await self._inbox.get()
@@ -141,7 +146,7 @@ class _Conn:
         self.call = client.open_call()
         self.calls: dict[int, LinkCall] = {}
         self.numbers = itertools.count(1)
-        self.port = Port(client.requests)
+        self.port = Port(client.requests, "downstream")
         self.broken: str | None = None
         self.peer_probe = peer.probe_region if peer is not None else ""
         verified = verify_peer(peer) if (client.reader is not None and peer is not None) else ""

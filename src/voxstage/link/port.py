@@ -22,7 +22,8 @@ from voxstage.transport.shm_reader import ShmReader
 
 
 class Port:
-    def __init__(self, schema: Schema) -> None:
+    def __init__(self, schema: Schema, end: str) -> None:
+        self.end = end  # "downstream" / "upstream": this end of the link, in the metrics
         self.builder = BatchBuilder(schema)
         self.sender: ShmSender | None = None  # set once the peer proved it reads our regions
         self.hello: S.TransportHello | None = None  # goes out with the next batch
@@ -56,6 +57,7 @@ class Port:
         """The batch of everything queued since the last one; None when there is nothing to send."""
         if not len(self.builder) and not self.acks and self.hello is None:
             return None
+        count = len(self.builder)
         items, body = self.builder.take()
         batch = S.LinkBatch(items=items)
         if body:
@@ -70,6 +72,8 @@ class Port:
             batch.hello.CopyFrom(self.hello)
             self.hello = None
         self.batches += 1
+        metrics.LINK_BATCHES.labels(end=self.end).inc()
+        metrics.LINK_ITEMS.labels(end=self.end).inc(count)
         return batch
 
     # -- in ----------------------------------------------------------------------------------------------

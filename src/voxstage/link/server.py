@@ -31,14 +31,25 @@ _HALF_CLOSED = object()
 _UNKNOWN = 2  # grpc.StatusCode.UNKNOWN: what gRPC reports for a handler that raised
 
 
+class Aborted(Exception):
+    def __init__(self, code: int, details: str) -> None:
+        super().__init__(details)
+        self.code = code
+        self.details = details
+
+
 class LinkContext:
-    """What a per-request handler reads of its call (``time_remaining``), for a request on a link."""
+    """What a per-request handler uses of its call (``time_remaining``, ``abort``), on a link."""
 
     def __init__(self, timeout_ms: int) -> None:
         self._deadline = time.monotonic() + timeout_ms / 1000 if timeout_ms else None
 
     def time_remaining(self) -> float | None:
         return None if self._deadline is None else max(self._deadline - time.monotonic(), 0.0)
+
+    async def abort(self, code: Any, details: str = "") -> None:
+        """End this request's call with status ``code`` (a ``grpc.StatusCode``), as ``context.abort`` does."""
+        raise Aborted(code.value[0], details)
 
 
 @dataclass
@@ -66,7 +77,7 @@ class LinkSession:
     ) -> None:
         self.handler = handler
         self.requests_schema = requests
-        self.port = Port(responses)
+        self.port = Port(responses, "upstream")
         self.writer = writer
         self.reader = reader
         self.reads_shm = False
@@ -159,6 +170,8 @@ class LinkSession:
                 self.port.add(req.number, msg)
         except asyncio.CancelledError:
             req.reset = True
+        except Aborted as exc:
+            code, details = exc.code, exc.details
         except Exception as exc:  # noqa: BLE001 - one request's handler failing ends that request only
             log.exception("link request %d failed", req.number)
             code, details = _UNKNOWN, f"{type(exc).__name__}: {exc}"

@@ -108,8 +108,14 @@ class StageServicer(Generic[S]):
         link = LinkSession(
             self.Stream, requests, responses, writer=self.shm_writer, reader=self.link_reader
         )
-        async for batch in link.run(request_iterator):
-            yield batch
+        batches = link.run(request_iterator)
+        try:
+            async for batch in batches:
+                yield batch
+        except asyncio.CancelledError:
+            pass  # the peer went away: never re-raised (grpc/grpc#29248); the link's cleanup runs below
+        finally:
+            await batches.aclose()
 
     async def _status(self, include_requests: bool) -> stage_pb2.StageStatus:
         """The StageStatus of a Status call: the model's identity and, while the engine lives, its slots,

@@ -33,7 +33,11 @@ def test_rpc_cardinalities_are_the_published_ones() -> None:
         "Converse": (True, True),
     }
     for service in ("Codec", "Talker"):
-        assert _methods(stage_pb2.DESCRIPTOR, service) == {"Stream": (True, True), "Status": (False, False)}
+        assert _methods(stage_pb2.DESCRIPTOR, service) == {
+            "Stream": (True, True),
+            "Status": (False, False),
+            "Link": (True, True),
+        }
 
 
 def _all_enums(file: FileDescriptor) -> list[EnumDescriptor]:
