@@ -64,7 +64,8 @@ def test_every_kind_comes_back_as_sent_in_order() -> None:
     assert len(items) == 7 * wire.ITEM.itemsize and len(b) == 0
     got = list(wire.messages(wire.TALKER_RESPONSES, wire.unpack(items), body))
     assert [(r, m) for r, _, m, _ in got[:5]] == sent
-    assert [k for _, k, _, _ in got[:5]] == [wire.MESSAGE, wire.FRAMES, wire.FRAMES, wire.CREDIT, wire.MESSAGE]
+    kinds = [wire.MESSAGE, wire.FRAMES, wire.FRAMES, wire.CREDIT, wire.MESSAGE]
+    assert [k for _, k, _, _ in got[:5]] == kinds
     assert [(r, m) for r, k, m, _ in got[5:]] == [(1, (0, "")), (2, (13, "boom"))]
 
 
