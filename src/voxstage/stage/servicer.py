@@ -105,9 +105,7 @@ class StageServicer(Generic[S]):
         """Every request of one downstream peer on one call: each is served by ``Stream`` as if it had a
         call of its own (voxstage.link.server)."""
         requests, responses = self.link_schemas
-        link = LinkSession(
-            self.Stream, requests, responses, writer=self.shm_writer, reader=self.link_reader
-        )
+        link = LinkSession(self.Stream, requests, responses, writer=self.shm_writer, reader=self.link_reader)
         batches = link.run(request_iterator)
         try:
             async for batch in batches:
