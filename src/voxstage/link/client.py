@@ -32,6 +32,7 @@ from voxstage.transport.shm_reader import ShmReader
 
 log = logging.getLogger(__name__)
 _EOF = grpc.aio.EOF
+CLOSED = "closed by this end"
 
 
 def _error(code: grpc.StatusCode, details: str) -> grpc.aio.AioRpcError:
@@ -218,7 +219,8 @@ class _Conn:
         if self.broken is not None:
             return
         self.broken = reason
-        log.warning("link to %s broke: %s", self.client.name, reason)
+        if reason != CLOSED:
+            log.warning("link to %s broke: %s", self.client.name, reason)
         for task in self.tasks:
             if task is not asyncio.current_task():
                 task.cancel()
@@ -232,7 +234,7 @@ class _Conn:
             self.client.reader.reap_peer(self.peer_probe)
 
     def close(self) -> None:
-        self._break("closed by this end")
+        self._break(CLOSED)
 
 
 class LinkClient:
