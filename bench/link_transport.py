@@ -31,6 +31,7 @@ from voxstage.internal.v1 import stage_pb2_grpc
 from voxstage.link.client import LinkClient
 from voxstage.link.server import LinkSession
 from voxstage.link.wire import CODEC_REQUESTS, CODEC_RESPONSES
+from voxstage.server import CHANNEL_OPTIONS, SERVER_OPTIONS
 
 FRAME = 1920
 TICK_S = 0.08
@@ -85,7 +86,7 @@ class EchoCodec(stage_pb2_grpc.CodecServicer):
 
 def _serve(port: mp.Value) -> None:  # type: ignore[valid-type]
     async def main() -> None:
-        server = grpc.aio.server()
+        server = grpc.aio.server(options=SERVER_OPTIONS)
         stage_pb2_grpc.add_CodecServicer_to_server(EchoCodec(), server)
         port.value = server.add_insecure_port("127.0.0.1:0")  # type: ignore[attr-defined]
         await server.start()
@@ -100,7 +101,7 @@ def _cpu_s(pid: int) -> float:
 
 
 async def _level(address: str, sessions: int, seconds: float, mode: str, server_pid: int) -> dict[str, Any]:
-    channel = grpc.aio.insecure_channel(address)
+    channel = grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
     stub = stage_pb2_grpc.CodecStub(channel)
     link = LinkClient("codec", stub.Link, CODEC_REQUESTS, CODEC_RESPONSES) if mode == "link" else None
     calls = [stub.Stream() if link is None else link.stream() for _ in range(sessions)]
@@ -179,13 +180,19 @@ def main() -> None:
         while not port.value:
             time.sleep(0.05)
         address = f"127.0.0.1:{port.value}"
-        rows = []
-        for n in (int(x) for x in args.sessions.split(",")):
-            for mode in args.modes.split(","):
-                assert server.pid is not None
-                row = asyncio.run(_level(address, n, args.seconds, mode, server.pid))
-                print(json.dumps(row), flush=True)
-                rows.append(row)
+        assert server.pid is not None
+        pid = server.pid
+
+        async def levels() -> list[dict[str, Any]]:
+            # One event loop for every level: grpc.aio keeps its poller on the loop it first ran on.
+            rows = []
+            for n in (int(x) for x in args.sessions.split(",")):
+                for mode in args.modes.split(","):
+                    rows.append(await _level(address, n, args.seconds, mode, pid))
+                    print(json.dumps(rows[-1]), flush=True)
+            return rows
+
+        rows = asyncio.run(levels())
         out = {"bench": "link_transport", "cpus": os.cpu_count(), "seconds": args.seconds, "levels": rows}
         Path(args.out).write_text(json.dumps(out, indent=1))
     finally:

@@ -126,3 +126,18 @@ async def test_a_large_tick_goes_as_one_shared_memory_slab_freed_by_the_ack(tmp_
     finally:
         reader.close()
         writer.close()
+
+
+def test_a_backlog_goes_out_in_batches_of_bounded_size_in_order() -> None:
+    b = wire.BatchBuilder(wire.CODEC_RESPONSES, max_body_bytes=20_000)
+    sent = [(i % 5 + 1, _pcm(i)) for i in range(12)]  # 7.7 KB each: three per batch
+    for request, msg in sent:
+        b.add(request, msg)
+    b.signal(1, wire.END)
+    got, sizes = [], []
+    while len(b):
+        items, body = b.take()
+        sizes.append(len(body))
+        got += [(r, m) for r, k, m, _ in wire.messages(wire.CODEC_RESPONSES, wire.unpack(items), body)]
+    assert got == [*sent, (1, (0, ""))]
+    assert len(sizes) == 5 and max(sizes) < 20_000 + 7_700  # the END signal starts the fifth

@@ -14,7 +14,7 @@ from typing import Any
 
 from voxstage import metrics
 from voxstage.internal.v1 import stage_pb2 as S
-from voxstage.link.wire import BatchBuilder, Schema
+from voxstage.link.wire import ITEM, BatchBuilder, Schema
 from voxstage.transport.counters import PATH_INLINE, PATH_SHM
 from voxstage.transport.payload import ack_message, acked_refs, read_payload, to_payload
 from voxstage.transport.shm import ShmRef, ShmSender
@@ -57,8 +57,8 @@ class Port:
         """The batch of everything queued since the last one; None when there is nothing to send."""
         if not len(self.builder) and not self.acks and self.hello is None:
             return None
-        count = len(self.builder)
         items, body = self.builder.take()
+        count = len(items) // ITEM.itemsize
         batch = S.LinkBatch(items=items)
         if body:
             placed: bytes | ShmRef = self.sender.place(body) if self.sender is not None else body
@@ -71,6 +71,8 @@ class Port:
         if self.hello is not None:
             batch.hello.CopyFrom(self.hello)
             self.hello = None
+        if len(self.builder):
+            self.wake.set()  # more than one batch's worth was queued: the rest goes right after
         self.batches += 1
         metrics.LINK_BATCHES.labels(end=self.end).inc()
         metrics.LINK_ITEMS.labels(end=self.end).inc(count)

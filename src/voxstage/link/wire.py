@@ -73,17 +73,26 @@ TALKER_REQUESTS = Schema(S.TalkerStreamRequest, "request", "user_codes", None)
 TALKER_RESPONSES = Schema(S.TalkerStreamResponse, "response", "frames", None)
 
 
+# The most body bytes one batch starts with: what a writer that fell behind has queued goes out in several
+# batches of at most about this size, well under gRPC's default 4 MiB message limit (a tick of 128 sessions'
+# user audio is about 1 MB).
+MAX_BODY_BYTES = 3 * 1024 * 1024
+
+
 class BatchBuilder:
     """Collects one direction's items until the next batch is cut (``take``)."""
 
-    def __init__(self, schema: Schema) -> None:
+    def __init__(self, schema: Schema, max_body_bytes: int = MAX_BODY_BYTES) -> None:
         self.schema = schema
+        self.max_body_bytes = max_body_bytes
+        self._full: list[tuple[list[tuple[Any, ...]], list[bytes]]] = []  # batches already at the bound
         self._records: list[tuple[Any, ...]] = []
         self._parts: list[bytes] = []
         self._size = 0
+        self._count = 0
 
     def __len__(self) -> int:
-        return len(self._records)
+        return self._count
 
     def _span(self, data: bytes) -> tuple[int, int]:
         if not data:
@@ -93,8 +102,15 @@ class BatchBuilder:
         self._size += len(data)
         return (start, len(data))
 
+    def _new_item(self) -> None:
+        self._count += 1
+        if self._size >= self.max_body_bytes:
+            self._full.append((self._records, self._parts))
+            self._records, self._parts, self._size = [], [], 0
+
     def add(self, request: int, msg: Any, *, timeout_ms: int = 0) -> None:
         """One per-request message of this direction's schema."""
+        self._new_item()
         sc = self.schema
         arm = msg.WhichOneof(sc.oneof)
         if arm == "credit":
@@ -136,16 +152,22 @@ class BatchBuilder:
         self._signal(request, kind, details.encode(), code=code)
 
     def _signal(self, request: int, kind: int, data: bytes, *, code: int = 0, timeout_ms: int = 0) -> None:
+        if kind != MESSAGE:
+            self._new_item()  # (``add`` counted its MESSAGE item already)
         self._records.append(
             (request, kind, 0, 0, 0, code, 0, 0, 0, 0, 0, timeout_ms, self._span(data), _NO_SPAN, _NO_SPAN)
         )
 
     def take(self) -> tuple[bytes, bytes]:
-        """The packed records and the body slab of everything added since the last ``take``."""
-        items = np.array(self._records, dtype=ITEM).tobytes()
-        body = b"".join(self._parts)
-        self._records, self._parts, self._size = [], [], 0
-        return items, body
+        """The packed records and the body slab of the oldest items not yet taken: all of them, or as many
+        whole items as fill one batch to its bound (``len`` then says more remain)."""
+        if self._full:
+            records, parts = self._full.pop(0)
+        else:
+            records, parts = self._records, self._parts
+            self._records, self._parts, self._size = [], [], 0
+        self._count -= len(records)
+        return np.array(records, dtype=ITEM).tobytes(), b"".join(parts)
 
 
 def unpack(items: bytes) -> np.ndarray:
