@@ -65,7 +65,7 @@ Event = Pcm | stage_pb2.SegmentDone | stage_pb2.EndOfStream
 
 class CodecStream:
     # Carried on the replica's link when the codec offers one (docs/protocol.md §12), else a call of its own.
-    on_link = True
+    on_link = False
 
     def __init__(
         self,

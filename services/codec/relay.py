@@ -43,7 +43,7 @@ class TalkerRefused(Exception):
 
 class TalkerRelay:
     # Carried on the talker's link when it offers one (docs/protocol.md §12), else a call of its own.
-    on_link = True
+    on_link = False
 
     def __init__(self, stream: CodecStream, pool: TalkerPool, address: str, timeout: float | None) -> None:
         self.stream = stream
