@@ -72,7 +72,7 @@ class EchoCodec(stage_pb2_grpc.CodecServicer):
                 yield S.CodecStreamResponse(end_of_stream=S.EndOfStream(reason=S.END_REASON_EOS))
                 return
 
-    async def Link(self, batches: Any, context: Any) -> AsyncIterator[S.LinkBatch]:  # noqa: N802
+    async def Link(self, batches: Any, context: Any) -> AsyncIterator[Any]:  # noqa: N802
         session = LinkSession(self.Stream, CODEC_REQUESTS, CODEC_RESPONSES, writer=None, reader=None)
         out = session.run(batches)
         try:

@@ -53,7 +53,7 @@ class Echo(stage_pb2_grpc.CodecServicer):
             self.cancelled.append(rid)
             raise
 
-    async def Link(self, batches: Any, context: Any) -> AsyncIterator[S.LinkBatch]:  # noqa: N802
+    async def Link(self, batches: Any, context: Any) -> AsyncIterator[Any]:  # noqa: N802
         out = LinkSession(self.Stream, CODEC_REQUESTS, CODEC_RESPONSES, writer=None, reader=None).run(batches)
         try:
             async for batch in out:

@@ -109,20 +109,22 @@ async def test_a_large_tick_goes_as_one_shared_memory_slab_freed_by_the_ack(tmp_
         for i in range(64):  # 64 sessions' frame of f32 PCM: 480 KiB
             up.add(i + 1, _pcm(i))
         await asyncio.wait_for(up.wake.wait(), 1)
-        batch = up.cut()
-        assert batch is not None and batch.body.WhichOneof("body") == "shm"
+        envelope = up.cut()
+        assert isinstance(envelope, S.CodecLinkResponse)
+        batch = envelope.batch
+        assert batch.body.WhichOneof("body") == "shm"
         assert up.sender.lent == 1
         body = down.receive(batch, reader)
         got = list(wire.messages(wire.CODEC_RESPONSES, wire.unpack(batch.items), body))
         assert [m for _, _, m, _ in got] == [_pcm(i) for i in range(64)]
         ack = down.cut()  # the reader's next batch acks the slot
-        assert ack is not None and len(ack.shm_ack.refs) == 1
-        up.receive(ack, None)
+        assert isinstance(ack, S.CodecLinkRequest) and len(ack.batch.shm_ack.refs) == 1
+        up.receive(ack.batch, None)
         assert up.sender.lent == 0
         small = Port(wire.CODEC_RESPONSES, "upstream")
         small.sender = writer.sender(peer_readable=True)
         small.add(1, _pcm(0))
-        assert small.cut().body.WhichOneof("body") == "inline"  # type: ignore[union-attr]
+        assert small.cut().batch.body.WhichOneof("body") == "inline"
     finally:
         reader.close()
         writer.close()

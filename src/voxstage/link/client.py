@@ -186,7 +186,8 @@ class _Conn:
 
     async def _read(self) -> None:
         try:
-            async for batch in self.call:
+            async for envelope in self.call:
+                batch = envelope.batch
                 if batch.HasField("hello"):
                     self._hello(batch.hello)
                 body = self.port.receive(batch, self.client.reader if self.reads_shm else None)

@@ -53,13 +53,16 @@ class Port:
         else:
             self.wake.set()
 
-    def cut(self) -> S.LinkBatch | None:
-        """The batch of everything queued since the last one; None when there is nothing to send."""
+    def cut(self) -> Any:
+        """This direction's Link message (``Schema.envelope``) with the batch of everything queued since the
+        last one; None when there is nothing to send."""
         if not len(self.builder) and not self.acks and self.hello is None:
             return None
         items, body = self.builder.take()
         count = len(items) // ITEM.itemsize
-        batch = S.LinkBatch(items=items)
+        envelope = self.builder.schema.envelope()
+        batch = envelope.batch
+        batch.items = items
         if body:
             placed: bytes | ShmRef = self.sender.place(body) if self.sender is not None else body
             shm = isinstance(placed, ShmRef)
@@ -76,7 +79,7 @@ class Port:
         self.batches += 1
         metrics.LINK_BATCHES.labels(end=self.end).inc()
         metrics.LINK_ITEMS.labels(end=self.end).inc(count)
-        return batch
+        return envelope
 
     # -- in ----------------------------------------------------------------------------------------------
     def receive(self, batch: S.LinkBatch, reader: ShmReader | None) -> bytes:

@@ -85,7 +85,7 @@ class LinkSession:
         self.highest = 0  # the highest request number seen: lower unknown numbers have ended
         self.closed = False
 
-    async def run(self, batches: AsyncIterator[S.LinkBatch]) -> AsyncIterator[S.LinkBatch]:
+    async def run(self, batches: AsyncIterator[Any]) -> AsyncIterator[Any]:
         reader = asyncio.ensure_future(self._read(batches))
         try:
             while True:
@@ -106,9 +106,10 @@ class LinkSession:
                     req.task.cancel()
             self.port.close()
 
-    async def _read(self, batches: AsyncIterator[S.LinkBatch]) -> None:
+    async def _read(self, batches: AsyncIterator[Any]) -> None:
         try:
-            async for batch in batches:
+            async for envelope in batches:
+                batch = envelope.batch
                 if batch.HasField("hello"):
                     self._hello(batch.hello)
                 body = self.port.receive(batch, self.reader if self.reads_shm else None)

@@ -65,12 +65,13 @@ class Schema:
     oneof: str
     frames: str | None
     pcm: str | None
+    envelope: Any  # the Link message of this direction, around its ``LinkBatch`` (``.batch``)
 
 
-CODEC_REQUESTS = Schema(S.CodecStreamRequest, "request", None, "user_audio")
-CODEC_RESPONSES = Schema(S.CodecStreamResponse, "response", None, "pcm")
-TALKER_REQUESTS = Schema(S.TalkerStreamRequest, "request", "user_codes", None)
-TALKER_RESPONSES = Schema(S.TalkerStreamResponse, "response", "frames", None)
+CODEC_REQUESTS = Schema(S.CodecStreamRequest, "request", None, "user_audio", S.CodecLinkRequest)
+CODEC_RESPONSES = Schema(S.CodecStreamResponse, "response", None, "pcm", S.CodecLinkResponse)
+TALKER_REQUESTS = Schema(S.TalkerStreamRequest, "request", "user_codes", None, S.TalkerLinkRequest)
+TALKER_RESPONSES = Schema(S.TalkerStreamResponse, "response", "frames", None, S.TalkerLinkResponse)
 
 
 # The most body bytes one batch starts with: what a writer that fell behind has queued goes out in several

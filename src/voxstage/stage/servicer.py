@@ -100,8 +100,8 @@ class StageServicer(Generic[S]):
                 self._idle.set()
 
     async def Link(  # noqa: N802 - gRPC method name
-        self, request_iterator: AsyncIterator[stage_pb2.LinkBatch], context: grpc.aio.ServicerContext
-    ) -> AsyncIterator[stage_pb2.LinkBatch]:
+        self, request_iterator: AsyncIterator[Any], context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[Any]:
         """Every request of one downstream peer on one call: each is served by ``Stream`` as if it had a
         call of its own (voxstage.link.server)."""
         requests, responses = self.link_schemas

@@ -9,6 +9,7 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from typing import Any
 
 import grpc
 import numpy as np
@@ -150,8 +151,8 @@ class FakeTalker(stage_pb2_grpc.TalkerServicer):
         return S.TalkerStatusResponse(status=status)
 
     async def Link(  # noqa: N802 - gRPC method name
-        self, batches: AsyncIterator[S.LinkBatch], context: grpc.aio.ServicerContext
-    ) -> AsyncIterator[S.LinkBatch]:
+        self, batches: AsyncIterator[Any], context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[Any]:
         self.links += 1
         session = LinkSession(self.Stream, TALKER_REQUESTS, TALKER_RESPONSES, writer=None, reader=None)
         out = session.run(batches)

@@ -406,6 +406,30 @@ class LinkBatch(_message.Message):
     hello: TransportHello
     def __init__(self, items: _Optional[bytes] = ..., body: _Optional[_Union[Payload, _Mapping]] = ..., shm_ack: _Optional[_Union[ShmAck, _Mapping]] = ..., hello: _Optional[_Union[TransportHello, _Mapping]] = ...) -> None: ...
 
+class CodecLinkRequest(_message.Message):
+    __slots__ = ("batch",)
+    BATCH_FIELD_NUMBER: _ClassVar[int]
+    batch: LinkBatch
+    def __init__(self, batch: _Optional[_Union[LinkBatch, _Mapping]] = ...) -> None: ...
+
+class CodecLinkResponse(_message.Message):
+    __slots__ = ("batch",)
+    BATCH_FIELD_NUMBER: _ClassVar[int]
+    batch: LinkBatch
+    def __init__(self, batch: _Optional[_Union[LinkBatch, _Mapping]] = ...) -> None: ...
+
+class TalkerLinkRequest(_message.Message):
+    __slots__ = ("batch",)
+    BATCH_FIELD_NUMBER: _ClassVar[int]
+    batch: LinkBatch
+    def __init__(self, batch: _Optional[_Union[LinkBatch, _Mapping]] = ...) -> None: ...
+
+class TalkerLinkResponse(_message.Message):
+    __slots__ = ("batch",)
+    BATCH_FIELD_NUMBER: _ClassVar[int]
+    batch: LinkBatch
+    def __init__(self, batch: _Optional[_Union[LinkBatch, _Mapping]] = ...) -> None: ...
+
 class RequestState(_message.Message):
     __slots__ = ("request_id", "phase", "slot", "frame_count", "credit", "shm_slots_lent", "last_tick")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]

@@ -47,8 +47,8 @@ class CodecStub:
                 _registered_method=True)
         self.Link = channel.stream_stream(
                 '/voxstage.internal.v1.Codec/Link',
-                request_serializer=voxstage_dot_internal_dot_v1_dot_stage__pb2.LinkBatch.SerializeToString,
-                response_deserializer=voxstage_dot_internal_dot_v1_dot_stage__pb2.LinkBatch.FromString,
+                request_serializer=voxstage_dot_internal_dot_v1_dot_stage__pb2.CodecLinkRequest.SerializeToString,
+                response_deserializer=voxstage_dot_internal_dot_v1_dot_stage__pb2.CodecLinkResponse.FromString,
                 _registered_method=True)
 
 
@@ -91,8 +91,8 @@ def add_CodecServicer_to_server(servicer, server):
             ),
             'Link': grpc.stream_stream_rpc_method_handler(
                     servicer.Link,
-                    request_deserializer=voxstage_dot_internal_dot_v1_dot_stage__pb2.LinkBatch.FromString,
-                    response_serializer=voxstage_dot_internal_dot_v1_dot_stage__pb2.LinkBatch.SerializeToString,
+                    request_deserializer=voxstage_dot_internal_dot_v1_dot_stage__pb2.CodecLinkRequest.FromString,
+                    response_serializer=voxstage_dot_internal_dot_v1_dot_stage__pb2.CodecLinkResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -175,8 +175,8 @@ class Codec:
             request_iterator,
             target,
             '/voxstage.internal.v1.Codec/Link',
-            voxstage_dot_internal_dot_v1_dot_stage__pb2.LinkBatch.SerializeToString,
-            voxstage_dot_internal_dot_v1_dot_stage__pb2.LinkBatch.FromString,
+            voxstage_dot_internal_dot_v1_dot_stage__pb2.CodecLinkRequest.SerializeToString,
+            voxstage_dot_internal_dot_v1_dot_stage__pb2.CodecLinkResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -210,8 +210,8 @@ class TalkerStub:
                 _registered_method=True)
         self.Link = channel.stream_stream(
                 '/voxstage.internal.v1.Talker/Link',
-                request_serializer=voxstage_dot_internal_dot_v1_dot_stage__pb2.LinkBatch.SerializeToString,
-                response_deserializer=voxstage_dot_internal_dot_v1_dot_stage__pb2.LinkBatch.FromString,
+                request_serializer=voxstage_dot_internal_dot_v1_dot_stage__pb2.TalkerLinkRequest.SerializeToString,
+                response_deserializer=voxstage_dot_internal_dot_v1_dot_stage__pb2.TalkerLinkResponse.FromString,
                 _registered_method=True)
 
 
@@ -253,8 +253,8 @@ def add_TalkerServicer_to_server(servicer, server):
             ),
             'Link': grpc.stream_stream_rpc_method_handler(
                     servicer.Link,
-                    request_deserializer=voxstage_dot_internal_dot_v1_dot_stage__pb2.LinkBatch.FromString,
-                    response_serializer=voxstage_dot_internal_dot_v1_dot_stage__pb2.LinkBatch.SerializeToString,
+                    request_deserializer=voxstage_dot_internal_dot_v1_dot_stage__pb2.TalkerLinkRequest.FromString,
+                    response_serializer=voxstage_dot_internal_dot_v1_dot_stage__pb2.TalkerLinkResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -337,8 +337,8 @@ class Talker:
             request_iterator,
             target,
             '/voxstage.internal.v1.Talker/Link',
-            voxstage_dot_internal_dot_v1_dot_stage__pb2.LinkBatch.SerializeToString,
-            voxstage_dot_internal_dot_v1_dot_stage__pb2.LinkBatch.FromString,
+            voxstage_dot_internal_dot_v1_dot_stage__pb2.TalkerLinkRequest.SerializeToString,
+            voxstage_dot_internal_dot_v1_dot_stage__pb2.TalkerLinkResponse.FromString,
             options,
             channel_credentials,
             insecure,
