@@ -158,3 +158,17 @@ def test_buf_lint_passes() -> None:
     assert buf is not None
     run = subprocess.run([buf, "lint"], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stdout + run.stderr
+
+
+@pytest.mark.skipif(_buf() is None, reason="buf CLI not found (npm i @bufbuild/buf, or set VOXSTAGE_BUF)")
+def test_buf_breaking_against_the_baseline() -> None:
+    # Stages roll out one deployment at a time, so protos/ may change only additively (buf.yaml: FILE rules)
+    # against the image of the last landed change. After an additive change, rebuild the baseline:
+    #   buf build -o tests/fixtures/proto/baseline.binpb
+    buf = _buf()
+    assert buf is not None
+    baseline = "tests/fixtures/proto/baseline.binpb"
+    run = subprocess.run(
+        [buf, "breaking", "--against", baseline], cwd=REPO, capture_output=True, text=True, timeout=120
+    )
+    assert run.returncode == 0, run.stdout + run.stderr
