@@ -1,24 +1,31 @@
-"""A/B of the codec engine's early hand-out (issue 14: measure the codec's early hand-out lever on its own).
+"""A/B of the codec engine's tick schedules on the codec alone (issue 14's early hand-out, issue 28's bounded
+deadline ticks).
 
-In async scheduling, ``CodecEngine.step`` collects the decodes the previous step launched, smallest bucket
-first, and stops at the first one still decoding once it has audio in hand, so a young stream's first chunk
-does not wait for the read-back of a bulk decode of other streams' steady chunks. ``engine.early_handout``
-switches that break off; nothing else differs between the arms.
+Arms (``--arms``, comma-separated):
+
+* ``fifo``: ``codec_tick_policy: fifo`` with the early hand-out on (issue 14's default): every ready chunk
+  each tick; an async step that has audio in hand returns without waiting for a bulk decode still running.
+* ``fifo-off``: the same without the early hand-out (``engine.early_handout`` off).
+* ``deadline`` or ``deadline:MS``: ``codec_tick_policy: deadline`` (services/codec/schedule.py): chunks by
+  playback deadline within a tick budget of MS ms of estimated device time (default: the deploy file's
+  ``codec_tick_budget_ms``), from the cost table the warm-up measures (written into the arm's record).
+* ``on`` / ``off``: issue 14's names of ``fifo`` / ``fifo-off``.
 
 Engines are built as the codec stage builds them (``services.codec.main.build_engine`` over ``load_codec``,
-the deploy file's chunk schedule, frame buckets and ``async_scheduling``; CUDA graphs pre-captured by the
-stage's own warm-up, ``CodecWorker.warm_up``), a fresh one per arm. Workload, closed-loop on the wall clock,
-one thread (what the talker sends): ``--streams`` streams open, started over the first second; each gets one
-random codec frame every ``--frame-interval-ms`` until it has ``--frames``, then finishes, and a new (young)
-stream takes its place. Streams that start within the ``--duration`` s after ``--warmup`` are measured
-(replacements keep the load up until they have all ended). Per stream: first audio (first frame pushed to
-first non-empty PCM), gaps between chunks, and underruns (``bench.playback``: a player with no prebuffer
-from the first audio at 24 kHz runs dry before the next chunk arrives).
+the deploy file's chunk schedule, frame buckets and ``async_scheduling``; CUDA graphs pre-captured and the
+decode costs measured by the stage's own warm-up, ``CodecWorker.warm_up``), a fresh one per arm. Workload,
+closed-loop on the wall clock, one thread (what the talker sends): ``--streams`` streams open, started over
+the first second; each gets one random codec frame every ``--frame-interval-ms`` until it has ``--frames``,
+then finishes, and a new (young) stream takes its place. Streams that start within the ``--duration`` s
+after ``--warmup`` are measured (replacements keep the load up until they have all ended). Per stream: first
+audio (first frame pushed to first non-empty PCM), gaps between chunks, and underruns (``bench.playback``: a
+player with no prebuffer from the first audio at 24 kHz runs dry before the next chunk arrives). Per arm:
+audio-s per wall-s (throughput: with 64 streams fed 8x faster than real time the codec is the bound), steps
+and their wall time, and for deadline arms the estimated device time of each tick (p50 / max).
 
 Usage: ``python -m bench.codec_schedule --out codec_schedule.json`` (GPU, the default family's first
-benchmarked preset, 64 streams); ``--device cpu --quick`` is a smoke run on its tiny preset (eager, same
-code path). JSON is rewritten after
-each arm; a table is printed.
+benchmarked preset, 64 streams, arms fifo,fifo-off,deadline); ``--device cpu --quick`` is a smoke run on its
+tiny preset (eager, same code path). JSON is rewritten after each arm; a table is printed.
 """
 
 from __future__ import annotations
@@ -90,8 +97,33 @@ def dist(values: list[float]) -> dict[str, float | None]:
     return {f"p{q}": percentile(values, q) for q in (50, 95, 99)} | {"max": max(values, default=None)}
 
 
+ARM_ALIASES = {"on": "fifo", "off": "fifo-off"}
+
+
+def parse_arm(arm: str) -> tuple[str, bool, float | None]:
+    """``(policy, early hand-out, budget ms or None for the deploy file's)`` of an ``--arms`` entry."""
+    name, _, budget = ARM_ALIASES.get(arm, arm).partition(":")
+    if name in ("fifo", "fifo-off") and not budget:
+        return "fifo", name == "fifo", None
+    if name == "deadline":
+        try:
+            ms = float(budget) if budget else None
+        except ValueError:
+            ms = -1.0
+        if ms is None or ms > 0:
+            return "deadline", True, ms
+    raise ValueError(f"--arms: {arm!r} is not fifo, fifo-off, deadline or deadline:MS (MS > 0)")
+
+
+def configure(engine: CodecEngine, arm: str) -> None:
+    """Set ``engine`` up for ``arm`` before its warm-up (which measures decode costs for deadline arms)."""
+    policy, handout, budget_ms = parse_arm(arm)
+    engine.tick_policy, engine.early_handout = policy, handout  # type: ignore[assignment]
+    if budget_ms is not None:
+        engine.tick_budget_s = budget_ms / 1e3
+
+
 def run_arm(arm: str, runtime: CodecRuntime, engine: CodecEngine, a: argparse.Namespace) -> dict[str, Any]:
-    engine.early_handout = arm == "on"
     rng = np.random.default_rng(a.seed)  # the same codes in every arm
     sr, dt, n_frames = runtime.sample_rate, a.frame_interval_ms / 1e3, a.frames
     t0 = time.perf_counter()
@@ -109,6 +141,7 @@ def run_arm(arm: str, runtime: CodecRuntime, engine: CodecEngine, a: argparse.Na
     live: dict[str, Stream] = {}
     done: list[Stream] = []
     steps, step_s, samples, lazy0 = 0, 0.0, 0, graphs(engine)
+    planned: list[float] = []  # deadline: each tick's estimated device ms
     while True:
         now = time.perf_counter()
         if now >= cap or (now >= win1 and not any(s.measured for s in (*waiting, *live.values()))):
@@ -129,10 +162,13 @@ def run_arm(arm: str, runtime: CodecRuntime, engine: CodecEngine, a: argparse.Na
             time.sleep(0.0002)
             continue
         t_step = time.perf_counter()
+        engine.planned_s = 0.0
         outputs = engine.step()
         t_out = time.perf_counter()
         in_window = win0 <= t_step < win1
         steps += in_window
+        if in_window and engine.planned_s:
+            planned.append(1e3 * engine.planned_s)
         step_s += (t_out - t_step) * in_window
         for o in outputs:
             s = live[o.stream_id]
@@ -149,7 +185,11 @@ def run_arm(arm: str, runtime: CodecRuntime, engine: CodecEngine, a: argparse.Na
     gaps = [1e3 * (tb - ta) for s in measured for (ta, _), (tb, _) in pairwise(s.arrivals)]
     plays = [simulate_playback(s.arrivals, sr) for s in measured]
     return {
-        "arm": arm, "early_handout": engine.early_handout, "streams_started": len(measured),
+        "arm": arm, "policy": engine.tick_policy, "early_handout": engine.early_handout,
+        "tick_budget_ms": 1e3 * engine.tick_budget_s if engine.tick_policy == "deadline" else None,
+        "tick_planned_ms": dist(planned) if planned else None,
+        "decode_cost": engine.cost.as_json() if engine.cost is not None else None,
+        "streams_started": len(measured),
         "streams_unfinished": sum(s.sid in live for s in measured),
         "streams_without_audio": sum(not s.arrivals for s in measured),
         "first_audio_ms": dist(first), "chunk_gap_ms": dist(gaps),
@@ -167,7 +207,7 @@ def table(arms: list[dict[str, Any]]) -> str:
     def f(v: float | None) -> str:
         return "-" if v is None else f"{v:.1f}"
 
-    row = "{:<4} {:>7}  {:<34} {:<16} {:>6}  {:>7}  {:>9}  {:>9}".format
+    row = "{:<12} {:>7}  {:<34} {:<16} {:>6}  {:>7}  {:>9}  {:>9}".format
     lines = [row("arm", "streams", "first audio ms p50/p95/p99/max", "gap ms p95/max", "steps", "step ms",
                  "audio-s/s", "underruns")]  # fmt: skip
     for r in arms:
@@ -200,7 +240,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--frame-interval-ms", type=float, default=10.0)
     ap.add_argument("--duration", type=float, default=None, help="measured s per arm (default 20)")
     ap.add_argument("--warmup", type=float, default=None, help="unmeasured s per arm first (default 3)")
-    ap.add_argument("--arms", default="on,off")
+    ap.add_argument(
+        "--arms", default="fifo,fifo-off,deadline", help="fifo, fifo-off, deadline[:MS] (docstring)"
+    )
     ap.add_argument("--seed", type=int, default=0)
     a = ap.parse_args(argv)
     quick = {"streams": 4, "frames": 12, "duration": 2.0, "warmup": 0.5}
@@ -208,9 +250,12 @@ def main(argv: list[str] | None = None) -> int:
     for k, v in (quick if a.quick else full).items():
         setattr(a, k, v if getattr(a, k) is None else getattr(a, k))
     a.model = a.model or (tiny if a.device == "cpu" else big)
-    arms = a.arms.split(",")
-    if not set(arms) <= {"on", "off"}:
-        ap.error(f"--arms takes on,off; got {a.arms!r}")
+    arms = [arm for arm in a.arms.split(",") if arm]
+    for arm in arms:
+        try:
+            parse_arm(arm)
+        except ValueError as exc:
+            ap.error(str(exc))
     logging.basicConfig(level=logging.WARNING)
     # The codec stage's setup with a slot per stream, in both stages as run_gpu.py's --slots (stage 1: codec).
     a.overrides = [*a.overrides, *(f"stages.{i}.max_num_seqs={a.streams}" for i in (0, 1))]
@@ -231,6 +276,7 @@ def main(argv: list[str] | None = None) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     for arm in arms:
         engine = build_engine(config, runtime, device)
+        configure(engine, arm)
         warm_s = warm_up(runtime, engine)
         rec = run_arm(arm, runtime, engine, a) | {
             "warm_up_s": warm_s, "graphs": graphs(engine), "frame_buckets": list(engine.frame_buckets),

@@ -16,14 +16,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from bench import layout_report
+from bench.pack_results import load_json
 from voxstage import families
 
 
 def _load(path: Path) -> dict[str, Any] | None:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
+    return load_json(path)  # packed (.json.xz) by an earlier run into the same dir, or not
 
 
 def _agg(doc: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -295,8 +294,11 @@ def write_report(out: Path) -> dict[str, Any]:
         "models": {model_name(t): model_summary(out, t) for t in tags},
     }
     (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
-    (out / "summary.md").write_text(markdown(summary))
-    print(markdown(summary), flush=True)
+    # The --layout runs side by side (issue 31), also on their own in layouts.md / layouts.json.
+    placed = layout_report.markdown(layout_report.write_layout_report(out))
+    text = markdown(summary) + ("\n" + placed if placed else "")
+    (out / "summary.md").write_text(text)
+    print(text, flush=True)
     try:
         from bench.plots import plot_files
     except ImportError:

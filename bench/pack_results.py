@@ -15,9 +15,11 @@ from __future__ import annotations
 
 import argparse
 import io
+import json
 import lzma
 import tarfile
 from pathlib import Path
+from typing import Any
 
 ARCHIVE = "raw.tar.xz"
 PACKED_SUFFIXES = (".log", ".prom", ".txt")  # records of the run that no doc cites
@@ -46,6 +48,20 @@ def pack_run(run: Path, max_json_kb: int = MAX_JSON_KB) -> None:
         if path.stat().st_size > max_json_kb * 1024:
             path.with_name(path.name + ".xz").write_bytes(lzma.compress(path.read_bytes(), preset=XZ_PRESET))
             path.unlink()
+
+
+def load_json(path: Path) -> Any:
+    """A run's JSON whether packed or not: ``path``, else ``path.xz`` (what ``pack_run`` made of a large
+    one); None when neither exists or parses, so a report reads a run that later runs added to."""
+    try:
+        if path.is_file():
+            return json.loads(path.read_text())
+        packed = path.with_name(path.name + ".xz")
+        if packed.is_file():
+            return json.loads(lzma.decompress(packed.read_bytes()))
+    except (OSError, ValueError, lzma.LZMAError):
+        return None
+    return None
 
 
 def _write_archive(archive: Path, members: dict[str, bytes]) -> None:

@@ -2,7 +2,7 @@
 
     python -m bench.run_gpu --out OUT [--models PRESET,...] [--profile quick|full]
         [--phases latency,poisson,closed,openai,llm,llm_poisson,engine,reference,report]
-        [--ref-env /tmp/refenv] [--pairs 2]
+        [--ref-env /tmp/refenv] [--pairs 2] [--layout one-gpu,split,pair-per-gpu]
 
 ``bench/run_gpu.sh OUT`` installs the carried wheels and runs this (see bench/README.md). Per model:
 
@@ -17,7 +17,11 @@
 * ``engine``: ``bench/engine_gpu.py`` (frame step and codec time at batch 1/8/32/64);
 * ``reference``: the preset's weights exported in the checkpoint layout, then the family's reference
   benchmark (``bench/reference_*.py``) in the reference's own environment;
-* ``report``: ``summary.json`` / ``summary.md`` with ours-vs-reference ratios, and plots.
+* ``report``: ``summary.json`` / ``summary.md`` with ours-vs-reference ratios, and plots; with layout
+  results, ``layouts.json`` / ``layouts.md`` (bench/layout_report.py).
+
+``--layout`` (bench/layouts.py) runs every phase once per named placement of the stages on a multi-GPU
+host, each on a stack of its own, files tagged ``<size>_<layout>``.
 
 Every phase writes its JSON as soon as it ends, so a run cut short keeps what it finished and ``--phases``
 can resume the rest.
@@ -39,7 +43,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench import capacity_phases
+from bench import capacity_phases, layouts
 from bench.mps import mps_daemon
 from bench.serve_gpu import SERVE_PHASES, serve_phases
 from bench.stack import REPO
@@ -232,6 +236,40 @@ def environment(out: Path, device: str, *, mps: bool = False) -> None:
         path.write_text(json.dumps(info, indent=1) + "\n")
 
 
+def run_layout(
+    a: argparse.Namespace,
+    layout: layouts.Layout | None,
+    models: list[str],
+    phases: list[str],
+    prof: Profile,
+    guarded: Callable[[str, Callable[[], None]], None],
+    *,
+    unplaced: bool = True,
+) -> None:
+    """Every model's phases on stacks placed by ``layout`` (None: the deploy file's placement); the phases
+    that start no stack (engine, reference) only where ``unplaced`` (once per run, not once per layout)."""
+    for model in models:
+        fam = family_of(model)
+        tag = serve_tag(model, a.pairs) if layout is None else layouts.tag_of(size_of(model), layout)
+        name = model if layout is None else f"{model} [{layout.name}]"
+        if layout is not None and fam.duplex and not layout.duplex:
+            print(f"\n== {name}: skipped (a duplex gateway admits one replica's sessions; "
+                  f"layout {layout.name} is for TTS models)", flush=True)  # fmt: skip
+            continue
+        here = capacity_phases.phases_for(model, fam, phases)  # duplex: realtime, timeline
+        if any(p in SERVE_PHASES for p in here):
+            guarded(
+                f"serve {name}",
+                lambda m=model, t=tag: serve_phases(a, m, t, family_of(m), phases, a.out, prof),
+            )
+        for phase in (p for p in capacity_phases.PHASES if p in here):
+            guarded(f"{phase} {name}", lambda n=phase, m=model, t=tag: capacity_phases.run(n, a, m, t, a.out))
+        if "engine" in here and unplaced:
+            guarded(f"engine {model}", lambda m=model: engine_phase(a, m, a.out, prof))
+        if "reference" in here and unplaced:
+            guarded(f"reference {model}", lambda m=model: reference_phase(a, m, a.out, prof))
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, required=True)
@@ -261,6 +299,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--llm-segment-frames", type=int, default=0, help="llm: frames per segment (0: frames / sentences)"
     )
+    ap.add_argument(
+        "--layout", default="",
+        help=f"comma-separated stage placements to run in turn ({', '.join(layouts.LAYOUTS)}; "
+        "bench/layouts.py); '' = the deploy file's",
+    )  # fmt: skip
     capacity_phases.add_arguments(ap)
     ap.add_argument("--engine-args", default="", help="extra engine_gpu.py arguments, e.g. '--batches 1,64'")
     ap.add_argument("--ref-env", default=None, help="--target folder of the reference's packages")
@@ -283,6 +326,10 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"unknown phases {sorted(unknown)}; choose from {', '.join(ALL_PHASES)}")
     if a.pairs < 1:
         raise SystemExit("--pairs must be >= 1")
+    chosen = layouts.parse(a.layout)
+    if chosen and a.pairs != 1:
+        raise SystemExit("--pairs and --layout both place replicas; use one (a layout sets its own pairs)")
+    a.pairs_share_device = True
     prof = PROFILES[a.profile]
     a.out.mkdir(parents=True, exist_ok=True)
     models = [m for m in a.models.split(",") if m]
@@ -302,22 +349,8 @@ def main(argv: list[str] | None = None) -> int:
     # the GPU, and none is left open here when the daemon is told to quit. The report reads files only.
     with mps_daemon(Path(a.scratch) / "vx-mps") if a.mps else contextlib.nullcontext():
         environment(a.out, a.device, mps=a.mps)
-        for model in models:
-            tag = serve_tag(model, a.pairs)
-            here = capacity_phases.phases_for(model, family_of(model), phases)  # duplex: realtime, timeline
-            if any(p in SERVE_PHASES for p in here):
-                guarded(
-                    f"serve {model}",
-                    lambda m=model, t=tag: serve_phases(a, m, t, family_of(m), phases, a.out, prof),
-                )
-            for name in (p for p in capacity_phases.PHASES if p in here):
-                guarded(
-                    f"{name} {model}", lambda n=name, m=model, t=tag: capacity_phases.run(n, a, m, t, a.out)
-                )
-            if "engine" in here:
-                guarded(f"engine {model}", lambda m=model: engine_phase(a, m, a.out, prof))
-            if "reference" in here:
-                guarded(f"reference {model}", lambda m=model: reference_phase(a, m, a.out, prof))
+        for k, layout in enumerate(chosen or [None]):
+            run_layout(layouts.options(a, layout), layout, models, phases, prof, guarded, unplaced=k == 0)
     if "report" in phases:
         from bench.gpu_report import write_report
 

@@ -57,6 +57,7 @@ def stack_spec(a: argparse.Namespace, model: str, fam: Family, slots: int | None
     return StackSpec(
         model, a.device, a.frames, slots, a.max_model_len, chunks, a.threads, tuple(a.set), fam.deploy,
         pairs=a.pairs, pair_memory_fraction=a.pair_memory_fraction,
+        pairs_share_device=getattr(a, "pairs_share_device", True),
     )  # fmt: skip
 
 
@@ -87,10 +88,12 @@ def serve_phases(
         return
     meta: dict = {"model": model, "command": stack.command(), "start_s": stack.start_s, "slots": slots}
     meta["pairs"] = a.pairs
+    meta["layout"] = getattr(a, "layout_name", None)  # bench/layouts.py; None: the deploy file's placement
     meta["slots_per_replica"] = stack.spec.replica_slots()
     meta["chunk_schedule"] = a.chunk_schedule or "deploy"
     runs: list[dict] = []
     label = model + (f" ({a.pairs} pairs)" if a.pairs > 1 else "")  # plot series names
+    label += f" [{meta['layout']}]" if meta["layout"] else ""
     common = ["--grpc", stack.grpc, "--http", stack.http, "--frames", str(a.frames), "--label", label]
     common += ["--voice", fam.voice, "--language", fam.language, "--frame-rate-hz", str(fam.frame_rate_hz)]
     common += ["--ttfa-slo-ms", str(a.ttfa_slo_ms), "--settle", "1" if a.profile == "smoke" else "3"]

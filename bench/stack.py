@@ -64,6 +64,9 @@ class StackSpec:
     # evenly over them (the total stays `slots`) and each replica given `pair_memory_fraction` of the GPU.
     pairs: int = 1
     pair_memory_fraction: float | None = None  # None: 0.9 / (2 x pairs), so all replicas sum to 0.9
+    # False when the pairs sit on GPUs of their own (bench/layouts.py places them by extra_sets): each
+    # replica then keeps the deploy file's fraction, and only the slots are split.
+    pairs_share_device: bool = True
 
     def replica_slots(self) -> int | None:
         return None if self.slots is None else max(1, self.slots // self.pairs)
@@ -77,7 +80,8 @@ class StackSpec:
             fraction = self.pair_memory_fraction or round(0.9 / (2 * self.pairs), 4)
             for stage in (0, 1):
                 out += [f"stages.{stage}.replicas={self.pairs}"]
-                out += [f"stages.{stage}.gpu_memory_utilization={fraction}"]
+                if self.pairs_share_device:
+                    out += [f"stages.{stage}.gpu_memory_utilization={fraction}"]
         if self.slots is not None:
             n = self.replica_slots()
             out += [f"stages.0.max_num_seqs={n}", f"stages.1.max_num_seqs={n}"]

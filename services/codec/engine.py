@@ -31,6 +31,13 @@ the gateway: 48 and 64 gap-free closed-loop streams in two runs with it, 24 with
 fed on a fixed clock, shows a few short stalls with it that it does not show without (docs/benchmarks.md,
 issue 14, which also has the playback-deadline policy that was tried and dropped).
 
+Tick policy (the stage's ``codec_tick_policy``, ``services.codec.schedule``): ``fifo``, the above, decodes
+every ready chunk each tick. ``deadline`` takes ready chunks in order of when each stream's player runs dry
+while the tick's estimated device time (``calibrate``: measured at the warm-up) stays within
+``tick_budget_s``, so a young stream's next chunk never queues behind more than a budget of bulk work; in
+async scheduling it launches a tick before it collects the previous one (the device goes straight from one
+to the next) and hands each tick out in launch order (``early_handout`` is a fifo switch).
+
 Overlap+crop (``left_context > 0``, the deploy file's ``codec_decode: overlap_crop``): instead of carrying
 state, each chunk is decoded from a reset slot behind up to ``left_context`` of the stream's earlier frames,
 whose audio is cropped. It is what vllm-omni does, only approximate unless the context covers the decoder's
@@ -48,9 +55,19 @@ import numpy as np
 import torch
 
 from services.codec.calls import DecodeCalls, DecodeFn
-from services.codec.engine_state import Launched, StreamState, read_back
+from services.codec.decode_cost import DecodeCost, measure, time_call
+from services.codec.engine_state import ChunkSchedule, Launched, StreamState, read_back
+from services.codec.schedule import (
+    TICK_POLICIES,
+    Call,
+    Row,
+    TickPolicy,
+    batch_bucket,
+    deadline_calls,
+    fifo_calls,
+)
 from voxstage import metrics
-from voxstage.chunking import next_boundary, whole_chunks
+from voxstage.chunking import chunk_sizes
 from voxstage.stage.engine_loop import Steppable
 from voxstage.stage.faults import one_line
 
@@ -72,37 +89,6 @@ class StreamingCodec(Protocol):
     def reset(self, slots: torch.Tensor) -> None: ...
 
 
-@dataclass(frozen=True)
-class ChunkSchedule:
-    initial_frames: int
-    steady_frames: int
-    max_frames_per_decode: int = 100
-    ramp: bool = True  # chunks grow from the first up to steady_frames (voxstage.chunking)
-
-    def __post_init__(self) -> None:
-        if not 1 <= self.initial_frames <= self.steady_frames:
-            raise ValueError(
-                f"chunk schedule needs 1 <= initial ({self.initial_frames}) <= steady ({self.steady_frames})"
-            )
-        if self.max_frames_per_decode < self.steady_frames:
-            raise ValueError("max_frames_per_decode must be >= steady_frames")
-
-    def take(self, emitted: int, available: int, ended: bool, initial: int) -> int:
-        """Frames to decode now for a stream that has ``emitted`` frames out and ``available`` buffered."""
-        if available <= 0:
-            return 0
-        need = next_boundary(emitted, initial, self.steady_frames, self.ramp) - emitted
-        if available < need:
-            return available if ended else 0
-        if emitted == 0:
-            return need  # the first chunk alone: first audio as early as possible
-        if ended and available <= self.max_frames_per_decode:
-            return available
-        # Behind the producer: every whole chunk that is ready, in one decode.
-        limit = min(available, self.max_frames_per_decode)
-        return whole_chunks(emitted, limit, initial, self.steady_frames, self.ramp)
-
-
 @dataclass
 class CodecOutput:
     stream_id: str
@@ -111,11 +97,6 @@ class CodecOutput:
     final: bool
     frames: int
     segment_end: bool = False  # this output holds the last frames before an ``end_segment`` mark
-
-
-def batch_bucket(n: int, cap: int) -> int:
-    """The batch size ``n`` streams are padded to: the next power of two, at most ``cap``."""
-    return min(1 << (n - 1).bit_length(), cap)
 
 
 class CodecEngine(Steppable[CodecOutput]):
@@ -135,6 +116,9 @@ class CodecEngine(Steppable[CodecOutput]):
         codebook_size: int = 2048,
         left_context: int = 0,
         async_scheduling: bool = False,
+        tick_policy: TickPolicy = "fifo",
+        tick_budget_s: float = 0.02,
+        cost: DecodeCost | None = None,
     ) -> None:
         # Padding rows of a batch bucket need distinct slots of their own: the pool holds 2x max_streams and
         # the upper half is scratch.
@@ -156,6 +140,14 @@ class CodecEngine(Steppable[CodecOutput]):
             raise ValueError(f"left_context must be >= 0, got {left_context}")
         self.left_context = left_context
         self.async_scheduling = async_scheduling
+        if tick_policy not in TICK_POLICIES:
+            raise ValueError(f"tick_policy must be one of {', '.join(TICK_POLICIES)}, got {tick_policy!r}")
+        if tick_budget_s <= 0:
+            raise ValueError(f"tick_budget_s must be > 0, got {tick_budget_s}")
+        self.tick_policy: TickPolicy = tick_policy
+        self.tick_budget_s = tick_budget_s
+        self.cost = cost  # the deadline policy's DecodeCost: measured by calibrate() at the worker's warm-up
+        self.planned_s = 0.0  # the last tick's estimated device seconds (deadline policy; benchmarks read it)
         self.early_handout = True  # on evidence (module docstring); bench/codec_schedule.py switches it
         self._inflight: list[Launched] = []
         self._free = list(range(max_streams - 1, -1, -1))
@@ -241,18 +233,83 @@ class CodecEngine(Steppable[CodecOutput]):
         outputs: list[CodecOutput] = []
         self._partial = outputs  # what a failing step already produced: recover hands it out
         t0 = time.perf_counter()
-        # The previous step's decodes first: stream state is then exactly as the synchronous form sees it.
         launched, self._inflight = self._inflight, []
-        for i, group in enumerate(launched):
-            if self.early_handout and outputs and not group.done():
-                # Hand out what is decoded now: a young stream's first chunk (small buckets launch first)
-                # must not wait for the read-back of a bulk decode behind it; that one is collected next step.
-                self._inflight = launched[i:]
-                break
-            self._inflight = launched[i + 1 :]  # should this collect fail, the others are still owed
-            self._collect(group, outputs)
+        collecting = bool(launched)
+        if self.tick_policy == "fifo":
+            # The previous step's decodes first: stream state is then exactly as the synchronous form sees it.
+            for i, group in enumerate(launched):
+                if self.early_handout and outputs and not group.done():
+                    # Hand out what is decoded now: a young stream's first chunk (small buckets launch first)
+                    # must not wait for the read-back of a bulk decode behind it; collected next step.
+                    self._inflight = launched[i:]
+                    break
+                self._inflight = launched[i + 1 :]  # should this collect fail, the others are still owed
+                self._collect(group, outputs)
+            launched = []
         # Streams with a decode still in flight wait for it: their counts are not final yet.
         idle = [s for s in self._streams.values() if not s.in_flight]
+        self._settle(idle, outputs)
+        rows = [
+            Row(s, n, self._context(s), self._deadline(s))
+            for s in idle
+            if s.stream_id in self._streams and (n := self._ready_frames(s))
+        ]
+        if not rows and not collecting:
+            return outputs
+        calls = self._plan(rows)
+        # Every call launches before any is read back: call k+1's host staging overlaps call k's decode.
+        fresh: list[Launched] = []
+        try:
+            for call in calls:
+                fresh.append(self._launch(call))
+        except Exception:
+            # The other calls' decodes (and a deadline step's previous tick) are collected next step.
+            self._inflight = [*self._inflight, *launched, *fresh]
+            raise
+        if self.async_scheduling:
+            # deadline: the previous tick is collected only now, behind this one's launch, so the device
+            # goes from one bounded tick straight into the next (no idle gap while the host prepares it).
+            self._inflight += fresh
+            for i, group in enumerate(launched):
+                self._inflight = [*launched[i + 1 :], *fresh]
+                self._collect(group, outputs)
+        else:
+            for group in fresh:
+                self._collect(group, outputs)
+        if rows:
+            self.ticks += 1
+        metrics.STAGE_TICK.labels(stage="codec").observe(time.perf_counter() - t0)
+        metrics.AUDIO_GENERATED.labels(stage="codec").inc(
+            sum(o.frames for o in outputs) * self.spf / self.sample_rate
+        )
+        return outputs
+
+    def calibrate(self, *, repeats: int = 3, max_total_s: float = 20.0) -> DecodeCost:
+        """Measure the device time of the decode calls this engine makes (the deadline policy's cost
+        model; ``services.codec.decode_cost``): every (batch bucket, frame bucket) up to the graphs the
+        warm-up captured, on scratch slots with no real frame, so no stream's state moves. Call it from the
+        engine thread, before serving (the warm-up does)."""
+        rows = [
+            batch_bucket(n, self.max_streams) for n in (1 << i for i in range(self.max_streams.bit_length()))
+        ]
+        rows.append(self.max_streams)
+        s = self.schedule
+        eager = chunk_sizes(s.initial_frames, s.steady_frames, s.ramp) + [s.max_frames_per_decode]
+        frames = self.frame_buckets or tuple(c + self.left_context for c in eager)
+        table = measure(
+            lambda b, t: time_call(self.calls, self.device, self.num_groups, self.max_streams, b, t, repeats),
+            rows,
+            frames,
+            budget_s=self.tick_budget_s,
+            max_frames=self.max_streams * s.steady_frames,
+            max_total_s=max_total_s,
+        )
+        self.cost = DecodeCost(table)
+        return self.cost
+
+    # -- internals -------------------------------------------------------------------------------------
+    def _settle(self, idle: list[StreamState], outputs: list[CodecOutput]) -> None:
+        """Terminal outputs owed by idle streams with nothing left to decode."""
         # A segment whose frames all went out already (or that had none) still owes its end marker.
         for stream in [s for s in idle if self._mark_due(s)]:
             self._pass_mark(stream)
@@ -268,38 +325,23 @@ class CodecEngine(Steppable[CodecOutput]):
                 CodecOutput(stream.stream_id, np.zeros(0, np.float32), stream.sample_offset, True, 0)
             )
             self._release(self._streams.pop(stream.stream_id))
-        work = [(s, n) for s in idle if s.stream_id in self._streams and (n := self._ready_frames(s))]
-        if not work and not launched:
-            return outputs
-        # One decode per frame bucket: a single batch padded to its longest chunk would make hundreds of
-        # 4-frame chunks pay for one stream's 100-frame catch-up.
-        groups: dict[int, list[tuple[StreamState, int]]] = {}
-        for stream, n in work:
-            total = n + self._context(stream)
-            bucket = next((b for b in self.frame_buckets if b >= total), total)
-            groups.setdefault(bucket, []).append((stream, n))
-        # Every bucket launches before any is read back: bucket k+1's host staging overlaps bucket k's decode.
-        fresh: list[Launched] = []
-        try:
-            for t_bucket, group in sorted(groups.items()):
-                fresh.append(self._launch(group, t_bucket))
-        except Exception:
-            self._inflight += fresh  # the other buckets' decodes are collected next step
-            raise
-        if self.async_scheduling:
-            self._inflight += fresh
-        else:
-            for group in fresh:
-                self._collect(group, outputs)
-        if work:
-            self.ticks += 1
-        metrics.STAGE_TICK.labels(stage="codec").observe(time.perf_counter() - t0)
-        metrics.AUDIO_GENERATED.labels(stage="codec").inc(
-            sum(o.frames for o in outputs) * self.spf / self.sample_rate
-        )
-        return outputs
 
-    # -- internals -------------------------------------------------------------------------------------
+    def _plan(self, rows: list[Row[StreamState]]) -> list[Call[StreamState]]:
+        if self.tick_policy == "fifo" or not rows or self.cost is None:
+            # No cost model yet (the warm-up's own stream decodes before calibrate): nothing to bound with.
+            return fifo_calls(rows, self.frame_buckets)
+        calls, self.planned_s = deadline_calls(
+            rows, self.frame_buckets, self.cost, self.tick_budget_s, self.max_streams
+        )
+        return calls
+
+    def _deadline(self, s: StreamState) -> float:
+        """When ``s``'s player runs dry (no prebuffer): its first audio plus the audio handed out since; a
+        stream without audio yet has been due since it opened."""
+        if s.first_audio_at is None:
+            return s.opened_at
+        return s.first_audio_at + s.sample_offset / self.sample_rate
+
     def recover(self, exc: Exception) -> tuple[list[str], list[CodecOutput]]:
         """``step`` raised ``exc`` (not a device failure): the streams of the failed decode (all when
         unknown), and any whose launched decode was lost with it, are cancelled. Returns their ids and the
@@ -314,7 +356,9 @@ class CodecEngine(Steppable[CodecOutput]):
             self.cancel(sid)
         return ids, [o for o in self._partial if o.stream_id not in ids]
 
-    def _launch(self, work: list[tuple[StreamState, int]], t_bucket: int) -> Launched:
+    def _launch(self, call: Call[StreamState]) -> Launched:
+        work = [(row.stream, row.frames) for row in call.rows]
+        t_bucket = call.frames
         self._working = [stream for stream, _ in work]
         b_real = len(work)
         # Power-of-two batch buckets bound how many graphs exist; capping at max_streams keeps a full
@@ -323,7 +367,7 @@ class CodecEngine(Steppable[CodecOutput]):
         codes = np.zeros((b_bucket, self.num_groups, t_bucket), dtype=np.int64)
         lengths = np.zeros(b_bucket, dtype=np.int64)
         slots = np.empty(b_bucket, dtype=np.int64)
-        contexts = [self._context(stream) for stream, _ in work]
+        contexts = [row.context for row in call.rows]
         for i, ((stream, n), ctx) in enumerate(zip(work, contexts, strict=True)):
             new = stream.take(n)
             if ctx:
@@ -355,6 +399,7 @@ class CodecEngine(Steppable[CodecOutput]):
         if launched.event is not None:
             launched.event.synchronize()
         wav_np = launched.pcm.numpy()
+        now = time.perf_counter()
         for i, ((stream, n), ctx) in enumerate(zip(launched.work, launched.contexts, strict=True)):
             stream.in_flight = False
             if self._streams.get(stream.stream_id) is not stream:
@@ -372,6 +417,8 @@ class CodecEngine(Steppable[CodecOutput]):
                 self._pass_mark(stream)
             final = self._drained(stream)
             if real or final or seg_end:
+                if pcm.size and stream.first_audio_at is None:
+                    stream.first_audio_at = now  # the player's clock (the deadline policy) starts here
                 outputs.append(CodecOutput(stream.stream_id, pcm, stream.sample_offset, final, real, seg_end))
                 stream.sample_offset += pcm.size
             if final:

@@ -1,4 +1,5 @@
-"""Per-stream bookkeeping of ``CodecEngine`` and its launched decodes (split out to keep the engine short)."""
+"""Per-stream bookkeeping of ``CodecEngine``, its chunk schedule and its launched decodes (split out to keep
+the engine short)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,39 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import torch
+
+from voxstage.chunking import next_boundary, whole_chunks
+
+
+@dataclass(frozen=True)
+class ChunkSchedule:
+    initial_frames: int
+    steady_frames: int
+    max_frames_per_decode: int = 100
+    ramp: bool = True  # chunks grow from the first up to steady_frames (voxstage.chunking)
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.initial_frames <= self.steady_frames:
+            raise ValueError(
+                f"chunk schedule needs 1 <= initial ({self.initial_frames}) <= steady ({self.steady_frames})"
+            )
+        if self.max_frames_per_decode < self.steady_frames:
+            raise ValueError("max_frames_per_decode must be >= steady_frames")
+
+    def take(self, emitted: int, available: int, ended: bool, initial: int) -> int:
+        """Frames to decode now for a stream that has ``emitted`` frames out and ``available`` buffered."""
+        if available <= 0:
+            return 0
+        need = next_boundary(emitted, initial, self.steady_frames, self.ramp) - emitted
+        if available < need:
+            return available if ended else 0
+        if emitted == 0:
+            return need  # the first chunk alone: first audio as early as possible
+        if ended and available <= self.max_frames_per_decode:
+            return available
+        # Behind the producer: every whole chunk that is ready, in one decode.
+        limit = min(available, self.max_frames_per_decode)
+        return whole_chunks(emitted, limit, initial, self.steady_frames, self.ramp)
 
 
 @dataclass
@@ -27,6 +61,7 @@ class StreamState:
     ended: bool = False
     in_flight: bool = False  # a launched decode of this stream is not collected yet
     opened_at: float = field(default_factory=time.perf_counter)
+    first_audio_at: float | None = None  # when its first audio was read back (perf_counter s)
 
     def take(self, n: int) -> np.ndarray:
         buf = np.concatenate(self.pending, axis=0) if len(self.pending) > 1 else self.pending[0]

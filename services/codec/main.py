@@ -98,12 +98,16 @@ def build(args: argparse.Namespace) -> StageParts:
     plan, left = config.chunk_plan, engine.left_context
     servicer = CodecServicer(worker, plan=plan, stream_config=config.stream, shm_writer=writer, pool=pool)
     log.info(
-        "codec: %s (%s) on %s/%s: %d streams, chunks %d then %s%d frames, %s, %s, %s, voice clone %s, shm %s",
+        "codec: %s (%s) on %s/%s: %d streams, chunks %d then %s%d frames, %s, %s, %s, %s, voice clone %s, "
+        "shm %s",
         runtime.model, runtime.family, device, str(dtype).removeprefix("torch."), stage.max_num_seqs,
         plan.initial_frames, "growing to " if plan.ramp else "", plan.steady_frames,
         f"overlap+crop behind {left} frames" if left else "exact stateful decode",
         f"CUDA graphs for {engine.frame_buckets} frames" if engine.decode_fn else "eager",
         "async scheduling" if stage.async_scheduling else "sync scheduling",
+        f"deadline ticks of at most {stage.codec_tick_budget_ms:g} ms"
+        if engine.tick_policy == "deadline"
+        else "fifo ticks",
         "on" if runtime.voice_clone else "off",
         f"above {writer.threshold_bytes} B" if writer else "off",
     )  # fmt: skip
@@ -122,6 +126,13 @@ def build_engine(config: DeployConfig, runtime: CodecRuntime, device: str) -> Co
     stage = config.codec
     plan = config.chunk_plan
     left = plan.left_context_frames if plan.overlap_crop else 0
+    policy = stage.codec_tick_policy
+    if policy == "deadline" and device != "cuda":
+        # The budget bounds device time the codec holds a GPU shared with the talker; on the CPU it would only
+        # cut batches (one tiny-model row costs more than a GPU's whole 64-row call), so ticks stay whole.
+        if "codec_tick_policy" in stage.model_fields_set:
+            log.warning("codec: codec_tick_policy deadline bounds GPU ticks; on %s ticks are fifo", device)
+        policy = "fifo"
     decode_fn = None
     buckets: tuple[int, ...] = ()
     if device == "cuda" and not stage.enforce_eager:
@@ -157,6 +168,8 @@ def build_engine(config: DeployConfig, runtime: CodecRuntime, device: str) -> Co
         codebook_size=runtime.codebook_size,
         left_context=left,
         async_scheduling=stage.async_scheduling,
+        tick_policy=policy,
+        tick_budget_s=stage.codec_tick_budget_ms / 1e3,
     )
     return engine
 

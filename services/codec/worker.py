@@ -70,6 +70,13 @@ class CodecWorker(StageWorker[CodecOutput, PcmListener]):
             # Steady state at worst: every stream due with one whole chunk in the same tick.
             most = self.engine.max_streams * self.engine.schedule.steady_frames
             log_capture(log, "codec", lambda: self.engine.calls.capture_all(most))
+            if self.engine.tick_policy == "deadline":
+                t_cal = time.perf_counter()
+                cost = self.engine.calibrate()
+                log.info(
+                    "codec: decode costs measured in %.1f s for ticks of %g ms: %s",
+                    time.perf_counter() - t_cal, 1e3 * self.engine.tick_budget_s, cost.describe(),
+                )  # fmt: skip
             if rt.voice_clone:
                 noise = np.random.default_rng(0).standard_normal(rt.sample_rate).astype(np.float32) * 0.1
                 rt.encode_reference(noise, rt.sample_rate)

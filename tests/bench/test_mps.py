@@ -1,11 +1,11 @@
 """``bench/mps.py``: the run's own MPS daemon is started with private directories that reach child processes,
-and told to quit however the run ends. No GPU here: ``nvidia-cuda-mps-control`` is a script that does what
-the real one does to the file system (the GPU run of ``bench/run_gpu.py --mps`` uses the real one)."""
+and told to quit however the run ends. No GPU here: ``nvidia-cuda-mps-control`` is the stand-in of
+tests/mpskit.py (the GPU run of ``bench/run_gpu.py --mps`` uses the real one)."""
 
 from __future__ import annotations
 
+import logging
 import os
-import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -13,23 +13,13 @@ from pathlib import Path
 import pytest
 
 from bench.mps import mps_daemon
-
-FAKE = """#!/bin/sh
-# -d: start (make the control pipe); no argument: read a command from stdin ("quit": remove it).
-echo "$@" >> "{calls}"
-if [ "$1" = "-d" ]; then touch "$CUDA_MPS_PIPE_DIRECTORY/control"; exit 0; fi
-read command; echo "stdin $command" >> "{calls}"
-[ "$command" = quit ] && rm -f "$CUDA_MPS_PIPE_DIRECTORY/control"
-"""
+from tests.mpskit import install_fake_control
 
 
 @pytest.fixture
 def fake_control(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     bin_dir, calls = tmp_path / "bin", tmp_path / "calls.txt"
-    bin_dir.mkdir()
-    script = bin_dir / "nvidia-cuda-mps-control"
-    script.write_text(FAKE.format(calls=calls))
-    script.chmod(script.stat().st_mode | stat.S_IEXEC)
+    install_fake_control(bin_dir, calls)
     monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
     monkeypatch.delenv("CUDA_MPS_PIPE_DIRECTORY", raising=False)
     return calls
@@ -61,11 +51,11 @@ def test_without_the_control_program_the_run_says_so(tmp_path: Path, monkeypatch
 
 
 def test_a_quit_that_hangs_is_reported_not_raised(
-    tmp_path: Path, fake_control: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, fake_control: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     # The real quit waits for every client; the run's results are written by then, so it must not fail.
     hanging = tmp_path / "bin" / "nvidia-cuda-mps-control"
     hanging.write_text(hanging.read_text().replace("read command;", "read command; sleep 5;"))
-    with mps_daemon(tmp_path / "mps", quit_timeout_s=0.5):
+    with caplog.at_level(logging.WARNING), mps_daemon(tmp_path / "mps", quit_timeout_s=0.5):
         pass
-    assert "did not quit within 0.5 s" in capsys.readouterr().out
+    assert "did not quit within 0.5 s" in caplog.text

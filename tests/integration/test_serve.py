@@ -3,10 +3,17 @@
 Through the public API (the Python SDK against the gateway's gRPC port): a request returns the expected
 audio; SIGTERM to the launcher drains every stage and everything exits 0. A stage that cannot start makes
 the launch fail, naming that stage.
+
+MPS (the last tests): the launcher runs a CUDA MPS control daemon of its own when a stage's
+``mps_active_thread_percentage`` shares a GPU: private pipe and log directories that every stage process
+sees, ``quit`` when the launch ends, however it ends. The daemon is the stand-in of tests/mpskit.py (no GPU
+here): with ``--device auto`` on a CPU-only machine the stages run on the CPU and only warn that their share
+does nothing, but the launcher does what it does on a GPU host.
 """
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -16,6 +23,7 @@ from pathlib import Path
 import pytest
 
 from tests.integration.stagekit import MODEL, ROOT, SEED_DEPLOY, SPF, stage_env
+from tests.mpskit import install_fake_control
 from voxstage.health_probe import check
 
 pytestmark = pytest.mark.timeout(120)
@@ -136,3 +144,79 @@ def test_serve_sees_a_tls_gateway_become_ready(cache: Path, tmp_path: Path) -> N
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def serve_with_fake_daemon(cache: Path, tmp_path: Path, *extra: str) -> tuple[subprocess.Popen[bytes], Path]:
+    install_fake_control(tmp_path / "bin", tmp_path / "calls.txt")
+    env = stage_env(cache)
+    env["PATH"] = f"{tmp_path / 'bin'}{os.pathsep}{env['PATH']}"
+    env[  # where no daemon runs: the launcher must start its own, not find the host's
+        "CUDA_MPS_PIPE_DIRECTORY"
+    ] = str(tmp_path / "no-daemon")
+    env["TMPDIR"] = str(tmp_path)  # the private runtime directory lands here, where the test can look
+    cmd = [sys.executable, "-m", "voxstage", "serve", str(SEED_DEPLOY), "--model", MODEL, "--device", "auto"]
+    cmd += ["--threads", "1", "--drain-grace", "10", "--start-timeout", "90", "--no-gateway"]
+    cmd += ["--set", "stages.0.mps_active_thread_percentage=40", *extra]
+    log = tmp_path / "serve.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT)
+    return proc, log
+
+
+def private_dirs(tmp_path: Path) -> list[Path]:
+    return sorted(tmp_path.glob("vx-mps-*"))
+
+
+def test_serve_runs_a_private_daemon_its_stages_use_and_stops_it(cache: Path, tmp_path: Path) -> None:
+    proc, log = serve_with_fake_daemon(cache, tmp_path)
+    try:
+        deadline = time.monotonic() + 120
+        while "all stages SERVING" not in log.read_text():
+            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+            time.sleep(0.2)
+        (root,) = private_dirs(tmp_path)
+        assert (root / "pipe" / "control").exists() and (root / "log").is_dir()
+        pids = children(proc.pid)
+        assert len(pids) == 2, pids  # talker and codec
+        for pid in pids:
+            env = dict(
+                item.split("=", 1)
+                for item in Path(f"/proc/{pid}/environ").read_text().split("\0")
+                if "=" in item
+            )
+            assert env["CUDA_MPS_PIPE_DIRECTORY"] == str(root / "pipe"), pid
+            assert env["CUDA_MPS_LOG_DIRECTORY"] == str(root / "log"), pid
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == 0, log.read_text()[-3000:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert (tmp_path / "calls.txt").read_text().splitlines() == ["-d", "", "stdin quit"]
+    assert not private_dirs(tmp_path), "the private runtime directory outlived the launch"
+    assert "MPS: starting a private control daemon for the shares on GPU 0" in log.read_text()
+
+
+def test_a_launch_cut_short_still_stops_the_daemon(cache: Path, tmp_path: Path) -> None:
+    # SIGTERM while the talker is still loading: the launch ends without serving, and the daemon with it.
+    proc, log = serve_with_fake_daemon(cache, tmp_path)
+    try:
+        deadline = time.monotonic() + 60
+        while "starting talker" not in log.read_text():
+            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert "stdin quit" in (tmp_path / "calls.txt").read_text() and not private_dirs(tmp_path)
+
+
+def test_a_share_that_cannot_work_is_refused_before_anything_starts(cache: Path, tmp_path: Path) -> None:
+    # The codec on GPU 1, the talker's share alone on GPU 0: nothing to share the GPU with.
+    proc, log = serve_with_fake_daemon(cache, tmp_path, "--set", "stages.1.devices=1")
+    assert proc.wait(60) == 2
+    text = log.read_text()
+    assert "talker: mps_active_thread_percentage is 40, but no other stage process runs on its GPU 0" in text
+    assert not (tmp_path / "calls.txt").exists() and "starting talker" not in text

@@ -42,6 +42,9 @@ ALLOWED_SKIPS = {"CKV_K8S_43", "CKV_K8S_11"}
 CLUSTER_SCOPED = {"Namespace", "PersistentVolume", "StorageClass", "ClusterRole", "ClusterRoleBinding",
                   "CustomResourceDefinition", "DeviceClass", "PriorityClass"}  # fmt: skip
 PAIR = "qwen3-tts-pair"
+SPLIT = "qwen3-tts-split"  # issue 31's layout 2: talker and codec of one pod on a GPU each
+# Overlays whose stages run in one `stages` pod: the optional components' talker/codec targets are gone there.
+STAGES_POD = (PAIR, SPLIT)
 
 
 # -- the kustomize subset ----------------------------------------------------------------------------------
@@ -181,7 +184,7 @@ def _apply_component(docs: list[dict[str, Any]], folder: Path) -> list[dict[str,
 def _builds() -> dict[str, list[dict[str, Any]]]:
     builds = {name: render(K8S / "overlays" / name) for name in OVERLAYS}
     for name in OVERLAYS:
-        if name != PAIR:
+        if name not in STAGES_POD:
             extra = tuple(K8S / "components" / c for c in OPTIONAL_COMPONENTS)
             builds[f"{name}+optional"] = render(K8S / "overlays" / name, extra)
     return builds
@@ -207,7 +210,7 @@ def _settings(docs: list[dict[str, Any]]) -> dict[str, str]:
 
 
 def test_overlays_exist() -> None:
-    assert {"qwen3-tts", "audio8-tts", "personaplex", PAIR} <= set(OVERLAYS)
+    assert {"qwen3-tts", "audio8-tts", "personaplex", PAIR, SPLIT} <= set(OVERLAYS)
 
 
 def _kustomize() -> list[str] | None:
@@ -225,7 +228,7 @@ def test_render_matches_kustomize(overlay: str, tmp_path: Path) -> None:
     if tool is None:
         pytest.skip("no kustomize (kubectl kustomize or $VOXSTAGE_KUSTOMIZE) on this machine")
     cases = [(K8S / "overlays" / overlay, ())]
-    if overlay != PAIR:
+    if overlay not in STAGES_POD:
         copy_dir = tmp_path / overlay
         shutil.copytree(K8S / "overlays" / overlay, copy_dir)
         k = yaml.safe_load((copy_dir / "kustomization.yaml").read_text())
@@ -490,3 +493,25 @@ def test_pair_shares_one_gpu_claim() -> None:
     for d in deployments.values():
         pod_labels = d["spec"]["template"]["metadata"]["labels"]
         assert sum(p["spec"]["selector"]["matchLabels"].items() <= pod_labels.items() for p in pdbs) == 1
+
+
+def test_split_gives_each_stage_a_gpu_of_its_own() -> None:
+    """The split pod is the pair pod but for the GPU: each container asks the device plugin for one GPU (so
+    they are two), no shared claim; everything else (commands, probes, volumes, labels) stays the pair's."""
+    split = _by_kind(render(K8S / "overlays" / SPLIT), "Deployment")
+    pair = _by_kind(render(K8S / "overlays" / PAIR), "Deployment")
+    assert set(split) == {"stages", "gateway"}
+    pod = copy.deepcopy(split["stages"]["spec"]["template"]["spec"])
+    assert "resourceClaims" not in pod and [c["name"] for c in pod["containers"]] == ["talker", "codec"]
+    for c in pod["containers"]:
+        assert c["resources"]["requests"]["nvidia.com/gpu"] == c["resources"]["limits"]["nvidia.com/gpu"] == 1
+        assert "claims" not in c["resources"]
+        del c["resources"]["requests"]["nvidia.com/gpu"], c["resources"]["limits"]["nvidia.com/gpu"]
+    theirs = copy.deepcopy(pair["stages"]["spec"]["template"]["spec"])
+    del theirs["resourceClaims"]
+    for c in theirs["containers"]:
+        del c["resources"]["claims"]
+    assert pod == theirs
+    assert {k: v for k, v in split["stages"]["spec"].items() if k != "template"} == {
+        k: v for k, v in pair["stages"]["spec"].items() if k != "template"
+    }

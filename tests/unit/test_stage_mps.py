@@ -13,12 +13,15 @@ from pathlib import Path
 
 import pytest
 
+from tests.mpskit import install_fake_control
 from voxstage.stage.mps import (
     PIPE_DIR_ENV,
     THREAD_PERCENTAGE_ENV,
     MpsUnavailableError,
+    StageShare,
     apply_thread_percentage,
     pipe_dir,
+    serve_plan,
 )
 from voxstage.stage.process import load_stage_setup
 
@@ -79,3 +82,49 @@ def test_a_gpu_stage_without_a_daemon_exits_naming_the_key(tmp_path: Path) -> No
     assert done.returncode == 1, done.stderr
     assert "talker: cannot start: mps_active_thread_percentage is 50" in done.stderr
     assert str(tmp_path / "control") in done.stderr
+
+
+# -- voxstage serve's own daemon (serve_plan): when it starts one, and why it refuses -----------------------
+
+
+def shares(talker: int | None, codec: int | None, codec_gpu: str = "0") -> list[StageShare]:
+    return [StageShare("talker", "0", talker), StageShare("codec", codec_gpu, codec)]
+
+
+def test_serve_starts_a_daemon_for_shares_on_a_shared_gpu(tmp_path: Path) -> None:
+    install_fake_control(tmp_path / "bin", tmp_path / "calls")
+    env = {"PATH": str(tmp_path / "bin"), PIPE_DIR_ENV: str(tmp_path / "none")}
+    line = serve_plan(shares(40, 60), "auto", env)
+    assert line is not None and "GPU 0" in line
+    assert serve_plan(shares(None, 60), "cuda", env) is not None  # one share is enough: both become clients
+
+
+def test_serve_starts_none_without_shares_on_cpu_or_beside_a_running_daemon(tmp_path: Path) -> None:
+    env = {"PATH": str(tmp_path), PIPE_DIR_ENV: str(tmp_path)}  # no control program on this PATH
+    assert serve_plan(shares(None, None), "cuda", env) is None
+    assert serve_plan(shares(40, 60), "cpu", env) is None  # the stages warn that the share does nothing
+    (tmp_path / "control").touch()  # a daemon of the host's answers: the stages use it
+    assert serve_plan(shares(40, 60), "cuda", env) is None
+
+
+def test_serve_refuses_a_share_on_a_gpu_of_its_own(tmp_path: Path) -> None:
+    install_fake_control(tmp_path / "bin", tmp_path / "calls")
+    env = {"PATH": str(tmp_path / "bin")}
+    with pytest.raises(MpsUnavailableError, match="codec: mps_active_thread_percentage is 60, but no other"):
+        serve_plan(shares(None, 60, codec_gpu="1"), "cuda", env)
+
+
+def test_serve_refuses_when_it_cannot_start_a_daemon(tmp_path: Path) -> None:
+    env = {"PATH": str(tmp_path), PIPE_DIR_ENV: str(tmp_path)}
+    with pytest.raises(MpsUnavailableError, match="nvidia-cuda-mps-control is not on PATH") as info:
+        serve_plan(shares(40, 60), "auto", env)
+    assert "talker 40 %, codec 60 %" in str(info.value) and str(tmp_path / "control") in str(info.value)
+
+
+def test_a_lone_replicas_share_is_only_warned_about(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    install_fake_control(tmp_path / "bin", tmp_path / "calls")
+    env = {"PATH": str(tmp_path / "bin"), PIPE_DIR_ENV: str(tmp_path / "none")}
+    placed = [StageShare("talker-0", "0", 40), StageShare("talker-1", "1", 40), StageShare("codec", "0", 60)]
+    with caplog.at_level(logging.WARNING):
+        assert serve_plan(placed, "cuda", env) is not None
+    assert "talker-1: mps_active_thread_percentage 40 caps nothing on GPU 1" in caplog.text

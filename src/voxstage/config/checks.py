@@ -219,6 +219,15 @@ def check_stage_settings(cfg: DeployView) -> list[Issue]:
     out: list[Issue] = []
     for i, stage in enumerate(cfg.stages):
         if stage.stage_id == TALKER_STAGE_ID:
+            for key in ("codec_tick_policy", "codec_tick_budget_ms"):
+                if key in stage.model_fields_set:
+                    out.append(
+                        _error(
+                            ("stages", i, key),
+                            f"belongs to the codec stage (stage_id {CODEC_STAGE_ID}): it schedules the "
+                            "codec's decodes",
+                        )
+                    )
             if not cfg.enable_chunked_prefill:
                 if stage.max_model_len is None:
                     out.append(
@@ -248,6 +257,15 @@ def check_stage_settings(cfg: DeployView) -> list[Issue]:
                     )
                 )
         elif stage.stage_id == CODEC_STAGE_ID:
+            for key in ("codec_tick_policy", "codec_tick_budget_ms"):
+                if cfg.session_mode == "duplex" and key in stage.model_fields_set:
+                    out.append(
+                        _warning(
+                            ("stages", i, key),
+                            "has no effect on duplex sessions: their codec decodes one frame per session "
+                            "per talker step",
+                        )
+                    )
             if stage.segments is not None:
                 out.append(
                     _error(

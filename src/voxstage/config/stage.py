@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 from enum import StrEnum
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
@@ -128,6 +128,10 @@ class StageConfig(StrictModel):
     async_scheduling: bool = False
     # voxstage: this stage's share of the GPU's SMs under CUDA MPS (voxstage.stage.mps); None: no cap.
     mps_active_thread_percentage: int | None = Field(default=None, ge=1, le=100)
+    # voxstage, codec only: which ready chunks a tick decodes (services/codec/schedule.py) and the estimated
+    # device time a deadline tick may take (docs/configuration.md gives the reasons for the defaults).
+    codec_tick_policy: Literal["fifo", "deadline"] = "deadline"
+    codec_tick_budget_ms: float = Field(default=20.0, gt=0.0, le=1000.0)
     max_model_len: int | None = Field(default=None, ge=1)
     max_num_batched_tokens: int | None = Field(default=None, ge=1)
     # Talker only: the KV cache's storage, "auto" (the model dtype) or "fp8" (e4m3, per-head scales).

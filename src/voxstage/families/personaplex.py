@@ -22,9 +22,19 @@ FAMILY = Family(
     frame_rate_hz=12.5,
     languages=(),
     voice_aliases={
-        "alloy": "NATF0", "ash": "NATM0", "ballad": "NATM0", "cedar": "NATM0", "coral": "NATF0",
-        "echo": "NATM0", "fable": "NATM0", "marin": "NATF0", "nova": "NATF0", "onyx": "NATM0",
-        "sage": "NATF0", "shimmer": "NATF0", "verse": "NATM0",
+        "alloy": "NATF0",
+        "ash": "NATM0",
+        "ballad": "NATM0",
+        "cedar": "NATM0",
+        "coral": "NATF0",
+        "echo": "NATM0",
+        "fable": "NATM0",
+        "marin": "NATF0",
+        "nova": "NATF0",
+        "onyx": "NATM0",
+        "sage": "NATF0",
+        "shimmer": "NATF0",
+        "verse": "NATM0",
     },  # fmt: skip
     limits=Limits(
         no_prefix_caching="its prompt ids are placeholders (voice and persona ride in per-request "

@@ -11,27 +11,36 @@ swept as soon as it is reaped. A stage that crashes more often than the restart 
 loop: a bad disk, a poisoned model, an OOM at every start) stops everything and the launcher exits 1
 naming it. SIGTERM/SIGINT drain the gateway first, then the codec, then the talker, and the launcher exits
 0 when all of them did.
+
+GPU sharing: when a stage sets ``mps_active_thread_percentage`` and shares its GPU with another stage
+process, the launcher runs a CUDA MPS control daemon of its own for the launch (``voxstage.stage.mps``),
+unless one answers already; it refuses to start, saying why, when the share could not work.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
-from voxstage.config import ConfigError
+from voxstage.config import ConfigError, DeployConfig
 from voxstage.config.cli_args import add_deploy_options, load_from_args
 from voxstage.health_probe import check, check_https
 from voxstage.lifetime import child_env
-from voxstage.placement import place
+from voxstage.placement import Placement, place
+from voxstage.stage.mps import MpsUnavailableError, StageShare, mps_daemon, serve_plan
 from voxstage.stage.tls import LinkTls, LinkTlsError, add_link_options, launch_link
 from voxstage.transport.shm_reader import sweep_dead_regions
 
@@ -187,6 +196,21 @@ def run(args: argparse.Namespace) -> int:
         print(f"{args.config}: {exc}", file=sys.stderr)
         return EXIT_INVALID
     try:
+        mps_line = serve_plan(_shares(config, [*talkers, *codecs]), args.device, os.environ)
+    except MpsUnavailableError as exc:
+        print(f"voxstage serve: {exc}", file=sys.stderr)
+        return EXIT_INVALID
+    daemon = contextlib.ExitStack()  # closed last: the daemon quits once no stage process is left
+    try:
+        if mps_line is not None:
+            root = Path(tempfile.mkdtemp(prefix="vx-mps-"))  # short: the pipe is a unix socket path
+            daemon.callback(shutil.rmtree, root, ignore_errors=True)
+            log.info("%s; pipe and log directories under %s", mps_line, root)
+            try:
+                daemon.enter_context(mps_daemon(root))
+            except (MpsUnavailableError, OSError, subprocess.SubprocessError) as exc:
+                log.error("could not start the MPS daemon the stages' shares need: %s", exc)
+                return EXIT_STAGE_FAILED
         talker_list = ",".join(t.address for t in talkers)
         codec_list = ",".join(c.address for c in codecs)
         # The codecs dial only this launch's talkers, whatever a StreamOpen names (docs/protocol.md §1).
@@ -237,6 +261,18 @@ def run(args: argparse.Namespace) -> int:
         for s in stages:  # nothing outlives the launcher, whatever path got here
             if s.proc.poll() is None:
                 s.proc.kill()
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    s.proc.wait(10.0)
+        daemon.close()
+
+
+def _shares(config: DeployConfig, placed: Sequence[Placement]) -> list[StageShare]:
+    """Each stage process's GPU (the first it sees) and MPS share, for ``serve_plan``."""
+    stage = {"talker": config.talker, "codec": config.codec}
+    return [
+        StageShare(p.name, p.visible.split(",")[0], stage[p.role].mps_active_thread_percentage)
+        for p in placed
+    ]
 
 
 def _deploy_flags(args: argparse.Namespace) -> list[str]:

@@ -217,9 +217,7 @@ class StageStream:
             readable = writer.peer_can_read(op.transport.verified_peer_probe)
             self.loans = StreamLoans(writer.sender(peer_readable=readable))
 
-    def _send_opened(
-        self, op: stage_pb2.StreamOpen, identity: StageIdentity, **fields: Any
-    ) -> None:
+    def _send_opened(self, op: stage_pb2.StreamOpen, identity: StageIdentity, **fields: Any) -> None:
         """The ``opened`` reply: the stage's identity and whatever the mode adds (schedule, format, credit,
         transport); the stream is open from here on."""
         self.opened = True

@@ -144,7 +144,17 @@ class Qwen3Attention(nn.Module):
             qkv = nn.functional.linear(h, fused_w)
         cos, sin = call.cos.reshape(n, hd), call.sin.reshape(n, hd)
         q = fused.qk_norm_rope_into_cache(
-            qkv, nh, nkv, self.q_norm, self.k_norm, cos, sin, k_pool, v_pool, call.token_slot, call.token_pos,
+            qkv,
+            nh,
+            nkv,
+            self.q_norm,
+            self.k_norm,
+            cos,
+            sin,
+            k_pool,
+            v_pool,
+            call.token_slot,
+            call.token_pos,
             scales,
         )
         q = q.reshape(batch, n // batch, nh, hd)

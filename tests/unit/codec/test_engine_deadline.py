@@ -1,0 +1,192 @@
+"""The codec engine under ``codec_tick_policy: deadline`` on the real tiny decoder: the audio still equals the
+offline decode, every tick keeps to its budget, a young stream's next chunk goes before bulk work, and the
+start-up calibration measures the engine's own calls without touching any stream's state.
+
+The cost model here is a given table (the H200's shape, services/codec/decode_cost.py), so which rows a tick
+takes does not depend on this machine's speed; ``test_calibration_*`` times the real calls."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from services.codec.decode_cost import DecodeCost
+from services.codec.engine import ChunkSchedule, CodecEngine, CodecOutput
+from services.codec.models.qwen3_tts.decoder import Qwen3TokenizerDecoder
+from services.codec.models.qwen3_tts.loader import random_init
+from services.codec.models.qwen3_tts.presets import decoder_preset
+from services.codec.models.qwen3_tts.streaming import StreamingDecoder
+from tests.unit.codec.test_engine import GROUPS, TOL, codes_for, collect, offline
+
+MS = 1e-3
+BUCKETS = (1, 2, 4, 8, 16, 25)
+
+
+def h200_like(streams: int) -> DecodeCost:
+    return DecodeCost({(b, t): 2.4 * MS + 0.066 * MS * b * t for b in (1, 2, 4, 8, 16) for t in BUCKETS})
+
+
+@pytest.fixture(scope="module")
+def model() -> Qwen3TokenizerDecoder:
+    return random_init(decoder_preset("qwen3-tts-tiny"), seed=0)
+
+
+def deadline_engine(
+    model: Qwen3TokenizerDecoder, streams: int, budget_ms: float, async_scheduling: bool = False
+) -> CodecEngine:
+    return CodecEngine(
+        StreamingDecoder(model, 2 * streams), max_streams=streams, schedule=ChunkSchedule(1, 25),
+        num_groups=GROUPS, frame_buckets=BUCKETS, async_scheduling=async_scheduling,
+        tick_policy="deadline", tick_budget_s=budget_ms * MS, cost=h200_like(streams),
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
+def test_split_ticks_still_equal_the_offline_decode(
+    model: Qwen3TokenizerDecoder, async_scheduling: bool
+) -> None:
+    # (start tick, frames, frames pushed per tick): 6 streams, a budget of about two 25-frame rows a tick.
+    plan = {
+        "a": (0, 60, 9),
+        "b": (0, 53, 25),
+        "c": (1, 27, 1),
+        "d": (2, 51, 30),
+        "e": (4, 9, 9),
+        "f": (6, 40, 4),
+    }
+    codes = {sid: codes_for(50 + i, n) for i, (sid, (_, n, _)) in enumerate(plan.items())}
+    engine = deadline_engine(model, streams=6, budget_ms=10, async_scheduling=async_scheduling)
+    single = max(engine.cost(1, t) for t in BUCKETS)  # type: ignore[misc]
+    out: dict[str, list[CodecOutput]] = {}
+    fed = dict.fromkeys(plan, 0)
+    planned = []
+    for tick in range(300):
+        for sid, (start, frames, rate) in plan.items():
+            if tick == start:
+                engine.open(sid)
+            if tick >= start and fed[sid] < frames:
+                n = min(rate, frames - fed[sid])
+                engine.push(sid, codes[sid][fed[sid] : fed[sid] + n])
+                fed[sid] += n
+                if fed[sid] == frames:
+                    engine.finish(sid)
+        engine.planned_s = 0.0
+        collect(engine.step(), out)
+        planned.append(engine.planned_s)
+        if all(fed[s] == plan[s][1] for s in plan) and not engine.has_work():
+            break
+    assert engine.active() == 0
+    assert max(planned) <= max(10 * MS, single) and sum(p > 0 for p in planned) > 4
+    for sid, (_, frames, _) in plan.items():
+        outs = out[sid]
+        assert outs[-1].final and sum(o.frames for o in outs) == frames
+        assert [o.sample_offset for o in outs] == np.cumsum([0] + [o.pcm.size for o in outs[:-1]]).tolist()
+        np.testing.assert_allclose(
+            np.concatenate([o.pcm for o in outs]), offline(model, codes[sid]), atol=TOL, rtol=0
+        )
+
+
+def test_a_young_streams_chunk_goes_before_bulk_work(model: Qwen3TokenizerDecoder) -> None:
+    engine = deadline_engine(model, streams=8, budget_ms=12)
+    old = {f"old{i}": codes_for(60 + i, 75) for i in range(6)}
+    for sid, c in old.items():
+        engine.open(sid, initial_frames=25)
+        engine.push(sid, c[:25])
+    got: dict[str, list[CodecOutput]] = {}
+    while engine.has_work():
+        collect(engine.step(), got)
+    assert all(got[sid][0].frames == 25 for sid in old)  # 2 s of audio out each: their players are fed
+    for sid, c in old.items():
+        engine.push(sid, c[25:50])
+    young = codes_for(70, 2)
+    engine.open("young")
+    engine.push("young", young[:1])
+    first = engine.step()
+    # The young stream's first chunk leaves in the first tick; the bulk is spread over later ones.
+    assert "young" in [o.stream_id for o in first]
+    assert 0 < sum(o.stream_id.startswith("old") for o in first) < 6
+    engine.push("young", young[1:])
+    second = engine.step()
+    assert "young" in [o.stream_id for o in second]  # its next chunk too, ahead of the old ones still due
+    collect(first, got)
+    collect(second, got)
+    while engine.has_work():
+        collect(engine.step(), got)
+    for sid in old:
+        assert sum(o.frames for o in got[sid]) == 50
+
+
+def test_calibration_times_the_engines_calls_and_moves_no_state(model: Qwen3TokenizerDecoder) -> None:
+    engine = CodecEngine(
+        StreamingDecoder(model, 8), max_streams=4, schedule=ChunkSchedule(1, 25), num_groups=GROUPS,
+        tick_policy="deadline", tick_budget_s=1e-4,
+    )  # fmt: skip
+    engine.open("s")
+    engine.push("s", codes_for(80, 3))
+    engine.step()
+    pool = engine.codec.pool.clone()  # type: ignore[attr-defined]
+    positions = engine.codec.positions.clone()  # type: ignore[attr-defined]
+    cost = engine.calibrate(repeats=1)
+    assert engine.cost is cost
+    # Eager (no frame buckets): the schedule's chunk sizes and the 100-frame catch-up, each from one row up
+    # until a call passes twice the budget (here at once: a tiny budget keeps the test short).
+    assert set(cost.table) == {(1, t) for t in (1, 2, 4, 8, 16, 25, 100)}
+    assert all(s > 0 for s in cost.table.values())
+    assert torch.equal(engine.codec.pool, pool) and torch.equal(engine.codec.positions, positions)  # type: ignore[attr-defined]
+
+
+def test_bad_policy_settings_are_refused(model: Qwen3TokenizerDecoder) -> None:
+    pool = StreamingDecoder(model, 2)
+    with pytest.raises(ValueError, match="tick_policy must be one of fifo, deadline"):
+        CodecEngine(pool, max_streams=1, schedule=ChunkSchedule(1, 25), num_groups=GROUPS, tick_policy="edf")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="tick_budget_s must be > 0"):
+        CodecEngine(pool, max_streams=1, schedule=ChunkSchedule(1, 25), num_groups=GROUPS, tick_budget_s=0)
+
+
+def test_async_ticks_launch_before_the_previous_one_is_collected(
+    model: Qwen3TokenizerDecoder, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The device must go from one bounded tick straight into the next: a step launches its tick, then waits
+    # for the previous one. Read-backs are events that log when they are waited on (CPU decodes are done
+    # before they return, so the order of the log is the order of the engine's calls).
+    from services.codec import engine as engine_mod
+
+    order: list[str] = []
+    real_read_back = engine_mod.read_back
+
+    class LoggedEvent:
+        def __init__(self, name: str) -> None:
+            self.name = name
+
+        def query(self) -> bool:
+            return False
+
+        def synchronize(self) -> None:
+            order.append(f"collect {self.name}")
+
+    def read_back(wav: torch.Tensor) -> tuple[torch.Tensor, LoggedEvent]:
+        pcm, _ = real_read_back(wav)
+        order.append(f"launch {len(order)}")
+        return pcm, LoggedEvent(order[-1].split()[1])
+
+    monkeypatch.setattr(engine_mod, "read_back", read_back)
+    engine = deadline_engine(model, streams=2, budget_ms=1000, async_scheduling=True)
+    codes = {"a": codes_for(90, 3), "b": codes_for(91, 3)}
+    got: dict[str, list[CodecOutput]] = {}
+    engine.open("a")
+    engine.push("a", codes["a"])
+    engine.finish("a")
+    collect(engine.step(), got)  # launches a's first chunk
+    engine.open("b")
+    engine.push("b", codes["b"])
+    engine.finish("b")
+    collect(engine.step(), got)  # launches b's first chunk, then collects a's
+    assert order == ["launch 0", "launch 1", "collect 0"] and [o.stream_id for o in got["a"]] == ["a"]
+    while engine.has_work():
+        collect(engine.step(), got)
+    for sid, c in codes.items():
+        assert sum(o.frames for o in got[sid]) == 3 and got[sid][-1].final
+        np.testing.assert_allclose(
+            np.concatenate([o.pcm for o in got[sid]]), offline(model, c), atol=TOL, rtol=0
+        )
