@@ -24,9 +24,9 @@ import grpc
 
 from voxstage.internal.v1 import stage_pb2 as S
 from voxstage.link import wire
-from voxstage.link.port import Port
-from voxstage.transport.host import Hello, local_hello, verify_peer
-from voxstage.transport.payload import hello_from_proto, hello_to_proto
+from voxstage.link.port import Port, hello_of
+from voxstage.transport.host import Hello, verify_peer
+from voxstage.transport.payload import hello_from_proto
 from voxstage.transport.shm import ShmWriter
 from voxstage.transport.shm_reader import ShmReader
 
@@ -153,13 +153,7 @@ class _Conn:
         verified = verify_peer(peer) if (client.reader is not None and peer is not None) else ""
         self.reads_shm = bool(verified)
         w = client.writer
-        self.port.hello = hello_to_proto(
-            local_hello(
-                probe_region=w.probe_region if w else "",
-                shm_threshold_bytes=w.threshold_bytes if w else 0,
-                verified_peer_probe=verified,
-            )
-        )
+        self.port.hello = hello_of(w, verified)
         self.port.schedule()
         self.tasks = [asyncio.ensure_future(self._write()), asyncio.ensure_future(self._read())]
 

@@ -16,8 +16,9 @@ from voxstage import metrics
 from voxstage.internal.v1 import stage_pb2 as S
 from voxstage.link.wire import ITEM, BatchBuilder, Schema
 from voxstage.transport.counters import PATH_INLINE, PATH_SHM
-from voxstage.transport.payload import ack_message, acked_refs, read_payload, to_payload
-from voxstage.transport.shm import ShmRef, ShmSender
+from voxstage.transport.host import local_hello
+from voxstage.transport.payload import ack_message, acked_refs, hello_to_proto, read_payload, to_payload
+from voxstage.transport.shm import ShmRef, ShmSender, ShmWriter
 from voxstage.transport.shm_reader import ShmReader
 
 
@@ -101,3 +102,14 @@ class Port:
         if self.sender is not None:
             self.sender.close()
             self.sender = None
+
+
+def hello_of(writer: ShmWriter | None, verified_peer_probe: str) -> S.TransportHello:
+    """What one end of a link says of its shared-memory path in its first batch (both ends alike)."""
+    return hello_to_proto(
+        local_hello(
+            probe_region=writer.probe_region if writer else "",
+            shm_threshold_bytes=writer.threshold_bytes if writer else 0,
+            verified_peer_probe=verified_peer_probe,
+        )
+    )

@@ -19,9 +19,9 @@ from typing import Any
 
 from voxstage.internal.v1 import stage_pb2 as S
 from voxstage.link import wire
-from voxstage.link.port import Port
-from voxstage.transport.host import local_hello, verify_peer
-from voxstage.transport.payload import hello_from_proto, hello_to_proto
+from voxstage.link.port import Port, hello_of
+from voxstage.transport.host import verify_peer
+from voxstage.transport.payload import hello_from_proto
 from voxstage.transport.shm import ShmWriter
 from voxstage.transport.shm_reader import ShmReader
 
@@ -135,13 +135,7 @@ class LinkSession:
         w = self.writer
         if w is not None:
             self.port.sender = w.sender(peer_readable=w.peer_can_read(peer.verified_peer_probe))
-        self.port.hello = hello_to_proto(
-            local_hello(
-                probe_region=w.probe_region if w else "",
-                shm_threshold_bytes=w.threshold_bytes if w else 0,
-                verified_peer_probe=verified,
-            )
-        )
+        self.port.hello = hello_of(w, verified)
         self.port.schedule()
 
     def _item(self, number: int, kind: int, msg: Any, timeout_ms: int) -> None:
