@@ -38,9 +38,12 @@ from gateway.discovery import parse_addresses as parse_addresses  # where the CL
 from gateway.errors import GatewayError
 from gateway.tasks import wait_event
 from voxstage.internal.v1 import stage_pb2, stage_pb2_grpc
+from voxstage.link.client import LinkClient
+from voxstage.link.wire import CODEC_REQUESTS, CODEC_RESPONSES
 from voxstage.resolver import is_ip_literal, split_host_port
 from voxstage.server import CHANNEL_OPTIONS
 from voxstage.stage.tls import LinkTls, aio_channel
+from voxstage.transport.shm_reader import ShmReader
 
 log = logging.getLogger(__name__)
 
@@ -78,9 +81,24 @@ class Replica:
     draining: bool = False  # gone from its name's resolution: no new work, in-flight streams finish
     _order: int = field(default=0, repr=False)
 
+    # The link every request to this codec shares (docs/protocol.md §12); made on first use.
+    link: LinkClient | None = field(default=None, repr=False)
+
     @property
     def codec_stub(self) -> stage_pb2_grpc.CodecStub:
         return stage_pb2_grpc.CodecStub(self.channel)
+
+    def codec_link(self, reader: ShmReader | None) -> LinkClient | None:
+        """The link to this codec, or None when its last Status did not offer one (an older codec, or not
+        probed yet): its requests then take a call each."""
+        if self.status is None or not self.status.link:
+            return None
+        if self.link is None:
+            stub = self.codec_stub
+            self.link = LinkClient(
+                f"codec {self.address}", stub.Link, CODEC_REQUESTS, CODEC_RESPONSES, reader=reader
+            )
+        return self.link
 
     @property
     def talker_stub(self) -> stage_pb2_grpc.TalkerStub:
@@ -176,6 +194,8 @@ class ReplicaPool:
             replica._order = i
         for replica in gone:
             log.info("%s %s drained and removed", self.stage, replica.address)
+            if replica.link is not None:
+                replica.link.close()
             task = asyncio.ensure_future(replica.channel.close())
             task.add_done_callback(lambda t: t.cancelled() or t.exception())
         self._changed()
@@ -351,6 +371,9 @@ class ReplicaPool:
             await asyncio.sleep(WATCH_POLL_S)
 
     async def close(self) -> None:
+        for r in self.replicas:
+            if r.link is not None:
+                r.link.close()
         await asyncio.gather(*(r.channel.close() for r in self.replicas))
 
 

@@ -24,6 +24,7 @@ import contextlib
 import logging
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import grpc
 
@@ -63,6 +64,9 @@ Event = Pcm | stage_pb2.SegmentDone | stage_pb2.EndOfStream
 
 
 class CodecStream:
+    # Carried on the replica's link when the codec offers one (docs/protocol.md §12), else a call of its own.
+    on_link = False
+
     def __init__(
         self,
         pool: ReplicaPool,
@@ -80,7 +84,12 @@ class CodecStream:
         self._shm = shm_reader
         self._peer_probe = ""
         timeout = None if deadline_s is None else max(deadline_s - time.monotonic(), 0.001)
-        self._call = replica.codec_stub.Stream(timeout=timeout)
+        link = replica.codec_link(shm_reader) if self.on_link else None
+        self._call: Any = (
+            replica.codec_stub.Stream(timeout=timeout)
+            if link is None
+            else link.stream(timeout, hello_from_proto(replica.status.transport) if replica.status else None)
+        )
         self._outbox: asyncio.Queue[stage_pb2.CodecStreamRequest | None] = asyncio.Queue()
         self._writer: asyncio.Task[None] | None = None
         self._inbox: asyncio.Queue[stage_pb2.CodecStreamResponse | GatewayError] = asyncio.Queue()

@@ -43,6 +43,8 @@ class AgentPcm(Pcm):
 
 
 class DuplexCodecStream(CodecStream):
+    on_link = True
+
     def __init__(
         self,
         pool: ReplicaPool,

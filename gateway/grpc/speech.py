@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, TypeAlias
 
@@ -286,33 +286,28 @@ class SpeechServicer(speech_pb2_grpc.SpeechServicer):
             language=request.language, description=request.description,
             consent_audio=request.consent_audio or None,
         )  # fmt: skip
-        try:
+
+        async def create() -> Any:
             if not request.audio:
                 raise invalid("audio", "required: the sample recording (an audio file)")
-            meta = await self.core.voices.create(up, self.core.model)
-        except Exception as exc:
-            await abort(context, as_gateway_error(exc))
-            raise AssertionError("unreachable") from None
+            return await self.core.voices.create(up, self.core.model)
+
+        meta = await _answer(context, create)
         return speech_pb2.CreateVoiceResponse(voice=uploaded_voice(meta, self.core.model))
 
     async def GetVoice(  # noqa: N802 - gRPC method name
         self, request: speech_pb2.GetVoiceRequest, context: Context
     ) -> speech_pb2.GetVoiceResponse:
-        try:
-            meta = self.core.voices.get(request.id)
-        except Exception as exc:
-            await abort(context, as_gateway_error(exc))
-            raise AssertionError("unreachable") from None
+        async def get() -> Any:
+            return self.core.voices.get(request.id)
+
+        meta = await _answer(context, get)
         return speech_pb2.GetVoiceResponse(voice=uploaded_voice(meta, self.core.model))
 
     async def DeleteVoice(  # noqa: N802 - gRPC method name
         self, request: speech_pb2.DeleteVoiceRequest, context: Context
     ) -> speech_pb2.DeleteVoiceResponse:
-        try:
-            meta = await self.core.voices.delete(request.id, self.core.model)
-        except Exception as exc:
-            await abort(context, as_gateway_error(exc))
-            raise AssertionError("unreachable") from None
+        meta = await _answer(context, lambda: self.core.voices.delete(request.id, self.core.model))
         return speech_pb2.DeleteVoiceResponse(id=meta.id, name=meta.name)
 
     async def Converse(
@@ -394,3 +389,12 @@ def _responses(
         )
         out.append(speech_pb2.StreamingSynthesizeResponse(audio=chunk))
     return [*out, speech_pb2.StreamingSynthesizeResponse(summary=_summary(event))]
+
+
+async def _answer(context: Context, call: Callable[[], Awaitable[Any]]) -> Any:
+    """A voice-resource call's result, or the call ended with the status its error maps to."""
+    try:
+        return await call()
+    except Exception as exc:
+        await abort(context, as_gateway_error(exc))
+        raise AssertionError("unreachable") from None

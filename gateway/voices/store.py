@@ -54,14 +54,20 @@ _LOADED_CACHE = 64  # parsed voices kept per gateway (keyed by file identity, so
 
 
 @dataclass(frozen=True)
-class VoiceMeta:
-    id: str
+class VoiceInfo:
+    """What an upload says of a voice, and its metadata keeps."""
+
     name: str
     model: str
     family: str
     ref_text: str
     language: str
     description: str
+
+
+@dataclass(frozen=True)
+class VoiceMeta(VoiceInfo):
+    id: str
     created_ms: int
     version: str
     sample_rate: int
@@ -91,13 +97,7 @@ def encoded_reference(voice: EncodedVoice) -> stage_pb2.VoiceReference:
 
 
 @dataclass(frozen=True)
-class NewVoice:
-    name: str
-    model: str
-    family: str
-    ref_text: str
-    language: str
-    description: str
+class NewVoice(VoiceInfo):
     audio: np.ndarray  # mono float32
     sample_rate: int
     codes: np.ndarray | None
@@ -306,7 +306,10 @@ class VoiceStore:
         (self.voices / f"{voice_id}.safetensors").unlink(missing_ok=True)
         _fsync_dir(self.names)
         if meta is None:
-            meta = VoiceMeta(voice_id, name, "", "", "", "", "", 0, "", 0, 0.0, False)
+            meta = VoiceMeta(
+                name=name, model="", family="", ref_text="", language="", description="", id=voice_id,
+                created_ms=0, version="", sample_rate=0, sample_seconds=0.0, consent=False,
+            )  # fmt: skip
         return meta
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import grpc
 import numpy as np
@@ -42,6 +42,9 @@ class TalkerRefused(Exception):
 
 
 class TalkerRelay:
+    # Carried on the talker's link when it offers one (docs/protocol.md §12), else a call of its own.
+    on_link = False
+
     def __init__(self, stream: CodecStream, pool: TalkerPool, address: str, timeout: float | None) -> None:
         self.stream = stream
         self.pool = pool
@@ -49,7 +52,7 @@ class TalkerRelay:
         self.peer = pool.peer(address)
         self.timeout = timeout
         self.queue: asyncio.Queue[S.TalkerStreamRequest | None] = asyncio.Queue()
-        self.call: grpc.aio.StreamStreamCall | None = None
+        self.call: Any = None  # a grpc.aio.StreamStreamCall, or a LinkCall
         self.tasks: list[asyncio.Task[None]] = []
         self.opened: asyncio.Future[S.StreamOpened] = asyncio.get_running_loop().create_future()
         self.outstanding = 0  # frames granted to the talker and not yet received
@@ -87,7 +90,10 @@ class TalkerRelay:
         # UNAVAILABLE (not the closed channel's usage error) lets the gateway retry on another talker.
         if self.pool.current(self.peer) is not self.peer:
             raise StageFailure("UNAVAILABLE", f"talker {self.address}: its channel broke while opening")
-        self.call = self.peer.stub.Stream(timeout=self.timeout)
+        link = self.pool.link(self.peer, writer) if self.on_link else None
+        self.call = (
+            self.peer.stub.Stream(timeout=self.timeout) if link is None else link.stream(self.timeout, hello)
+        )
         self.queue.put_nowait(S.TalkerStreamRequest(open=msg))
         self.tasks = [asyncio.ensure_future(self._write()), asyncio.ensure_future(self._read())]
         return await self.opened
@@ -257,7 +263,10 @@ class TalkerRelay:
         self._stop_timers()
         if was_done:
             return  # we cancelled it, or it already ended: nothing is owed
-        self.pool.drop(self.peer)
+        if getattr(self.call, "link_broken", True):
+            # The talker's connection failed (a call of its own, or the link every request shares): dial
+            # afresh next time. One request's call on a healthy link ending badly fails that request alone.
+            self.pool.drop(self.peer)
         if self.shm_ok or self.probe:
             await self.pool.reap(self.probe)
         self._fail(

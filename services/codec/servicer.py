@@ -18,15 +18,18 @@ from services.codec.voice_reference import encode_voice
 from services.codec.worker import CodecSnapshot, CodecWorker
 from voxstage.config import ChunkPlan, ConnectorExtra
 from voxstage.internal.v1 import stage_pb2, stage_pb2_grpc
+from voxstage.link.wire import CODEC_REQUESTS, CODEC_RESPONSES
 from voxstage.stage.errors import StageFailure
 from voxstage.stage.servicer import StageServicer
 from voxstage.transport.shm import ShmWriter
+from voxstage.transport.shm_reader import ShmReader
 
 SERVICE_NAME = "voxstage.internal.v1.Codec"
 
 
 class CodecServicer(StageServicer[CodecStream | DuplexCodecStream], stage_pb2_grpc.CodecServicer):
     worker: CodecWorker | DuplexCodecWorker
+    link_schemas = (CODEC_REQUESTS, CODEC_RESPONSES)
 
     def __init__(
         self,
@@ -49,6 +52,10 @@ class CodecServicer(StageServicer[CodecStream | DuplexCodecStream], stage_pb2_gr
         super().__init__(worker, plan=plan, shm_writer=shm_writer, identity=identity)
         self.stream_config = stream_config
         self.pool = pool
+
+    @property
+    def link_reader(self) -> ShmReader | None:
+        return self.pool.reader
 
     def _new_stream(self, context: grpc.aio.ServicerContext) -> CodecStream | DuplexCodecStream:
         # The family decides: a duplex model serves duplex sessions only, a TTS model TTS only.

@@ -18,6 +18,8 @@ import grpc
 
 from services.codec.allowlist import TalkerAllowlist
 from voxstage.internal.v1 import stage_pb2, stage_pb2_grpc
+from voxstage.link.client import LinkClient
+from voxstage.link.wire import TALKER_REQUESTS, TALKER_RESPONSES
 from voxstage.quote import quoted
 from voxstage.resolver import Resolver, SystemResolver
 from voxstage.server import CHANNEL_OPTIONS
@@ -25,7 +27,7 @@ from voxstage.stage.errors import StageFailure
 from voxstage.stage.tls import LinkTls, aio_channel
 from voxstage.transport.host import Hello
 from voxstage.transport.payload import hello_from_proto
-from voxstage.transport.shm import ShmReader
+from voxstage.transport.shm import ShmReader, ShmWriter
 from voxstage.transport.shm_layout import DEFAULT_SHM_DIR
 
 log = logging.getLogger(__name__)
@@ -48,6 +50,8 @@ class TalkerPeer:
     channel: grpc.aio.Channel
     stub: stage_pb2_grpc.TalkerStub
     hello: Hello | None = None
+    serves_link: bool = False  # its Status offers Link (docs/protocol.md §12)
+    link: LinkClient | None = None
     _lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
 
@@ -147,7 +151,23 @@ class TalkerPool:
                         "UNAVAILABLE", f"talker {peer.address} is not ready (warming up or draining)"
                     )
                 peer.hello = hello_from_proto(reply.status.transport)
+                peer.serves_link = reply.status.link
             return peer.hello
+
+    def link(self, peer: TalkerPeer, writer: ShmWriter | None) -> LinkClient | None:
+        """The link every request to this talker shares, or None when it offers none (an older talker)."""
+        if not peer.serves_link:
+            return None
+        if peer.link is None:
+            peer.link = LinkClient(
+                f"talker {peer.address}",
+                peer.stub.Link,
+                TALKER_REQUESTS,
+                TALKER_RESPONSES,
+                writer=writer,
+                reader=self.reader,
+            )
+        return peer.link
 
     def refresh(self, peer: TalkerPeer, hello: Hello) -> None:
         """The talker's opened carried a different probe (it restarted behind the same address)."""
@@ -158,6 +178,8 @@ class TalkerPool:
         """Forget a broken channel: the next request to this address dials a new one."""
         if self._peers.get(peer.address) is peer:
             del self._peers[peer.address]
+        if peer.link is not None:
+            peer.link.close()
         # Closing with no grace cancels nothing else: every stream on it has already failed.
         task = asyncio.ensure_future(peer.channel.close())
         task.add_done_callback(lambda t: t.exception())
@@ -180,4 +202,6 @@ class TalkerPool:
     async def close(self) -> None:
         peers, self._peers = list(self._peers.values()), {}
         for peer in peers:
+            if peer.link is not None:
+                peer.link.close()
             await peer.channel.close()

@@ -19,6 +19,7 @@ from services.talker.voice_cache import VoiceCache
 from services.talker.worker import RequestSnapshot, TalkerSnapshot, TalkerWorker
 from voxstage.config import ChunkPlan
 from voxstage.internal.v1 import stage_pb2, stage_pb2_grpc
+from voxstage.link.wire import TALKER_REQUESTS, TALKER_RESPONSES
 from voxstage.stage.servicer import StageServicer
 from voxstage.transport.shm import ShmWriter
 
@@ -27,6 +28,7 @@ SERVICE_NAME = "voxstage.internal.v1.Talker"
 
 class TalkerServicer(StageServicer[TalkerStream | DuplexTalkerStream], stage_pb2_grpc.TalkerServicer):
     worker: TalkerWorker | DuplexWorker
+    link_schemas = (TALKER_REQUESTS, TALKER_RESPONSES)
 
     def __init__(
         self,

@@ -94,6 +94,18 @@ TRANSPORT_BYTES = Counter(
     ["path"],
     registry=REGISTRY,
 )
+LINK_BATCHES = Counter(
+    "voxstage_link_batches",
+    "Stage-link batches sent (one per tick per direction carries every request's messages), by this end.",
+    ["end"],
+    registry=REGISTRY,
+)
+LINK_ITEMS = Counter(
+    "voxstage_link_items",
+    "Per-request messages and signals carried in stage-link batches sent, by this end.",
+    ["end"],
+    registry=REGISTRY,
+)
 SHM_FALLBACKS = Counter(
     "voxstage_shm_fallbacks",
     "Payloads that wanted shm but went inline (peer cannot see the region).",

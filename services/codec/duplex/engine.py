@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import logging
-import math
 import time
 from collections import deque
 from collections.abc import Callable
@@ -29,6 +28,7 @@ import numpy as np
 import torch
 
 from services.codec.duplex.calls import PackedCalls, move_session_state
+from services.codec.duplex.jitter import JitterRing
 from services.codec.duplex.reference import ReferenceJobs
 from services.codec.duplex.types import (
     AgentAudio,
@@ -49,24 +49,18 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class _Session:
+    """What a session keeps outside the per-slot arrays (its jitter buffer is a row of ``JitterRing``; live,
+    freed samples and underflows are arrays by slot, for the tick's array ops)."""
+
     sid: str
     slot: int
-    live: bool = False  # ticking: started, input not ended
     input_ended: bool = False
-    audio: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float32))  # the jitter buffer
-    start_sample: int = 0  # the gateway's sample index of audio[0] (always a frame boundary)
-    freed: int = 0  # samples dropped since the last output (re-granted with it)
     sent: int = 0  # user frames sent to the talker
     # (talker user frame, gateway frame or -1, tick start) of every user frame not yet answered
     records: deque[tuple[int, int, float]] = field(default_factory=deque)
     pending: deque[AgentFrame] = field(default_factory=deque)
-    underflows: int = 0
     late: int = 0
     dropped_samples: int = 0
-
-    @property
-    def end_sample(self) -> int:
-        return self.start_sample + self.audio.size
 
 
 class DuplexCodecEngine(Steppable[DuplexOutput]):
@@ -99,6 +93,11 @@ class DuplexCodecEngine(Steppable[DuplexOutput]):
         self.references = ReferenceJobs(
             codec, config.max_sessions, config.reference_chunk_frames, self.device, clock
         )
+        slots = config.max_sessions
+        self.ring = JitterRing(slots, config.jitter_samples, self.spf)
+        self._live = np.zeros(slots, bool)  # ticking: started, input not ended
+        self._freed = np.zeros(slots, np.int64)  # samples dropped since the last output (re-granted with it)
+        self._underflows = np.zeros(slots, np.int64)
         self._slots: list[_Session] = []
         self._by_id: dict[str, _Session] = {}
         self._next_tick: float | None = None
@@ -120,6 +119,9 @@ class DuplexCodecEngine(Steppable[DuplexOutput]):
             raise DuplexAdmissionError(f"all {self.cfg.max_sessions} codec session slots are held")
         session = _Session(sid, len(self._slots))
         self.codec.reset(torch.tensor([session.slot], dtype=torch.int64, device=self.device), "both")
+        self.ring.reset(session.slot)
+        self._live[session.slot] = False
+        self._freed[session.slot] = self._underflows[session.slot] = 0
         self._slots.append(session)
         self._by_id[sid] = session
         self._gauges()
@@ -130,15 +132,16 @@ class DuplexCodecEngine(Steppable[DuplexOutput]):
         s = self._get(sid)
         if s.input_ended:
             raise ValueError(f"session {sid!r} already ended its input")
-        s.live = True
+        self._live[s.slot] = True
         if self._next_tick is None:
             self._next_tick = self.clock() + self.cfg.tick_s
 
     def end_input(self, sid: str) -> None:
         """No more user frames for this session (its agent frames still decode until it leaves)."""
         s = self._get(sid)
-        s.live, s.input_ended = False, True
-        s.audio = s.audio[:0]
+        s.input_ended = True
+        self._live[s.slot] = False
+        self.ring.clear(s.slot)
         self._awaiting.discard(sid)
         self._stop_clock_if_idle()
 
@@ -151,9 +154,13 @@ class DuplexCodecEngine(Steppable[DuplexOutput]):
         if hole != last:
             mover = self._slots[last]
             move_session_state(self.codec, last, hole)
+            self.ring.move(last, hole)
+            for a in (self._live, self._freed, self._underflows):
+                a[hole] = a[last]
             mover.slot = hole
             self._slots[hole] = mover
         self._slots.pop()
+        self._live[last] = False
         self._awaiting.discard(sid)
         if not any(x.pending for x in self._slots):
             self._gather_since = None
@@ -170,23 +177,19 @@ class DuplexCodecEngine(Steppable[DuplexOutput]):
         pcm = np.asarray(pcm, dtype=np.float32)
         if pcm.ndim != 1:
             raise ValueError(f"user_audio: must be mono, got shape {pcm.shape}")
-        if first_sample != s.end_sample:
-            raise ValueError(f"user_audio.sample_offset: expected {s.end_sample}, got {first_sample}")
+        end = self.ring.end(s.slot)
+        if first_sample != end:
+            raise ValueError(f"user_audio.sample_offset: expected {end}, got {first_sample}")
         cap = self.cfg.jitter_samples
         if pcm.size > cap:
             raise ValueError(f"user_audio: {pcm.size} samples exceed the {cap}-sample jitter buffer")
         if not np.isfinite(pcm).all():
             raise ValueError("user_audio: contains NaN or infinite samples")
-        buf = np.concatenate([s.audio, pcm])
-        over = buf.size - cap
-        if over > 0:
-            drop = math.ceil(over / self.spf) * self.spf
-            buf = buf[drop:]
-            s.start_sample += drop
-            s.freed += drop
+        drop = self.ring.push(s.slot, pcm)
+        if drop:
+            self._freed[s.slot] += drop
             s.dropped_samples += drop
             metrics.DUPLEX_JITTER_DROPPED.inc(drop / self.sample_rate)
-        s.audio = buf
 
     def push_agent(self, sid: str, frame: AgentFrame) -> None:
         s = self._get(sid)
@@ -217,7 +220,9 @@ class DuplexCodecEngine(Steppable[DuplexOutput]):
 
     def info(self, sid: str) -> SessionInfo:
         s = self._get(sid)
-        return SessionInfo(s.slot, s.live, s.audio.size, s.underflows, s.late, s.dropped_samples)
+        i = s.slot
+        live, fill, under = bool(self._live[i]), int(self.ring.fill[i]), int(self._underflows[i])
+        return SessionInfo(i, live, fill, under, s.late, s.dropped_samples)
 
     def has_work(self) -> bool:
         now = self.clock()
@@ -266,26 +271,24 @@ class DuplexCodecEngine(Steppable[DuplexOutput]):
     def _tick(self) -> list[DuplexOutput]:
         assert self._next_tick is not None
         start = self._next_tick
-        b = batch_bucket(len(self._slots), self.cfg.max_sessions)
+        n = len(self._slots)
+        b = batch_bucket(n, self.cfg.max_sessions)
+        # Every live session's frame of this tick in one gather; silence where its buffer holds none.
+        live = self._live[:n]
+        has = live & (self.ring.fill[:n] >= self.spf)
+        rows = np.flatnonzero(has)
         pcm = np.zeros((b, self.spf), np.float32)
+        source = np.full(n, -1, np.int64)
+        pcm[rows], source[rows] = self.ring.take(rows)
+        freed = self._freed[:n] + has * self.spf
+        self._freed[:n][live] = 0
+        short = live & ~has
+        self._underflows[:n] += short
+        if short.any():
+            metrics.DUPLEX_INPUT_UNDERFLOW.inc(int(short.sum()))
         lengths = np.zeros(b, np.int64)
-        taken: list[tuple[_Session, int, int]] = []
-        for s in self._slots:
-            if not s.live:
-                continue
-            source, freed = -1, s.freed
-            s.freed = 0
-            if s.audio.size >= self.spf:
-                source = s.start_sample // self.spf
-                pcm[s.slot] = s.audio[: self.spf]
-                s.audio = s.audio[self.spf :]
-                s.start_sample += self.spf
-                freed += self.spf
-            else:
-                s.underflows += 1
-                metrics.DUPLEX_INPUT_UNDERFLOW.inc()
-            lengths[s.slot] = 1
-            taken.append((s, source, freed))
+        lengths[:n] = live
+        taken = [(s, int(source[s.slot]), int(freed[s.slot])) for s in self._slots if live[s.slot]]
         self._working = [s for s, _, _ in taken]
         t0 = time.perf_counter()
         codes = self.calls.encode(
@@ -378,7 +381,7 @@ class DuplexCodecEngine(Steppable[DuplexOutput]):
         self.join(sid)
         rng = np.random.default_rng(0)
         self.push_audio(sid, (0.1 * rng.standard_normal(self.spf)).astype(np.float32), 0)
-        self._by_id[sid].live = True
+        self._live[self._by_id[sid].slot] = True
         self._next_tick = self.clock()
         (user,) = [o for o in self._tick() if isinstance(o, UserCodes)]
         self.push_agent(sid, AgentFrame(0, user.codes, 0, "", 0))
@@ -394,7 +397,7 @@ class DuplexCodecEngine(Steppable[DuplexOutput]):
 
     # -- internals -------------------------------------------------------------------------------------
     def _stop_clock_if_idle(self) -> None:
-        if not any(s.live for s in self._slots):
+        if not self._live[: len(self._slots)].any():
             self._next_tick = None
 
     def _get(self, sid: str) -> _Session:

@@ -90,6 +90,7 @@ class DuplexCodecWorker(SessionWorker[DuplexOutput, DuplexListener[DuplexOutput]
         """Free the session's slot before the next tick; no further output reaches its listener."""
         self._listeners.pop(key, None)
         if self.failed is None:
+            self.flush_commands()
             self._thread.call(lambda: self.engine.leave(key))
 
     async def snapshot(self) -> DuplexCodecSnapshot:

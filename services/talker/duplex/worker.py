@@ -118,6 +118,7 @@ class DuplexWorker(SessionWorker[DuplexOutput, DuplexListener[DuplexOutput]]):
 
     def cancel(self, key: str) -> None:
         if self.failed is None:
+            self.flush_commands()
             self._thread.call(lambda: self.engine.cancel(key))
 
     def forget(self, key: str) -> None:

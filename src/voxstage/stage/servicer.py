@@ -19,10 +19,13 @@ import grpc
 
 from voxstage.config import ChunkPlan
 from voxstage.internal.v1 import stage_pb2
+from voxstage.link.server import LinkSession
+from voxstage.link.wire import Schema
 from voxstage.stage.stream import StageStream
 from voxstage.transport.host import local_hello
 from voxstage.transport.payload import hello_to_proto
 from voxstage.transport.shm import ShmWriter
+from voxstage.transport.shm_reader import ShmReader
 
 S = TypeVar("S", bound=StageStream)
 
@@ -33,6 +36,9 @@ PEER_CLOSE_GRACE_S = 1.0
 
 
 class StageServicer(Generic[S]):
+    # The per-request messages a link to this stage carries (docs/protocol.md §12): requests, responses.
+    link_schemas: tuple[Schema, Schema]
+
     def __init__(
         self, worker: Any, *, plan: ChunkPlan, shm_writer: ShmWriter | None, identity: Mapping[str, Any]
     ) -> None:
@@ -54,6 +60,11 @@ class StageServicer(Generic[S]):
     def _snapshot_fields(self, status: stage_pb2.StageStatus, snap: Any) -> Any:
         """Set the stage's own fields from the engine snapshot; return what ``stream.state`` reads."""
         raise NotImplementedError
+
+    @property
+    def link_reader(self) -> ShmReader | None:
+        """This stage's reader of its downstream's shared memory (None: it reads none)."""
+        return None
 
     # -- drain -------------------------------------------------------------------------------------------
     def active(self) -> int:
@@ -88,6 +99,22 @@ class StageServicer(Generic[S]):
             if not self.streams:
                 self._idle.set()
 
+    async def Link(  # noqa: N802 - gRPC method name
+        self, request_iterator: AsyncIterator[Any], context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[Any]:
+        """Every request of one downstream peer on one call: each is served by ``Stream`` as if it had a
+        call of its own (voxstage.link.server)."""
+        requests, responses = self.link_schemas
+        link = LinkSession(self.Stream, requests, responses, writer=self.shm_writer, reader=self.link_reader)
+        batches = link.run(request_iterator)
+        try:
+            async for batch in batches:
+                yield batch
+        except asyncio.CancelledError:
+            pass  # the peer went away: never re-raised (grpc/grpc#29248); the link's cleanup runs below
+        finally:
+            await batches.aclose()
+
     async def _status(self, include_requests: bool) -> stage_pb2.StageStatus:
         """The StageStatus of a Status call: the model's identity and, while the engine lives, its slots,
         tick and (on request) each stream's state."""
@@ -95,6 +122,7 @@ class StageServicer(Generic[S]):
             ready=self.ready and not self.draining,
             active_streams=len(self.streams),
             transport=self.hello(),
+            link=True,
             **self.identity,
         )
         if self.worker.failed is not None:

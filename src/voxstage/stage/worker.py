@@ -161,9 +161,32 @@ class SessionWorker(StageWorker[O, SL]):
         """Engine thread: take the session out of the engine after a failed command."""
         raise NotImplementedError
 
+    _pending: list[tuple[str, Callable[[], None]]] | None = None
+
     def _command(self, key: str, fn: Callable[[], None]) -> None:
-        if self.failed is None:
-            self._thread.call(lambda: self._guard(key, fn))
+        # Every session's commands of one turn of the event loop (a link batch's user audio or codes, a
+        # tick's frames) reach the engine thread as one call, in order, not one hand-off per session.
+        if self.failed is not None:
+            return
+        if self._pending is None:
+            self._pending = []
+            assert self._loop is not None
+            self._loop.call_soon(self.flush_commands)
+        self._pending.append((key, fn))
+
+    def flush_commands(self) -> None:
+        """Hand the queued commands to the engine thread now (before a direct call that must follow them)."""
+        batch, self._pending = self._pending, None
+        if batch and self.failed is None:
+            self._thread.call(lambda: self._run_commands(batch))
+
+    def _run_commands(self, batch: list[tuple[str, Callable[[], None]]]) -> None:
+        for key, fn in batch:
+            self._guard(key, fn)
+
+    async def _call(self, fn: Callable[[], T]) -> T:
+        self.flush_commands()
+        return await super()._call(fn)
 
     def _guard(self, key: str, fn: Callable[[], None]) -> None:
         try:

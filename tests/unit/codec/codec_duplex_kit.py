@@ -9,6 +9,7 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from typing import Any
 
 import grpc
 import numpy as np
@@ -27,6 +28,8 @@ from services.codec.upstream import TalkerPool
 from voxstage.config import ChunkPlan, ConnectorExtra
 from voxstage.internal.v1 import stage_pb2 as S
 from voxstage.internal.v1 import stage_pb2_grpc
+from voxstage.link.server import LinkSession
+from voxstage.link.wire import TALKER_REQUESTS, TALKER_RESPONSES
 
 SPF = 1920
 K = 8
@@ -132,9 +135,11 @@ def answer(rig: EngineRig, sid: str, codes: np.ndarray, n: int) -> None:
 class FakeTalker(stage_pb2_grpc.TalkerServicer):
     """A duplex talker by the book, minus the model: agent frame n answers user frame n - 1."""
 
-    def __init__(self, mode: str = "ok", user_credit: int = 4) -> None:
+    def __init__(self, mode: str = "ok", user_credit: int = 4, *, link: bool = False) -> None:
         self.mode = mode  # ok | refuse | die
         self.user_credit = user_credit
+        self.link = link  # offers Talker.Link (served by the stages' own link code, voxstage.link.server)
+        self.links = 0  # Link calls served
         self.opens: list[S.StreamOpen] = []
         self.user_codes: list[S.CodecFrames] = []
         self.got: list[str] = []  # message kinds after open
@@ -142,7 +147,22 @@ class FakeTalker(stage_pb2_grpc.TalkerServicer):
     async def Status(  # noqa: N802 - gRPC method name
         self, request: S.TalkerStatusRequest, context: grpc.aio.ServicerContext
     ) -> S.TalkerStatusResponse:
-        return S.TalkerStatusResponse(status=S.StageStatus(ready=True, model=MODEL, family="personaplex"))
+        status = S.StageStatus(ready=True, model=MODEL, family="personaplex", link=self.link)
+        return S.TalkerStatusResponse(status=status)
+
+    async def Link(  # noqa: N802 - gRPC method name
+        self, batches: AsyncIterator[Any], context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[Any]:
+        self.links += 1
+        session = LinkSession(self.Stream, TALKER_REQUESTS, TALKER_RESPONSES, writer=None, reader=None)
+        out = session.run(batches)
+        try:
+            async for batch in out:
+                yield batch
+        except asyncio.CancelledError:
+            pass
+        finally:
+            await out.aclose()
 
     async def Stream(  # noqa: N802 - gRPC method name
         self, requests: AsyncIterator[S.TalkerStreamRequest], context: grpc.aio.ServicerContext
@@ -197,6 +217,8 @@ class Rig:
     talker_address: str
     channel: grpc.aio.Channel
     model: MimiModel
+    server: grpc.aio.Server | None = None  # the codec's
+    address: str = ""  # the codec's
 
     def open_msg(self, **fields: object) -> S.StreamOpen:
         base: dict[str, object] = {
@@ -217,12 +239,13 @@ class Rig:
 
 
 @contextlib.asynccontextmanager
-async def stage(model: MimiModel, talker: FakeTalker, *, jitter: int = 24000) -> AsyncIterator[Rig]:
+async def stage(
+    model: MimiModel, talker: FakeTalker, *, jitter: int = 24000, sessions: int = 2
+) -> AsyncIterator[Rig]:
     tserver = grpc.aio.server()
     stage_pb2_grpc.add_TalkerServicer_to_server(talker, tserver)
     tport = tserver.add_insecure_port("127.0.0.1:0")
     await tserver.start()
-    sessions = 2
     codec = MimiStreamingCodec(model, sessions + 1)
     runtime = DuplexCodecRuntime(
         "personaplex", MODEL, codec, 8, 2048, 24000, SPF, codec.state_bytes_per_stream(), prepare_reference
@@ -249,7 +272,7 @@ async def stage(model: MimiModel, talker: FakeTalker, *, jitter: int = 24000) ->
     await cserver.start()
     channel = grpc.aio.insecure_channel(f"127.0.0.1:{cport}")
     try:
-        yield Rig(talker, f"127.0.0.1:{tport}", channel, model)
+        yield Rig(talker, f"127.0.0.1:{tport}", channel, model, cserver, f"127.0.0.1:{cport}")
     finally:
         await channel.close()
         await cserver.stop(0)

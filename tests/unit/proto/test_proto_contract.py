@@ -35,9 +35,9 @@ def test_rpc_cardinalities_are_the_published_ones() -> None:
         "GetVoice": (False, False),
         "DeleteVoice": (False, False),
     }
-    stream_status = {"Stream": (True, True), "Status": (False, False)}
-    assert _methods(stage_pb2.DESCRIPTOR, "Codec") == {**stream_status, "EncodeVoice": (False, False)}
-    assert _methods(stage_pb2.DESCRIPTOR, "Talker") == stream_status
+    link = {"Stream": (True, True), "Status": (False, False), "Link": (True, True)}
+    assert _methods(stage_pb2.DESCRIPTOR, "Codec") == {**link, "EncodeVoice": (False, False)}
+    assert _methods(stage_pb2.DESCRIPTOR, "Talker") == link
 
 
 def _all_enums(file: FileDescriptor) -> list[EnumDescriptor]:
@@ -157,4 +157,18 @@ def test_buf_lint_passes() -> None:
     buf = _buf()
     assert buf is not None
     run = subprocess.run([buf, "lint"], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stdout + run.stderr
+
+
+@pytest.mark.skipif(_buf() is None, reason="buf CLI not found (npm i @bufbuild/buf, or set VOXSTAGE_BUF)")
+def test_buf_breaking_against_the_baseline() -> None:
+    # Stages roll out one deployment at a time, so protos/ may change only additively (buf.yaml: FILE rules)
+    # against the image of the last landed change. After an additive change, rebuild the baseline:
+    #   buf build -o tests/fixtures/proto/baseline.binpb
+    buf = _buf()
+    assert buf is not None
+    baseline = "tests/fixtures/proto/baseline.binpb"
+    run = subprocess.run(
+        [buf, "breaking", "--against", baseline], cwd=REPO, capture_output=True, text=True, timeout=120
+    )
     assert run.returncode == 0, run.stdout + run.stderr

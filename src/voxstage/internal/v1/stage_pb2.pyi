@@ -396,6 +396,42 @@ class TalkerStreamResponse(_message.Message):
     shm_ack: ShmAck
     def __init__(self, opened: _Optional[_Union[StreamOpened, _Mapping]] = ..., frames: _Optional[_Union[CodecFrames, _Mapping]] = ..., segment_done: _Optional[_Union[SegmentDone, _Mapping]] = ..., credit: _Optional[_Union[Credit, _Mapping]] = ..., end_of_stream: _Optional[_Union[EndOfStream, _Mapping]] = ..., shm_ack: _Optional[_Union[ShmAck, _Mapping]] = ...) -> None: ...
 
+class LinkBatch(_message.Message):
+    __slots__ = ("items", "body", "shm_ack", "hello")
+    ITEMS_FIELD_NUMBER: _ClassVar[int]
+    BODY_FIELD_NUMBER: _ClassVar[int]
+    SHM_ACK_FIELD_NUMBER: _ClassVar[int]
+    HELLO_FIELD_NUMBER: _ClassVar[int]
+    items: bytes
+    body: Payload
+    shm_ack: ShmAck
+    hello: TransportHello
+    def __init__(self, items: _Optional[bytes] = ..., body: _Optional[_Union[Payload, _Mapping]] = ..., shm_ack: _Optional[_Union[ShmAck, _Mapping]] = ..., hello: _Optional[_Union[TransportHello, _Mapping]] = ...) -> None: ...
+
+class CodecLinkRequest(_message.Message):
+    __slots__ = ("batch",)
+    BATCH_FIELD_NUMBER: _ClassVar[int]
+    batch: LinkBatch
+    def __init__(self, batch: _Optional[_Union[LinkBatch, _Mapping]] = ...) -> None: ...
+
+class CodecLinkResponse(_message.Message):
+    __slots__ = ("batch",)
+    BATCH_FIELD_NUMBER: _ClassVar[int]
+    batch: LinkBatch
+    def __init__(self, batch: _Optional[_Union[LinkBatch, _Mapping]] = ...) -> None: ...
+
+class TalkerLinkRequest(_message.Message):
+    __slots__ = ("batch",)
+    BATCH_FIELD_NUMBER: _ClassVar[int]
+    batch: LinkBatch
+    def __init__(self, batch: _Optional[_Union[LinkBatch, _Mapping]] = ...) -> None: ...
+
+class TalkerLinkResponse(_message.Message):
+    __slots__ = ("batch",)
+    BATCH_FIELD_NUMBER: _ClassVar[int]
+    batch: LinkBatch
+    def __init__(self, batch: _Optional[_Union[LinkBatch, _Mapping]] = ...) -> None: ...
+
 class RequestState(_message.Message):
     __slots__ = ("request_id", "phase", "slot", "frame_count", "credit", "shm_slots_lent", "last_tick")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
@@ -415,7 +451,7 @@ class RequestState(_message.Message):
     def __init__(self, request_id: _Optional[str] = ..., phase: _Optional[_Union[RequestPhase, str]] = ..., slot: _Optional[int] = ..., frame_count: _Optional[int] = ..., credit: _Optional[int] = ..., shm_slots_lent: _Optional[int] = ..., last_tick: _Optional[int] = ...) -> None: ...
 
 class StageStatus(_message.Message):
-    __slots__ = ("ready", "model", "family", "slots_total", "slots_in_use", "active_streams", "queue_depth", "tick", "requests", "transport", "num_code_groups", "frame_rate_hz", "sample_rate_hz", "max_model_len", "text_token_limit", "text_tokens_per_byte", "reference_positions_per_second", "duplex", "catalog")
+    __slots__ = ("ready", "model", "family", "slots_total", "slots_in_use", "active_streams", "queue_depth", "tick", "requests", "transport", "num_code_groups", "frame_rate_hz", "sample_rate_hz", "max_model_len", "text_token_limit", "text_tokens_per_byte", "reference_positions_per_second", "duplex", "catalog", "link")
     READY_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     FAMILY_FIELD_NUMBER: _ClassVar[int]
@@ -435,6 +471,7 @@ class StageStatus(_message.Message):
     REFERENCE_POSITIONS_PER_SECOND_FIELD_NUMBER: _ClassVar[int]
     DUPLEX_FIELD_NUMBER: _ClassVar[int]
     CATALOG_FIELD_NUMBER: _ClassVar[int]
+    LINK_FIELD_NUMBER: _ClassVar[int]
     ready: bool
     model: str
     family: str
@@ -454,7 +491,8 @@ class StageStatus(_message.Message):
     reference_positions_per_second: float
     duplex: bool
     catalog: ModelCatalog
-    def __init__(self, ready: _Optional[bool] = ..., model: _Optional[str] = ..., family: _Optional[str] = ..., slots_total: _Optional[int] = ..., slots_in_use: _Optional[int] = ..., active_streams: _Optional[int] = ..., queue_depth: _Optional[int] = ..., tick: _Optional[int] = ..., requests: _Optional[_Iterable[_Union[RequestState, _Mapping]]] = ..., transport: _Optional[_Union[TransportHello, _Mapping]] = ..., num_code_groups: _Optional[int] = ..., frame_rate_hz: _Optional[float] = ..., sample_rate_hz: _Optional[int] = ..., max_model_len: _Optional[int] = ..., text_token_limit: _Optional[int] = ..., text_tokens_per_byte: _Optional[float] = ..., reference_positions_per_second: _Optional[float] = ..., duplex: _Optional[bool] = ..., catalog: _Optional[_Union[ModelCatalog, _Mapping]] = ...) -> None: ...
+    link: bool
+    def __init__(self, ready: _Optional[bool] = ..., model: _Optional[str] = ..., family: _Optional[str] = ..., slots_total: _Optional[int] = ..., slots_in_use: _Optional[int] = ..., active_streams: _Optional[int] = ..., queue_depth: _Optional[int] = ..., tick: _Optional[int] = ..., requests: _Optional[_Iterable[_Union[RequestState, _Mapping]]] = ..., transport: _Optional[_Union[TransportHello, _Mapping]] = ..., num_code_groups: _Optional[int] = ..., frame_rate_hz: _Optional[float] = ..., sample_rate_hz: _Optional[int] = ..., max_model_len: _Optional[int] = ..., text_token_limit: _Optional[int] = ..., text_tokens_per_byte: _Optional[float] = ..., reference_positions_per_second: _Optional[float] = ..., duplex: _Optional[bool] = ..., catalog: _Optional[_Union[ModelCatalog, _Mapping]] = ..., link: _Optional[bool] = ...) -> None: ...
 
 class ModelCatalog(_message.Message):
     __slots__ = ("voices", "languages", "variant", "voice_clone", "reference_required", "reference_text_required", "instructions", "voice_required")

@@ -50,6 +50,11 @@ class CodecStub:
                 request_serializer=voxstage_dot_internal_dot_v1_dot_stage__pb2.EncodeVoiceRequest.SerializeToString,
                 response_deserializer=voxstage_dot_internal_dot_v1_dot_stage__pb2.EncodeVoiceResponse.FromString,
                 _registered_method=True)
+        self.Link = channel.stream_stream(
+                '/voxstage.internal.v1.Codec/Link',
+                request_serializer=voxstage_dot_internal_dot_v1_dot_stage__pb2.CodecLinkRequest.SerializeToString,
+                response_deserializer=voxstage_dot_internal_dot_v1_dot_stage__pb2.CodecLinkResponse.FromString,
+                _registered_method=True)
 
 
 class CodecServicer:
@@ -76,6 +81,14 @@ class CodecServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Link(self, request_iterator, context):
+        """Every request between one gateway and this codec on one call (docs/protocol.md §12): the same
+        per-request messages as Stream, packed per tick.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_CodecServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -93,6 +106,11 @@ def add_CodecServicer_to_server(servicer, server):
                     servicer.EncodeVoice,
                     request_deserializer=voxstage_dot_internal_dot_v1_dot_stage__pb2.EncodeVoiceRequest.FromString,
                     response_serializer=voxstage_dot_internal_dot_v1_dot_stage__pb2.EncodeVoiceResponse.SerializeToString,
+            ),
+            'Link': grpc.stream_stream_rpc_method_handler(
+                    servicer.Link,
+                    request_deserializer=voxstage_dot_internal_dot_v1_dot_stage__pb2.CodecLinkRequest.FromString,
+                    response_serializer=voxstage_dot_internal_dot_v1_dot_stage__pb2.CodecLinkResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -187,6 +205,33 @@ class Codec:
             metadata,
             _registered_method=True)
 
+    @staticmethod
+    def Link(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/voxstage.internal.v1.Codec/Link',
+            voxstage_dot_internal_dot_v1_dot_stage__pb2.CodecLinkRequest.SerializeToString,
+            voxstage_dot_internal_dot_v1_dot_stage__pb2.CodecLinkResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
 
 class TalkerStub:
     """The token core: the codec streams text (or user codes) in and receives codec frames.
@@ -208,6 +253,11 @@ class TalkerStub:
                 request_serializer=voxstage_dot_internal_dot_v1_dot_stage__pb2.TalkerStatusRequest.SerializeToString,
                 response_deserializer=voxstage_dot_internal_dot_v1_dot_stage__pb2.TalkerStatusResponse.FromString,
                 _registered_method=True)
+        self.Link = channel.stream_stream(
+                '/voxstage.internal.v1.Talker/Link',
+                request_serializer=voxstage_dot_internal_dot_v1_dot_stage__pb2.TalkerLinkRequest.SerializeToString,
+                response_deserializer=voxstage_dot_internal_dot_v1_dot_stage__pb2.TalkerLinkResponse.FromString,
+                _registered_method=True)
 
 
 class TalkerServicer:
@@ -226,6 +276,13 @@ class TalkerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Link(self, request_iterator, context):
+        """Every request between one codec and this talker on one call (docs/protocol.md §12).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_TalkerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -238,6 +295,11 @@ def add_TalkerServicer_to_server(servicer, server):
                     servicer.Status,
                     request_deserializer=voxstage_dot_internal_dot_v1_dot_stage__pb2.TalkerStatusRequest.FromString,
                     response_serializer=voxstage_dot_internal_dot_v1_dot_stage__pb2.TalkerStatusResponse.SerializeToString,
+            ),
+            'Link': grpc.stream_stream_rpc_method_handler(
+                    servicer.Link,
+                    request_deserializer=voxstage_dot_internal_dot_v1_dot_stage__pb2.TalkerLinkRequest.FromString,
+                    response_serializer=voxstage_dot_internal_dot_v1_dot_stage__pb2.TalkerLinkResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -295,6 +357,33 @@ class Talker:
             '/voxstage.internal.v1.Talker/Status',
             voxstage_dot_internal_dot_v1_dot_stage__pb2.TalkerStatusRequest.SerializeToString,
             voxstage_dot_internal_dot_v1_dot_stage__pb2.TalkerStatusResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Link(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/voxstage.internal.v1.Talker/Link',
+            voxstage_dot_internal_dot_v1_dot_stage__pb2.TalkerLinkRequest.SerializeToString,
+            voxstage_dot_internal_dot_v1_dot_stage__pb2.TalkerLinkResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,0 +1,115 @@
+"""What both ends of a stage link share: the outgoing batch of this moment and the incoming slab.
+
+Items are collected as the requests' handlers queue them, and one batch is cut per turn of the event loop
+after the first item (two ``call_soon`` hops, so every request woken by one engine output has queued its
+messages): the engine hands a tick's outputs to the loop in one callback, so one tick makes one batch. The
+body goes as one shared-memory slot when the peer proved it can read our regions and it is larger than the
+threshold, else inline; the reader acks a slot in its next batch. Imports no grpc.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from voxstage import metrics
+from voxstage.internal.v1 import stage_pb2 as S
+from voxstage.link.wire import ITEM, BatchBuilder, Schema
+from voxstage.transport.counters import PATH_INLINE, PATH_SHM
+from voxstage.transport.host import local_hello
+from voxstage.transport.payload import ack_message, acked_refs, hello_to_proto, read_payload, to_payload
+from voxstage.transport.shm import ShmRef, ShmSender, ShmWriter
+from voxstage.transport.shm_reader import ShmReader
+
+
+class Port:
+    def __init__(self, schema: Schema, end: str) -> None:
+        self.end = end  # "downstream" / "upstream": this end of the link, in the metrics
+        self.builder = BatchBuilder(schema)
+        self.sender: ShmSender | None = None  # set once the peer proved it reads our regions
+        self.hello: S.TransportHello | None = None  # goes out with the next batch
+        self.acks: list[ShmRef] = []
+        self.wake = asyncio.Event()
+        self._hops = 0  # call_soon hops left before the batch is cut (0: none scheduled)
+        self.batches = 0
+
+    # -- out ---------------------------------------------------------------------------------------------
+    def add(self, request: int, msg: Any, *, timeout_ms: int = 0) -> None:
+        self.builder.add(request, msg, timeout_ms=timeout_ms)
+        self.schedule()
+
+    def signal(self, request: int, kind: int, *, code: int = 0, details: str = "") -> None:
+        self.builder.signal(request, kind, code=code, details=details)
+        self.schedule()
+
+    def schedule(self) -> None:
+        if not self._hops:
+            self._hops = 2
+            asyncio.get_running_loop().call_soon(self._hop)
+
+    def _hop(self) -> None:
+        self._hops -= 1
+        if self._hops:
+            asyncio.get_running_loop().call_soon(self._hop)
+        else:
+            self.wake.set()
+
+    def cut(self) -> Any:
+        """This direction's Link message (``Schema.envelope``) with the batch of everything queued since the
+        last one; None when there is nothing to send."""
+        if not len(self.builder) and not self.acks and self.hello is None:
+            return None
+        items, body = self.builder.take()
+        count = len(items) // ITEM.itemsize
+        envelope = self.builder.schema.envelope()
+        batch = envelope.batch
+        batch.items = items
+        if body:
+            placed: bytes | ShmRef = self.sender.place(body) if self.sender is not None else body
+            shm = isinstance(placed, ShmRef)
+            metrics.TRANSPORT_BYTES.labels(path=PATH_SHM if shm else PATH_INLINE).inc(len(body))
+            batch.body.CopyFrom(to_payload(placed))
+        if self.acks:
+            batch.shm_ack.CopyFrom(ack_message(self.acks))
+            self.acks = []
+        if self.hello is not None:
+            batch.hello.CopyFrom(self.hello)
+            self.hello = None
+        if len(self.builder):
+            self.wake.set()  # more than one batch's worth was queued: the rest goes right after
+        self.batches += 1
+        metrics.LINK_BATCHES.labels(end=self.end).inc()
+        metrics.LINK_ITEMS.labels(end=self.end).inc(count)
+        return envelope
+
+    # -- in ----------------------------------------------------------------------------------------------
+    def receive(self, batch: S.LinkBatch, reader: ShmReader | None) -> bytes:
+        """The batch's body (copied out of shared memory, the slot acked with our next batch); frees our own
+        slots the peer acked. Raises on a bad reference: the link is then broken."""
+        if batch.HasField("shm_ack"):
+            if self.sender is None:
+                raise ValueError("shm_ack on a link that lent no shared memory")
+            self.sender.ack(acked_refs(batch.shm_ack))
+        if not batch.HasField("body"):
+            return b""
+        data, ref = read_payload(batch.body, reader)
+        if ref is not None:
+            self.acks.append(ref)
+            self.schedule()
+        return data
+
+    def close(self) -> None:
+        if self.sender is not None:
+            self.sender.close()
+            self.sender = None
+
+
+def hello_of(writer: ShmWriter | None, verified_peer_probe: str) -> S.TransportHello:
+    """What one end of a link says of its shared-memory path in its first batch (both ends alike)."""
+    return hello_to_proto(
+        local_hello(
+            probe_region=writer.probe_region if writer else "",
+            shm_threshold_bytes=writer.threshold_bytes if writer else 0,
+            verified_peer_probe=verified_peer_probe,
+        )
+    )
