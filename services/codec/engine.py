@@ -38,6 +38,11 @@ while the tick's estimated device time (``calibrate``: measured at the warm-up) 
 async scheduling it launches a tick before it collects the previous one (the device goes straight from one
 to the next) and hands each tick out in launch order (``early_handout`` is a fifo switch).
 
+Voice-clone prefix: a stream may open with reference codes, decoded on their own (never with the talker's
+frames) before anything else, their audio dropped. With ``voice_states`` (services/codec/voice_states.py) a
+voice-library voice's stream opens from the slot state its first stream reached after the same prefix,
+instead of decoding it again: the same state, so the same PCM.
+
 Overlap+crop (``left_context > 0``, the deploy file's ``codec_decode: overlap_crop``): instead of carrying
 state, each chunk is decoded from a reset slot behind up to ``left_context`` of the stream's earlier frames,
 whose audio is cropped. It is what vllm-omni does, only approximate unless the context covers the decoder's
