@@ -68,6 +68,32 @@ def _warning(loc: tuple[str | int, ...], message: str) -> Issue:
     return Issue(loc=loc, message=message, severity="warning")
 
 
+# Keys one stage reads, and why: set on the other stage they are errors naming the owner.
+CODEC_ONLY_KEYS: Mapping[str, str] = {
+    "codec_tick_policy": "it schedules the codec's decodes",
+    "codec_tick_budget_ms": "it schedules the codec's decodes",
+    "codec_voice_state_bytes": "it bounds the codec's decoder states of voice-library voices; the talker's "
+    "prompt cache is voice_cache_*",
+    "codec_voice_state_entries": "it bounds the codec's decoder states of voice-library voices; the talker's "
+    "prompt cache is voice_cache_*",
+}
+TALKER_ONLY_KEYS: Mapping[str, str] = {
+    "voice_cache_bytes": "it bounds the talker's cache of voice prompts; the codec's decoder states are "
+    "codec_voice_state_*",
+    "voice_cache_entries": "it bounds the talker's cache of voice prompts; the codec's decoder states are "
+    "codec_voice_state_*",
+}
+
+
+def _owned_elsewhere(stage: StageConfig, i: int, keys: Mapping[str, str], owner: str) -> list[Issue]:
+    """An error per key of ``keys`` that this stage sets though ``owner`` reads it."""
+    return [
+        _error(("stages", i, key), f"belongs to {owner}: {why}")
+        for key, why in keys.items()
+        if key in stage.model_fields_set
+    ]
+
+
 def _index_of(cfg: DeployView, stage_id: int) -> int | None:
     for i, stage in enumerate(cfg.stages):
         if stage.stage_id == stage_id:
@@ -219,24 +245,7 @@ def check_stage_settings(cfg: DeployView) -> list[Issue]:
     out: list[Issue] = []
     for i, stage in enumerate(cfg.stages):
         if stage.stage_id == TALKER_STAGE_ID:
-            for key in ("codec_tick_policy", "codec_tick_budget_ms"):
-                if key in stage.model_fields_set:
-                    out.append(
-                        _error(
-                            ("stages", i, key),
-                            f"belongs to the codec stage (stage_id {CODEC_STAGE_ID}): it schedules the "
-                            "codec's decodes",
-                        )
-                    )
-            for key in ("codec_voice_state_bytes", "codec_voice_state_entries"):
-                if key in stage.model_fields_set:
-                    out.append(
-                        _error(
-                            ("stages", i, key),
-                            f"belongs to the codec stage (stage_id {CODEC_STAGE_ID}): it keeps the decoder "
-                            "states of voice-library voices; the talker's are voice_cache_*",
-                        )
-                    )
+            out += _owned_elsewhere(stage, i, CODEC_ONLY_KEYS, f"the codec stage (stage_id {CODEC_STAGE_ID})")
             if not cfg.enable_chunked_prefill:
                 if stage.max_model_len is None:
                     out.append(
@@ -315,15 +324,9 @@ def check_stage_settings(cfg: DeployView) -> list[Issue]:
                         "are small, per-session state kept in the model dtype",
                     )
                 )
-            for key in ("voice_cache_bytes", "voice_cache_entries"):
-                if key in stage.model_fields_set:
-                    out.append(
-                        _error(
-                            ("stages", i, key),
-                            f"belongs to the talker stage (stage_id {TALKER_STAGE_ID}): the talker caches "
-                            "voice prompts; the codec keeps nothing of a voice between requests",
-                        )
-                    )
+            out += _owned_elsewhere(
+                stage, i, TALKER_ONLY_KEYS, f"the talker stage (stage_id {TALKER_STAGE_ID})"
+            )
     return out
 
 
