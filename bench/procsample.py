@@ -141,6 +141,7 @@ class Sampler:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="procsample", daemon=True)
         self._last: dict[str, tuple[float, float]] = {}
+        self._before_last: dict[str, tuple[float, float]] = {}
         self.wall_s = 0.0
         self._t0 = 0.0
 
@@ -149,7 +150,7 @@ class Sampler:
         present = [v for v in values if v is not None]
         return sum(present) if present else None
 
-    def _sample(self) -> None:
+    def _sample(self, tail: bool = False) -> None:
         now = time.monotonic()
         for name, pids in self.groups.items():
             total = self._cpu_total(pids)
@@ -157,8 +158,14 @@ class Sampler:
                 continue
             if name in self._last:
                 t, c = self._last[name]
+                # /proc counts CPU in 10 ms ticks: a tail shorter than an interval would be mostly
+                # rounding (one tick in 50 ms reads 20 %), so it is folded into the interval before it.
+                if tail and now - t < self.interval_s and name in self._before_last and self.cpu[name]:
+                    t, c = self._before_last[name]
+                    self.cpu[name].pop()
                 if now > t:
                     self.cpu[name].append(100.0 * (total - c) / (now - t))
+                self._before_last[name] = (t, c)
             self._last[name] = (now, total)
         if self._nvml is not None:
             try:
@@ -190,7 +197,7 @@ class Sampler:
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
         self._thread.join()
-        self._sample()  # the tail since the last tick
+        self._sample(tail=True)  # the tail since the last tick
         self.wall_s = time.monotonic() - self._t0
         if self._nvml is not None:
             self._nvml.close()

@@ -27,10 +27,11 @@ def test_busy_and_idle_processes_are_told_apart() -> None:
             p.wait()
     procs = summary["processes"]
     assert summary["samples"] >= 4
-    # One spinning thread is at most one core (100 %, plus a tick of rounding per interval); a shared CI
+    # One spinning thread is at most one core: 100 %, plus /proc's 10 ms tick at each end of a 0.25 s
+    # interval (8 %) and the sampler thread's own scheduling delay on a loaded machine; a shared CI
     # machine may give it much less, but never as little as a sleeping process gets.
     busy_pct, idle_pct = procs["busy"]["cpu_pct"], procs["idle"]["cpu_pct"]
-    assert busy_pct["max"] <= 110 and idle_pct["max"] < 10
+    assert busy_pct["max"] <= 115 and idle_pct["max"] < 10
     assert busy_pct["mean"] > 15 and busy_pct["mean"] > 5 * (idle_pct["mean"] + 1)
     assert procs["gone"]["cpu_pct"]["mean"] is None  # a pid that never existed: no samples, no crash
     if summary["gpu"] is None:
@@ -67,3 +68,15 @@ def test_groups_round_trip() -> None:
     assert parse_groups(format_groups(groups)) == groups
     with pytest.raises(ValueError, match="NAME=PID"):
         parse_groups("talker")
+
+
+def test_a_short_tail_is_folded_into_the_interval_before_it() -> None:
+    busy = subprocess.Popen([sys.executable, "-c", BUSY])
+    try:
+        with Sampler({"busy": [busy.pid]}, interval_s=0.4, gpu=False) as s:
+            time.sleep(0.5)  # one full interval, then a 0.1 s tail: 10 ms ticks would make that tail +-10 %
+        values = s.cpu["busy"]
+    finally:
+        busy.kill()
+        busy.wait()
+    assert len(values) == 1 and 0 <= values[0] <= 100 + 100 * 0.02 / 0.5 + 5
