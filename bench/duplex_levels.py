@@ -70,6 +70,7 @@ class SessionRecord:
     errors: list[tuple[str, str]] = field(default_factory=list)  # (code, message)
     frames_sent: int = 0
     send_lag: list[float] = field(default_factory=list)  # per frame: actual send - scheduled (s)
+    sent_at: list[float] = field(default_factory=list)  # per frame: when its send returned (monotonic)
 
     def error(self, code: str, message: str) -> None:
         self.errors.append((code, message))
@@ -122,6 +123,7 @@ async def paced(frames: Sequence[T], rec: SessionRecord, send: Callable[[T], Awa
             await asyncio.sleep(delay)
         rec.send_lag.append(time.monotonic() - due)
         await send(chunk)
+        rec.sent_at.append(time.monotonic())
         rec.frames_sent += 1
 
 
