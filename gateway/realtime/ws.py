@@ -36,10 +36,9 @@ from gateway.duplex.settings import UNSUPPORTED, WS_FIELDS
 from gateway.errors import GatewayError, invalid
 from gateway.quotas import SESSION, http_client_of
 from gateway.realtime.events import (
+    DeltaText,
     InputAudioBufferAppendEvent,
     SessionUpdateEvent,
-    audio_delta,
-    b64,
     error_json,
     response_json,
     session_json,
@@ -53,6 +52,11 @@ log = logging.getLogger(__name__)
 CLOSE_NORMAL, CLOSE_POLICY, CLOSE_ERROR, CLOSE_TRY_LATER = 1000, 1008, 1011, 1013
 # After a stalled send, how long the client gets to take the error event and the close frame.
 NOTIFY_GRACE_S = 1.0
+# What one read of a client's connection takes at most. asyncio reads 256 KiB at a time by default into a new
+# buffer, shrunk to what came: glibc serves that size with mmap, mremap and munmap, which cost more CPU than
+# the rest of parsing a 5 KB audio event (docs/benchmarks.md, "The gateway's WebSocket face per session").
+# 64 KiB stays in the heap; the largest event (MAX_EVENT_BYTES) is read in 16 parts.
+READ_CHUNK_BYTES = 64 * 1024
 # How a cancelled reader or writer may end; a stall is handled from ``stalled_in`` before they are awaited.
 _TASK_ENDINGS = (asyncio.CancelledError, WebSocketDisconnect, RuntimeError, SendStalled)
 _NULL_ONLY = {
@@ -100,16 +104,26 @@ class RealtimeConnection:
         self._ids = itertools.count(1)
         self._tag = uuid.uuid4().hex[:12]
         self._response: tuple[str, str] | None = None  # (response_id, item_id) once the agent speaks
+        self._deltas: tuple[DeltaText, DeltaText] | None = None  # audio, transcript: the response's deltas
         self.send_timeout_s = core.config.gateway.duplex_send_timeout_s
 
-    async def send(self, event: dict[str, Any]) -> None:
-        event["event_id"] = f"event_{self._tag}_{next(self._ids)}"
-        await bounded_send(self._send(json.dumps(event)), self.send_timeout_s)
+    def _event_id(self) -> str:
+        return f"event_{self._tag}_{next(self._ids)}"
 
-    async def _send(self, text: str) -> None:
+    async def send(self, event: dict[str, Any]) -> None:
+        event["event_id"] = self._event_id()
+        await self._send_texts(json.dumps(event))
+
+    async def _send_texts(self, *texts: str) -> None:
+        """Every text in order, within one ``duplex_send_timeout_s``: a frame's audio and transcript deltas
+        go out together."""
+        await bounded_send(self._send(texts), self.send_timeout_s)
+
+    async def _send(self, texts: tuple[str, ...]) -> None:
         # The lock wait counts against the limit too: behind a stalled send, this one is as stuck.
         async with self._send_lock:
-            await self.ws.send_text(text)
+            for text in texts:
+                await self.ws.send_text(text)
 
     async def refuse(self, err: GatewayError, client_event_id: str | None = None) -> None:
         with contextlib.suppress(WebSocketDisconnect, RuntimeError):
@@ -164,7 +178,7 @@ class RealtimeConnection:
         await session.close()
         count_stalled(session.id, "/v1/realtime", self.send_timeout_s)
         event = error_json(stalled.error, None)
-        event["event_id"] = f"event_{self._tag}_{next(self._ids)}"
+        event["event_id"] = self._event_id()
         try:
             async with asyncio.timeout(NOTIFY_GRACE_S):
                 await self.ws.send_text(json.dumps(event))
@@ -241,17 +255,20 @@ class RealtimeConnection:
     async def _write(self, session: DuplexSession) -> None:
         async for event in session.events():
             if isinstance(event, AgentAudio):
-                if self._response is None:
-                    self._response = (f"resp_{uuid.uuid4().hex[:20]}", f"item_{uuid.uuid4().hex[:20]}")
-                    response = response_json(self._response[0], session.settings, "in_progress")
-                    await self.send({"type": "response.created", "response": response})
-                await self.send(audio_delta("response.output_audio.delta", self._response, b64(event.data)))
-                if event.transcript:
-                    await self.send(
-                        audio_delta(
-                            "response.output_audio_transcript.delta", self._response, event.transcript
-                        )
+                if self._deltas is None:
+                    ids = (f"resp_{uuid.uuid4().hex[:20]}", f"item_{uuid.uuid4().hex[:20]}")
+                    self._response = ids
+                    self._deltas = (
+                        DeltaText("response.output_audio.delta", ids),
+                        DeltaText("response.output_audio_transcript.delta", ids),
                     )
+                    response = response_json(ids[0], session.settings, "in_progress")
+                    await self.send({"type": "response.created", "response": response})
+                audio, transcript = self._deltas
+                texts = [audio.base64(event.data, self._event_id())]
+                if event.transcript:
+                    texts.append(transcript.text(event.transcript, self._event_id()))
+                await self._send_texts(*texts)
             elif isinstance(event, Notice):
                 await self.send(error_json(event.error, None))
             else:
@@ -267,13 +284,26 @@ class RealtimeConnection:
         await self.ws.close(close_code(end), (end.error.reason if end.error is not None else "session ended"))
 
 
-def drop_connection(ws: WebSocket) -> None:
-    """Abort the connection under ``ws`` (no closing handshake): uvicorn's WebSocket protocol is the
-    owner of the ``send`` Starlette wraps, and its transport is the TCP connection."""
+def _transport(ws: WebSocket) -> Any:
+    """The TCP connection under ``ws``: uvicorn's WebSocket protocol is the owner of the ``send`` Starlette
+    wraps, and its ``transport`` is the connection (None where the server is another)."""
     protocol = getattr(getattr(ws, "_send", None), "__self__", None)
-    transport = getattr(protocol, "transport", None)
+    return getattr(protocol, "transport", None)
+
+
+def drop_connection(ws: WebSocket) -> None:
+    """Abort the connection under ``ws`` (no closing handshake)."""
+    transport = _transport(ws)
     if transport is not None and hasattr(transport, "abort"):
         transport.abort()
+
+
+def read_in_chunks(ws: WebSocket) -> None:
+    """Reads of the connection under ``ws`` of at most ``READ_CHUNK_BYTES`` (asyncio's selector transports
+    read ``max_size`` bytes a call)."""
+    transport = _transport(ws)
+    if transport is not None and getattr(transport, "max_size", 0) > READ_CHUNK_BYTES:
+        transport.max_size = READ_CHUNK_BYTES
 
 
 def register_realtime(app: FastAPI, core: GatewayCore) -> None:
@@ -282,4 +312,5 @@ def register_realtime(app: FastAPI, core: GatewayCore) -> None:
         offered = websocket.scope.get("subprotocols") or []
         # Browsers authenticate through subprotocols; the "realtime" one is echoed as OpenAI does.
         await websocket.accept(subprotocol="realtime" if "realtime" in offered else None)
+        read_in_chunks(websocket)
         await RealtimeConnection(websocket, core).run()
