@@ -285,10 +285,28 @@ class RealtimeConnection:
 
 
 def _transport(ws: WebSocket) -> Any:
-    """The TCP connection under ``ws``: uvicorn's WebSocket protocol is the owner of the ``send`` Starlette
-    wraps, and its ``transport`` is the connection (None where the server is another)."""
-    protocol = getattr(getattr(ws, "_send", None), "__self__", None)
-    return getattr(protocol, "transport", None)
+    """The TCP connection under ``ws`` (None where the server is not uvicorn): uvicorn's WebSocket protocol
+    owns the ``send`` that Starlette holds, and its ``transport`` is the connection. Starlette's exception
+    middleware wraps that ``send`` in a closure of its own, so the bound method is looked for through the
+    wrappers' closures too (by the owner alone, the lookup found nothing and the connection was never
+    dropped)."""
+    todo: list[Any] = [getattr(ws, "_send", None)]
+    for _ in range(8):  # a few wrappers deep at most
+        if not todo:
+            break
+        send = todo.pop(0)
+        transport = getattr(getattr(send, "__self__", None), "transport", None)
+        if transport is not None:
+            return transport
+        todo += [f for f in map(_cell_contents, getattr(send, "__closure__", None) or ()) if callable(f)]
+    return None
+
+
+def _cell_contents(cell: Any) -> Any:
+    try:
+        return cell.cell_contents
+    except ValueError:  # a cell not yet filled
+        return None
 
 
 def drop_connection(ws: WebSocket) -> None:
