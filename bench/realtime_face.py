@@ -24,9 +24,12 @@ base64, pydantic, WebSocket framing, asyncio, the stage link's protobuf and gRPC
 by path (client events in, agent audio out, the link). Its level is not a measured one (the sampler costs the
 gateway CPU).
 
-    python -m bench.realtime_face --out face.json --levels 2,8 --seconds 20 --profile
+    python -m bench.realtime_face --out face.json --levels 2,6,10 --seconds 20 --threads 1 --profile
     python -m bench.realtime_face --out face.json --device cuda --model personaplex-7b --levels 32,64,128 \\
         --seconds 30 --client-procs 8
+
+Process-wide CPU moves by about ±10 % between runs on a shared machine; what each step of a session-tick
+costs alone, in CPU time, is ``bench/realtime_face_steps.py``'s.
 """
 
 from __future__ import annotations
@@ -283,8 +286,11 @@ def fold(raw: str) -> dict[str, Any]:
 
 
 def py_spy() -> str:
-    found = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
-    if not Path(found).exists():
+    """py-spy on PATH, beside this interpreter, or in the ``bin`` of a ``pip install --target`` folder on
+    ``sys.path`` (the GPU box's ``/tmp/vx-site``, bench/README.md)."""
+    places = [Path(sys.executable).with_name("py-spy"), *(Path(p) / "bin" / "py-spy" for p in sys.path if p)]
+    found = shutil.which("py-spy") or next((str(p) for p in places if p.is_file()), None)
+    if found is None:
         raise SystemExit("--profile needs py-spy (a dev tool): pip install py-spy==0.4.3")
     return found
 
@@ -361,7 +367,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--join-spread-s", type=float, default=None)
     p.add_argument("--client-procs", type=int, default=2, help="client processes (never the gateway's)")
     p.add_argument("--voice", default=DUPLEX_VOICE)
-    p.add_argument("--threads", type=int, default=1, help="torch threads per stage (CPU runs)")
+    p.add_argument("--threads", type=int, default=None, help="torch threads per stage (CPU runs: 1)")
     p.add_argument("--set", action="append", default=[], help="extra deploy overrides")
     p.add_argument("--settle", type=float, default=2.0, help="pause between levels (s)")
     p.add_argument("--profile", action="store_true", help="then the top level once more under py-spy")

@@ -1,16 +1,20 @@
 """Smoke tests of ``bench/realtime_face.py``'s own arithmetic, without a stack (the sessions it drives are
 ``bench.realtime_loadgen``'s, run against a real tiny stack in ``test_capacity_smoke.py``): a level's steady
-window and its per-session-tick numbers, the line across levels, a process's CPU by thread from /proc, and
-the folding of py-spy's samples. CPU timing is not a benchmark: only the accounting is checked."""
+window and its per-session-tick numbers, the line across levels, a process's CPU by thread from /proc, the
+folding of py-spy's samples; and ``bench/realtime_face_steps.py`` (each step of a session-tick timed alone)
+runs. CPU timing is not a benchmark: only the accounting and the shape are checked."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
+from bench import realtime_face_steps
 from bench.duplex_levels import FRAME, TICK, SessionRecord
 from bench.realtime_face import CpuSeries, cpu_between, fit, fold, level_numbers, steady_window
 
@@ -93,3 +97,14 @@ def test_py_spy_samples_fold_by_category_and_path() -> None:
         "agent audio out (session -> WebSocket)": 10.0,
     }
     assert next(iter(folded["top_leaves_pct"])) == "_StreamRequestMixin._write (grpc/aio/_call.py:500)"
+
+
+def test_each_step_of_a_session_tick_is_timed(tmp_path: Path) -> None:
+    out = tmp_path / "steps.json"
+    assert realtime_face_steps.main(["--out", str(out), "--calls", "20"]) == 0
+    doc = json.loads(out.read_text())
+    timed = {name: us for part in ("out", "in", "io") for name, us in doc[part].items()}
+    assert len(timed) == 14
+    optional = {name for name in timed if "orjson" in name}  # only where orjson is importable
+    assert all(us is not None and us > 0 for name, us in timed.items() if name not in optional)
+    assert all((timed[name] is None) == (doc["orjson"] is None) for name in optional)
