@@ -58,6 +58,7 @@ from bench.duplex_levels import (
     level_stack,
 )
 from bench.procsample import CLK_TCK
+from bench.prom import diff, scrape
 from bench.realtime_loadgen import realtime_session
 from bench.stack import Stack
 
@@ -194,6 +195,21 @@ def level_numbers(
     }
 
 
+def link_batches(d: dict[str, float], frames_in: int) -> dict[str, float | None]:
+    """The gateway's side of its stage links over a level (``d``: its Prometheus diff): batches sent, the
+    messages they carried, and batches per user frame (one batch per tick carries every session's frames
+    when they come together; one per frame when each session's come on its own)."""
+    labels = '{end="downstream"}'
+    batches = d.get(f"voxstage_link_batches_total{labels}", 0.0)
+    items = d.get(f"voxstage_link_items_total{labels}", 0.0)
+    return {
+        "batches": batches,
+        "items": items,
+        "items_per_batch": items / batches if batches else None,
+        "batches_per_user_frame": batches / frames_in if frames_in else None,
+    }
+
+
 def fit(levels: Sequence[dict[str, Any]], idle_pct: float) -> dict[str, Any] | None:
     """Least squares of CPU % on sessions: the marginal µs per session-tick, the fixed %, and the sessions
     one process carries at 100 % of a core on that line."""
@@ -319,12 +335,15 @@ class Run:
             t1 = time.monotonic()
         return 100.0 * sum(u + s for u, s in series.between(t0, t1).values()) / (t1 - t0)
 
-    def level(self, n: int, idle_pct: float) -> dict[str, Any]:
+    def level(self, n: int, idle_pct: float, folder: Path) -> dict[str, Any]:
+        before = scrape(self.stack, f"before_{n}", folder).get("gateway", {})
         with CpuSeries(self.gateway_pid) as series:
             records = self.sessions(n)
+        after = scrape(self.stack, f"after_{n}", folder).get("gateway", {})
         errors = collections.Counter(code for r in records for code, _ in r.errors)
         window = steady_window(records, self.args.warm_s)
         row = level_numbers(n, window, series.between(window.start, window.end), idle_pct)
+        row["link_from_gateway"] = link_batches(diff(after, before), sum(r.frames_sent for r in records))
         row["errors_by_code"] = dict(errors)
         return row
 
@@ -395,7 +414,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         for k, n in enumerate(levels):
             if k:
                 time.sleep(args.settle)
-            row = run.level(n, idle_pct)
+            row = run.level(n, idle_pct, folder)
             result["levels"].append(row)
             print(json.dumps(row), flush=True)
             result["fit"] = fit(result["levels"], idle_pct)
