@@ -5,9 +5,9 @@ A session-tick is one session's 80 ms frame each way: an ``input_audio_buffer.ap
 pcm16 in (JSON text, base64), a ``response.output_audio.delta`` out. The gateway does that work per session;
 the stages do theirs per tick for all sessions at once. So this measures the gateway process alone, by its CPU
 time (``/proc/<pid>/task/*/stat``, every thread), which holds on a machine shared with other jobs where wall
-time does not: the stages run (a real ``voxstage serve`` stack of the duplex family, tiny preset on CPU), and
-the clients (the official ``openai`` client, ``bench.realtime_loadgen.realtime_session``) run in processes of
-their own, so neither is counted.
+time does not: the stages run (a real ``voxstage serve`` stack of the duplex family, its small preset on
+CPU), and the clients (the official ``openai`` client, ``bench.realtime_loadgen.realtime_session``) run in
+processes of their own, so neither is counted.
 
 Per level of N sessions, only the steady window counts: from when every session has its first agent audio
 (plus ``--warm-s``) to when the first session has sent its last frame; joins and closes are left out. The
@@ -25,8 +25,8 @@ by path (client events in, agent audio out, the link). Its level is not a measur
 gateway CPU).
 
     python -m bench.realtime_face --out face.json --levels 2,6,10 --seconds 20 --threads 1 --profile
-    python -m bench.realtime_face --out face.json --device cuda --model personaplex-7b --levels 32,64,128 \\
-        --seconds 30 --client-procs 8
+    python -m bench.realtime_face --out face.json --device cuda --model SIZE_TRUE_PRESET \\
+        --levels 32,64,128 --seconds 30 --client-procs 8
 
 Process-wide CPU moves by about ±10 % between runs on a shared machine; what each step of a session-tick
 costs alone, in CPU time, is ``bench/realtime_face_steps.py``'s.
@@ -49,6 +49,8 @@ from pathlib import Path
 from typing import Any
 
 from bench.duplex_levels import (
+    DUPLEX,
+    DUPLEX_MODEL,
     DUPLEX_VOICE,
     FRAME,
     TICK,
@@ -63,7 +65,8 @@ from bench.realtime_loadgen import realtime_session
 from bench.stack import Stack
 
 TICKS_PER_S = 1.0 / TICK
-TINY = "personaplex-tiny"
+# The duplex family's small preset (the one that is not size-true), what a CPU run can drive.
+TINY = next(p.name for p in DUPLEX.presets if p.name != DUPLEX_MODEL)
 
 
 # -- the gateway's CPU, per thread, on a clock ------------------------------------------------------------
