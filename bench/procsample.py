@@ -123,6 +123,9 @@ def _stats(values: Sequence[float]) -> dict[str, float | None]:
     }
 
 
+_READ_SLACK_S = 0.002  # a read of a few /proc files takes well under this unless interrupted
+
+
 class Sampler:
     """Samples CPU % of named process groups (a group's pids summed) and GPU busy % on a thread of its own;
     the first sample is taken at ``__enter__``, so even a level shorter than one interval gets one value."""
@@ -150,10 +153,20 @@ class Sampler:
         present = [v for v in values if v is not None]
         return sum(present) if present else None
 
-    def _sample(self, tail: bool = False) -> None:
-        now = time.monotonic()
-        for name, pids in self.groups.items():
+    def _read_group(self, pids: Sequence[int]) -> tuple[float, float | None]:
+        """(when, CPU seconds) of a group. A read that the scheduler interrupted (this thread descheduled on
+        a loaded machine) would pair CPU with the wrong time, so it is taken again, up to three times."""
+        for _ in range(3):
+            t0 = time.monotonic()
             total = self._cpu_total(pids)
+            t1 = time.monotonic()
+            if t1 - t0 < _READ_SLACK_S:
+                break
+        return (t0 + t1) / 2, total
+
+    def _sample(self, tail: bool = False) -> None:
+        for name, pids in self.groups.items():
+            now, total = self._read_group(pids)
             if total is None:
                 continue
             if name in self._last:

@@ -7,30 +7,17 @@ half-silently: a missing key would otherwise keep its random init and produce pl
 from __future__ import annotations
 
 import contextlib
-import json
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import torch
 from safetensors.torch import load_file
 from torch import nn
 
-
-class CheckpointError(ValueError):
-    """A checkpoint directory or file does not match what the model expects."""
-
-
-def read_json(path: Path) -> dict[str, Any]:
-    if not path.is_file():
-        raise CheckpointError(f"missing file {path}")
-    try:
-        data = json.loads(path.read_text())
-    except json.JSONDecodeError as exc:
-        raise CheckpointError(f"{path} is not valid JSON: {exc}") from exc
-    if not isinstance(data, dict):
-        raise CheckpointError(f"{path} must hold a JSON object")
-    return data
+# Re-exported: the loaders import both from here.
+from voxstage.checkpoint_json import CheckpointError as CheckpointError
+from voxstage.checkpoint_json import read_json as read_json
 
 
 def read_safetensors(path: Path, device: str | torch.device = "cpu") -> dict[str, torch.Tensor]:

@@ -9,11 +9,14 @@ launcher for good, with its gateway never started.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import ctypes
 import os
 import signal
+import sys
 from collections.abc import Mapping, MutableMapping
+from typing import NoReturn
 
 PARENT_ENV = "VOXSTAGE_PARENT_PID"
 _PR_SET_PDEATHSIG = 1
@@ -39,3 +42,17 @@ def die_with_launcher(env: MutableMapping[str, str] = os.environ) -> bool:
             os.kill(os.getpid(), signal.SIGTERM)
         return True
     return False
+
+
+def exit_process(code: int) -> NoReturn:
+    """End a ``voxstage`` process with ``code``. One that imported torch (a talker or codec) runs its exit
+    handlers, flushes and leaves without the interpreter's teardown: freeing torch's modules one by one
+    took 0.6-0.9 s of every stage's stop, paid again by each supervised restart and rolling update, and
+    nothing in it is ours. Every other process exits as usual."""
+    if "torch" not in sys.modules:
+        sys.exit(code)
+    atexit._run_exitfuncs()  # logging's flush, shared-memory finalizers: what a normal exit would run
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(code)

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from voxstage import families
-from voxstage.checkpoint import CheckpointError, read_json
+from voxstage.checkpoint_json import CheckpointError, read_json
 
 PRESET_MARKER = "voxstage_preset.json"
 PRESET_SEED = 0

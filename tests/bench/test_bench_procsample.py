@@ -10,13 +10,20 @@ import pytest
 
 from bench.procsample import Sampler, children, cpu_seconds, format_groups, parse_groups, stack_processes
 
-BUSY = "import time\nt = time.time()\nwhile time.time() - t < 30: pass"
-IDLE = "import time; time.sleep(30)"
+# Each prints a line once its interpreter is up: start-up is CPU work that must fall before the sampling.
+BUSY = "import time\nprint(flush=True)\nt = time.time()\nwhile time.time() - t < 30: pass"
+IDLE = "import time\nprint(flush=True)\ntime.sleep(30)"
+
+
+def _started(code: str) -> subprocess.Popen[bytes]:
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE)
+    assert proc.stdout is not None
+    proc.stdout.readline()
+    return proc
 
 
 def test_busy_and_idle_processes_are_told_apart() -> None:
-    busy = subprocess.Popen([sys.executable, "-c", BUSY])
-    idle = subprocess.Popen([sys.executable, "-c", IDLE])
+    busy, idle = _started(BUSY), _started(IDLE)
     try:
         with Sampler({"busy": [busy.pid], "idle": [idle.pid], "gone": [2**22 + 7]}, interval_s=0.25) as s:
             time.sleep(1.3)
@@ -29,10 +36,11 @@ def test_busy_and_idle_processes_are_told_apart() -> None:
     assert summary["samples"] >= 4
     # One spinning thread is at most one core: 100 %, plus /proc's 10 ms tick at each end of a 0.25 s
     # interval (8 %) and the sampler thread's own scheduling delay on a loaded machine; a shared CI
-    # machine may give it much less, but never as little as a sleeping process gets.
+    # machine (the suite beside other jobs on two cores) may give it far less, but never as little as a
+    # sleeping process gets.
     busy_pct, idle_pct = procs["busy"]["cpu_pct"], procs["idle"]["cpu_pct"]
     assert busy_pct["max"] <= 115 and idle_pct["max"] < 10
-    assert busy_pct["mean"] > 15 and busy_pct["mean"] > 5 * (idle_pct["mean"] + 1)
+    assert busy_pct["mean"] > 5 * (idle_pct["mean"] + 1)
     assert procs["gone"]["cpu_pct"]["mean"] is None  # a pid that never existed: no samples, no crash
     if summary["gpu"] is None:
         assert summary["gpu_unavailable"]  # why there is no GPU number (no NVML, no driver, no GPU)
@@ -71,7 +79,7 @@ def test_groups_round_trip() -> None:
 
 
 def test_a_short_tail_is_folded_into_the_interval_before_it() -> None:
-    busy = subprocess.Popen([sys.executable, "-c", BUSY])
+    busy = _started(BUSY)
     try:
         with Sampler({"busy": [busy.pid]}, interval_s=0.4, gpu=False) as s:
             time.sleep(0.5)  # one full interval, then a 0.1 s tail: 10 ms ticks would make that tail +-10 %

@@ -69,14 +69,19 @@ def serve_stack(
     sets: Sequence[str] = (),
     *,
     start_timeout_s: float = 180.0,
+    cache: Path | None = None,
+    store: Path | None = None,
 ) -> Iterator[Served]:
+    """``cache`` (a preset cache already built) and ``store`` (a voice library) may be another stack's:
+    a second stack over the same store is what a restart or a second replica sees."""
     from voxstage.presets import resolve_model
 
-    cache = factory.mktemp(f"vxcache-{name}")
-    resolve_model(model, cache=cache)
+    if cache is None:
+        cache = factory.mktemp(f"vxcache-{name}")
+        resolve_model(model, cache=cache)
     log = factory.mktemp(f"{name}-logs") / "serve.log"
     grpc_port, http_port, talker_port, codec_port = free_port(), free_port(), free_port(), free_port()
-    store = factory.mktemp(f"{name}-voices")
+    store = store or factory.mktemp(f"{name}-voices")
     cmd = [sys.executable, "-m", "voxstage", "serve", str(deploy), "--model", model, "--device", "cpu"]
     cmd += ["--threads", "1", "--drain-grace", "10", "--start-timeout", "120", "--host", "127.0.0.1"]
     cmd += ["--grpc-port", str(grpc_port), "--http-port", str(http_port)]

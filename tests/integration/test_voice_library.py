@@ -2,9 +2,10 @@
 presets; tests/integration/conftest.py gives each gateway a voice store).
 
 Upload through the official ``openai`` client's raw request (it has no voices helper), list, speak by name on
-HTTP, gRPC and ``/v1/realtime`` / ``Converse``, delete, and speak again (404 / NOT_FOUND). A second gateway
-process over the same store sees the first one's uploads and survives its own restart; concurrent uploads
-of one name to the two gateways end with one 201 and one 409. A request by an uploaded voice gives the
+HTTP, gRPC and ``/v1/realtime`` / ``Converse``, delete, and speak again (404 / NOT_FOUND). A second stack
+(talker, codec and gateway processes of its own) over the same store sees the first one's uploads, and
+after a restart of all its processes still speaks the voice; concurrent uploads of one name to the two
+gateways end with one 201 and one 409. A request by an uploaded voice gives the
 same PCM, bit for bit, as the same seeded request with the sample inline, also once the codec starts it from
 the voice's kept decoder state (services/codec/voice_states.py). Bad input is refused naming its
 field with the store's files unchanged.
@@ -14,12 +15,10 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import io
-import subprocess
-import sys
 import threading
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import grpc
@@ -29,9 +28,8 @@ import openai
 import pytest
 import soundfile as sf
 
-from tests.integration.deploykit import free_port
-from tests.integration.servekit import Served
-from tests.integration.stagekit import ROOT, StageProc, reference_clip, stage_env
+from tests.integration.servekit import BASE_FRAMES, Served, serve_stack
+from tests.integration.stagekit import reference_clip
 from voxstage.v1 import speech_pb2, speech_pb2_grpc
 
 REF_TEXT = "The quick brown fox jumps over the lazy dog."
@@ -231,33 +229,29 @@ def test_personaplex_speaks_an_uploaded_voice_on_realtime_and_converse(
     assert err.value.code == grpc.StatusCode.NOT_FOUND
 
 
-# -- two gateways over one store ----------------------------------------------------------------------
+# -- two stacks over one store ----------------------------------------------------------------------------
+
+SECOND_SETS = [f"stages.0.default_sampling_params.max_tokens={BASE_FRAMES}"]  # as qwen_base_served's
 
 
-def start_gateway(served: Served, logs: Path) -> tuple[StageProc, str]:
-    """Another gateway process in front of the same talker and codec, over the same voice store."""
-    grpc_port, http_port = free_port(), free_port()
-    cmd = [sys.executable, "-m", "voxstage", "gateway", "--config", str(served.deploy), "--host", "127.0.0.1"]
-    cmd += ["--codec", f"127.0.0.1:{served.codec_port}", "--talker", f"127.0.0.1:{served.talker_port}"]
-    cmd += ["--grpc-port", str(grpc_port), "--http-port", str(http_port), "--grace", "5"]
-    cmd += ["--set", f"gateway.voice_store_dir={served.voice_store}"]
-    log = logs / f"gateway-{grpc_port}.log"
-    with log.open("wb") as out:
-        proc = subprocess.Popen(
-            cmd, env=stage_env(served.cache), stdout=out, stderr=subprocess.STDOUT, cwd=ROOT
-        )
-    gw = StageProc("gateway", f"127.0.0.1:{grpc_port}", proc, log, cmd)
-    gw.wait_serving(60)
-    return gw, f"http://127.0.0.1:{http_port}"
+@contextlib.contextmanager
+def second_stack(served: Served, factory: pytest.TempPathFactory) -> Iterator[Served]:
+    """Another whole stack (talker, codec and gateway processes of its own) over the same voice store."""
+    assert served.deploy is not None and served.voice_store is not None
+    stack = serve_stack(factory, "second", served.deploy, served.model, SECOND_SETS, cache=served.cache,
+                        store=served.voice_store)  # fmt: skip
+    with contextlib.closing(stack):
+        yield next(stack)
+        with contextlib.suppress(StopIteration):
+            next(stack)  # its SIGTERM and clean exit, asserted by serve_stack
 
 
-def test_two_gateways_share_one_store_and_race_for_a_name(
-    qwen_base_served: Served, tmp_path: Path, cleanup: list[tuple[str, str]]
+def test_two_stacks_share_one_store_survive_a_restart_and_race_for_a_name(
+    qwen_base_served: Served, tmp_path_factory: pytest.TempPathFactory, cleanup: list[tuple[str, str]]
 ) -> None:
     served = qwen_base_served
-    second, url = start_gateway(served, tmp_path)
-    try:
-        r = upload(url, "shared", wav(), ref_text=REF_TEXT)  # through the second gateway
+    with second_stack(served, tmp_path_factory) as second:
+        r = upload(second.http_url, "shared", wav(), ref_text=REF_TEXT)
         assert r.status_code == 201, r.text
         cleanup.append((served.http_url, r.json()["id"]))
         assert "shared" in [
@@ -266,10 +260,10 @@ def test_two_gateways_share_one_store_and_race_for_a_name(
         first = speak_http(served, served.model, "shared")
         assert first.status_code == 200, first.text
 
-        # A restart of the second gateway (a new process: nothing but the store carries the voice).
-        second.stop()
-        second, url = start_gateway(served, tmp_path)
-        assert speak_http(url, served.model, "shared").content == first.content
+    # The second stack restarted: new talker, codec and gateway processes; only the store carries the voice.
+    with second_stack(served, tmp_path_factory) as second:
+        again = speak_http(second.http_url, served.model, "shared")
+        assert again.status_code == 200 and again.content == first.content
 
         # Both gateways at once, one name: exactly one wins.
         results: list[httpx.Response] = []
@@ -278,7 +272,7 @@ def test_two_gateways_share_one_store_and_race_for_a_name(
         def go(target: str) -> None:
             results.append(upload(target, "contested", sample, ref_text=REF_TEXT))
 
-        threads = [threading.Thread(target=go, args=(t,)) for t in (served.http_url, url)]
+        threads = [threading.Thread(target=go, args=(t,)) for t in (served.http_url, second.http_url)]
         for t in threads:
             t.start()
         for t in threads:
@@ -289,12 +283,12 @@ def test_two_gateways_share_one_store_and_race_for_a_name(
         loser = next(r for r in results if r.status_code == 409).json()["error"]
         assert loser["param"] == "name" and "contested" in loser["message"]
         named = [
-            v["id"] for v in httpx.get(f"{url}/v1/audio/voices").json()["voices"] if v["name"] == "contested"
+            v["id"]
+            for v in httpx.get(f"{second.http_url}/v1/audio/voices").json()["voices"]
+            if v["name"] == "contested"
         ]
         assert named == [winner["id"]]
         assert len(list((served.voice_store / "voices").iterdir())) == 2  # no file of the loser left behind
-    finally:
-        second.stop()
 
 
 # -- bad input -------------------------------------------------------------------------------------------

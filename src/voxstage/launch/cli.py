@@ -92,5 +92,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     return handler(args)
 
 
+def console_main() -> None:
+    """The ``voxstage`` console script: ``main`` ended as a process ends (voxstage.lifetime.exit_process)."""
+    from voxstage.lifetime import exit_process
+
+    exit_process(main())
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    console_main()
