@@ -1,4 +1,4 @@
-"""What a duplex tick's messages cost the two ends of a stage hop: a call per session vs one link (issue 27).
+"""What a stage hop's messages cost its two ends: a call per request vs one link (issues 27 and 28).
 
 No model runs, so the number is the transport's alone, and CPU time (not wall time) is measured, so it holds
 on a busy machine. A server process answers every session's ``user_audio`` (one 80 ms frame, f32) with one
@@ -8,7 +8,12 @@ issue 27); ``link``: every session rides one ``Codec.Link`` call (``voxstage.lin
 handler behind it. Reported per mode: CPU-ms per second of each process, CPU-µs per session-tick, gRPC
 messages (stream) or link batches per second, and ticks that finished within their 80 ms.
 
+``--shape tts`` measures a text-to-speech request's hop instead (``bench/link_tts.py``: the chunk schedule's
+192 KB PCM chunks every 2 s per stream with credits, acks and the requests' opens and ends, through shared
+memory as on one host); ``--sessions`` are then concurrent streams.
+
     python -m bench.link_transport --out link.json --sessions 16,64,128 --seconds 10
+    python -m bench.link_transport --shape tts --out tts.json --sessions 64,128,256 --seconds 10
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ from voxstage.link.client import LinkClient
 from voxstage.link.server import LinkSession
 from voxstage.link.wire import CODEC_REQUESTS, CODEC_RESPONSES
 from voxstage.server import CHANNEL_OPTIONS, SERVER_OPTIONS
+from voxstage.transport.shm import ShmWriter
 
 FRAME = 1920
 TICK_S = 0.08
@@ -84,10 +90,17 @@ class EchoCodec(stage_pb2_grpc.CodecServicer):
             await out.aclose()
 
 
-def _serve(port: mp.Value) -> None:  # type: ignore[valid-type]
+def _serve(port: mp.Value, shape: str, chunk_frames: int, chunks: int, shm: bool) -> None:  # type: ignore[valid-type]
     async def main() -> None:
         server = grpc.aio.server(options=SERVER_OPTIONS)
-        stage_pb2_grpc.add_CodecServicer_to_server(EchoCodec(), server)
+        if shape == "tts":
+            from bench.link_tts import SEED_SHM_THRESHOLD, TtsCodec
+
+            writer = ShmWriter(threshold_bytes=SEED_SHM_THRESHOLD) if shm else None
+            servicer: Any = TtsCodec(writer, chunk_frames, chunks)
+        else:
+            servicer = EchoCodec()
+        stage_pb2_grpc.add_CodecServicer_to_server(servicer, server)
         port.value = server.add_insecure_port("127.0.0.1:0")  # type: ignore[attr-defined]
         await server.start()
         await server.wait_for_termination()
@@ -172,9 +185,16 @@ def main() -> None:
     ap.add_argument("--sessions", default="16,64,128")
     ap.add_argument("--seconds", type=float, default=10.0)
     ap.add_argument("--modes", default="stream,link")
+    ap.add_argument("--shape", choices=("duplex", "tts"), default="duplex")
+    ap.add_argument("--chunk-frames", type=int, default=25, help="tts: frames of a steady chunk (25: 2 s)")
+    ap.add_argument("--chunks", type=int, default=5, help="tts: steady chunks of a request, then the next")
+    ap.add_argument("--no-shm", action="store_true", help="tts: everything inline (hosts apart)")
     args = ap.parse_args()
     port = mp.Value("i", 0)
-    server = mp.Process(target=_serve, args=(port,), daemon=True)
+    shm = not args.no_shm
+    server = mp.Process(
+        target=_serve, args=(port, args.shape, args.chunk_frames, args.chunks, shm), daemon=True
+    )
     server.start()
     try:
         while not port.value:
@@ -188,12 +208,28 @@ def main() -> None:
             rows = []
             for n in (int(x) for x in args.sessions.split(",")):
                 for mode in args.modes.split(","):
-                    rows.append(await _level(address, n, args.seconds, mode, pid))
-                    print(json.dumps(rows[-1]), flush=True)
+                    if args.shape == "tts":
+                        from bench.link_tts import tts_level
+
+                        row = await tts_level(
+                            address, n, args.seconds, mode, pid, chunks=args.chunks, shm=shm, cpu_s=_cpu_s
+                        )
+                    else:
+                        row = await _level(address, n, args.seconds, mode, pid)
+                    rows.append(row)
+                    print(json.dumps(row), flush=True)
             return rows
 
         rows = asyncio.run(levels())
-        out = {"bench": "link_transport", "cpus": os.cpu_count(), "seconds": args.seconds, "levels": rows}
+        out = {
+            "bench": "link_transport",
+            "shape": args.shape,
+            "cpus": os.cpu_count(),
+            "seconds": args.seconds,
+            "levels": rows,
+        }
+        if args.shape == "tts":
+            out.update(chunk_frames=args.chunk_frames, chunks=args.chunks, shm=shm)
         Path(args.out).write_text(json.dumps(out, indent=1))
     finally:
         server.terminate()

@@ -64,9 +64,6 @@ Event = Pcm | stage_pb2.SegmentDone | stage_pb2.EndOfStream
 
 
 class CodecStream:
-    # Carried on the replica's link when the codec offers one (docs/protocol.md §12), else a call of its own.
-    on_link = False
-
     def __init__(
         self,
         pool: ReplicaPool,
@@ -84,7 +81,10 @@ class CodecStream:
         self._shm = shm_reader
         self._peer_probe = ""
         timeout = None if deadline_s is None else max(deadline_s - time.monotonic(), 0.001)
-        link = replica.codec_link(shm_reader) if self.on_link else None
+        # On the replica's link when the codec offers one (docs/protocol.md §12), else a call of its own (a
+        # codec older than links). The deadline travels with the request either way.
+        link = replica.codec_link(shm_reader)
+        self._on_link = link is not None
         self._call: Any = (
             replica.codec_stub.Stream(timeout=timeout)
             if link is None
@@ -131,7 +131,9 @@ class CodecStream:
 
     async def open(self, msg: stage_pb2.StreamOpen, *, min_chunk_samples: int) -> stage_pb2.StreamOpened:
         """Send ``open`` and wait for ``opened``; a refusal raises with the codec's code and message."""
-        if self._shm is not None and self.replica.status is not None:
+        if self._shm is not None and self.replica.status is not None and not self._on_link:
+            # A call of its own may take its chunks through shared memory; on a link they ride the tick's
+            # slab, for which the link verified the codec's probe once.
             self._peer_probe = verify_peer(hello_from_proto(self.replica.status.transport))
             msg.transport.verified_peer_probe = self._peer_probe
         self._credit_left = msg.initial_credit.amount

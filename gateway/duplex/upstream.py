@@ -43,8 +43,6 @@ class AgentPcm(Pcm):
 
 
 class DuplexCodecStream(CodecStream):
-    on_link = True
-
     def __init__(
         self,
         pool: ReplicaPool,

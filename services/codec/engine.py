@@ -9,8 +9,9 @@ touches a stream's state.
 Chunk schedule (deploy file, ``voxstage.chunking``): the first chunk goes out once
 ``initial_codec_chunk_frames`` frames are buffered (per-request override allowed); later ones grow up to
 ``codec_chunk_frames`` (or are all ``codec_chunk_frames`` with the ramp off); the remainder is flushed at end
-of stream. When the talker runs ahead (the usual case), every whole chunk that is ready decodes in one go so
-the codec never falls behind its producer.
+of stream. When the talker runs ahead (the usual case), every whole steady chunk that is ready decodes in one
+go so the codec never falls behind its producer; the first chunk and the ramp's go one per tick even then, so
+their PCM does not depend on when the frames came (``ChunkSchedule.take``).
 
 Segments: ``end_segment`` marks where a stream's take ended (docs/api.md "Segments"). Decodes never cross
 the mark, the frames before it go out even if they are not a whole chunk, the output that reaches it says

@@ -35,11 +35,15 @@ class ChunkSchedule:
         need = next_boundary(emitted, initial, self.steady_frames, self.ramp) - emitted
         if available < need:
             return available if ended else 0
-        if emitted == 0:
-            return need  # the first chunk alone: first audio as early as possible
+        if emitted == 0 or need < self.steady_frames:
+            # The first chunk alone (first audio as early as possible), and each chunk of the ramp alone even
+            # when several are buffered: a merged decode's PCM is a bit off that of the same chunks decoded
+            # one by one, so a request's audio would depend on when its frames came. One ramp chunk per tick
+            # keeps up whenever the second chunk does (each is as long as all the audio before it).
+            return need
         if ended and available <= self.max_frames_per_decode:
             return available
-        # Behind the producer: every whole chunk that is ready, in one decode.
+        # Past the ramp and behind the producer: every whole chunk that is ready, in one decode.
         limit = min(available, self.max_frames_per_decode)
         return whole_chunks(emitted, limit, initial, self.steady_frames, self.ramp)
 

@@ -42,9 +42,6 @@ class TalkerRefused(Exception):
 
 
 class TalkerRelay:
-    # Carried on the talker's link when it offers one (docs/protocol.md §12), else a call of its own.
-    on_link = False
-
     def __init__(self, stream: CodecStream, pool: TalkerPool, address: str, timeout: float | None) -> None:
         self.stream = stream
         self.pool = pool
@@ -73,24 +70,30 @@ class TalkerRelay:
     async def open(self, msg: S.StreamOpen) -> S.StreamOpened:
         self.peer = self.pool.current(self.peer)
         hello = await self.pool.hello(self.peer)
-        verified = verify_peer(hello)
-        self.shm_ok, self.probe = bool(verified), hello.probe_region
+        self.probe = hello.probe_region
         writer = self.stream.srv.shm_writer
-        msg.transport.CopyFrom(
-            hello_to_proto(
-                local_hello(
-                    probe_region=writer.probe_region if writer else "",
-                    shm_threshold_bytes=writer.threshold_bytes if writer else 0,
-                    verified_peer_probe=verified,
-                )
-            )
-        )
         self.outstanding = msg.initial_credit.amount
         # The hello may have waited: if another stream to this talker broke meanwhile, its channel is closed.
         # UNAVAILABLE (not the closed channel's usage error) lets the gateway retry on another talker.
         if self.pool.current(self.peer) is not self.peer:
             raise StageFailure("UNAVAILABLE", f"talker {self.address}: its channel broke while opening")
-        link = self.pool.link(self.peer, writer) if self.on_link else None
+        # On the talker's link when it offers one (docs/protocol.md §12); the deadline travels with the
+        # request, and its payloads ride the link's slab, whose shared memory the link negotiated once.
+        link = self.pool.link(self.peer, writer)
+        if link is None:
+            # A call of its own (a talker older than links): this request's frames may come through shared
+            # memory, so it offers its own hello and verdict on the talker's probe (§9).
+            verified = verify_peer(hello)
+            self.shm_ok = bool(verified)
+            msg.transport.CopyFrom(
+                hello_to_proto(
+                    local_hello(
+                        probe_region=writer.probe_region if writer else "",
+                        shm_threshold_bytes=writer.threshold_bytes if writer else 0,
+                        verified_peer_probe=verified,
+                    )
+                )
+            )
         self.call = (
             self.peer.stub.Stream(timeout=self.timeout) if link is None else link.stream(self.timeout, hello)
         )

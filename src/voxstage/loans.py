@@ -22,8 +22,11 @@ ACK_GRACE_S = 5.0
 
 
 class StreamLoans:
-    def __init__(self, sender: ShmSender | None) -> None:
+    def __init__(self, sender: ShmSender | None, *, counted: bool = True) -> None:
         self.sender = sender
+        # On a stage link the payloads ride the tick's slab, which the link lends and counts
+        # (voxstage.link.port): counting them here too would count every byte twice.
+        self.counted = counted
         self._acked = asyncio.Event()
         self._forfeited = False
 
@@ -36,7 +39,8 @@ class StreamLoans:
         shm = isinstance(placed, ShmRef)
         if shm:
             self._acked.clear()
-        metrics.TRANSPORT_BYTES.labels(path=PATH_SHM if shm else PATH_INLINE).inc(len(data))
+        if self.counted:
+            metrics.TRANSPORT_BYTES.labels(path=PATH_SHM if shm else PATH_INLINE).inc(len(data))
         return to_payload(placed)
 
     def ack(self, ack: stage_pb2.ShmAck) -> None:

@@ -106,6 +106,11 @@ LINK_ITEMS = Counter(
     ["end"],
     registry=REGISTRY,
 )
+SHM_SLOTS_LENT = Gauge(
+    "voxstage_shm_slots_lent",
+    "Shared-memory slots this stage lent to its downstream (per stream or per link batch) and not yet acked.",
+    registry=REGISTRY,
+)
 SHM_FALLBACKS = Counter(
     "voxstage_shm_fallbacks",
     "Payloads that wanted shm but went inline (peer cannot see the region).",

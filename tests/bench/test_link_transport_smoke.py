@@ -26,3 +26,25 @@ def test_both_modes_answer_every_frame_and_report_cpu(tmp_path: Path) -> None:
     # Fewer batches than a call per session would send messages (3 sessions x 12.5 ticks/s): sessions share
     # batches. (About one per tick on an idle machine; a busy one turns its event loop between writes.)
     assert rows["link"]["client_link_batches_per_s"] < 3 * 12.5
+
+
+def test_the_tts_shape_delivers_chunks_through_shm_per_chunk_on_calls_and_per_slab_on_the_link(
+    tmp_path: Path,
+) -> None:
+    # 9-frame steady chunks (69 KB of f32, above the seeds' 64 KiB threshold), one a request: each request
+    # ends and the next opens within the level (~4 s).
+    out = tmp_path / "tts.json"
+    cmd = [sys.executable, "-m", "bench.link_transport", "--shape", "tts", "--out", str(out)]
+    cmd += ["--sessions", "3", "--seconds", "1.2", "--chunk-frames", "9", "--chunks", "1"]
+    subprocess.run(cmd, cwd=ROOT, check=True, timeout=120, capture_output=True)
+    report = json.loads(out.read_text())
+    assert report["shape"] == "tts" and report["shm"]
+    rows = {r["mode"]: r for r in report["levels"]}
+    assert set(rows) == {"stream", "link"}
+    for row in rows.values():
+        assert row["chunks"] >= 3 and row["requests_finished"] >= 1 and row["request_errors"] == 0
+        assert row["client_cpu_ms_per_s"] > 0 and row["server_cpu_ms_per_s"] >= 0
+        assert row["shm_reads_per_s"] > 0  # the steady chunks crossed in shared memory
+    stream, link = rows["stream"], rows["link"]
+    assert stream["grpc_messages_per_s"] > 0 and stream["client_link_batches_per_s"] is None
+    assert link["grpc_messages_per_s"] is None and link["client_link_batches_per_s"] > 0

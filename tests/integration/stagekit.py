@@ -28,6 +28,9 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from voxstage.health_probe import check
 from voxstage.internal.v1 import stage_pb2 as S
 from voxstage.internal.v1 import stage_pb2_grpc
+from voxstage.transport.host import verify_peer
+from voxstage.transport.payload import ack_message, hello_from_proto, read_payload
+from voxstage.transport.shm_reader import ShmReader
 
 T = TypeVar("T")
 ROOT = Path(__file__).resolve().parents[2]
@@ -202,9 +205,14 @@ async def synthesize(
     fmt: int = S.PCM_FORMAT_F32LE,
     on_pcm: OnPcm | None = None,
     deadline_s: float = 60.0,
+    shm: ShmReader | None = None,
 ) -> Result:
     """One request through ``Codec.Stream``. ``on_pcm`` runs after each chunk; returning False stops reading
-    (the caller has cancelled or is about to kill something)."""
+    (the caller has cancelled or is about to kill something). With ``shm`` the client verifies the codec's
+    probe at ``open`` (§9), so the codec may lend it chunks in shared memory: each is read and acked."""
+    verified = ""
+    if shm is not None:
+        verified = verify_peer(hello_from_proto((await codec_status(codec, requests=False)).transport))
     async with grpc.aio.insecure_channel(codec) as channel:
         stub = stage_pb2_grpc.CodecStub(channel)
         outbox: asyncio.Queue[S.CodecStreamRequest | None] = asyncio.Queue()
@@ -222,6 +230,8 @@ async def synthesize(
             pcm_format=fmt,
             initial_credit=S.Credit(unit=S.CREDIT_UNIT_SAMPLES, amount=WINDOW_FRAMES * SPF),
         )
+        if verified:
+            op.transport.verified_peer_probe = verified
         if seed is not None:
             op.seed = seed
         if max_frames is not None:
@@ -253,7 +263,10 @@ async def synthesize(
                     res.t_first = res.t_first or time.monotonic() - t0
                     res.chunks.append(resp.pcm)
                     dtype = "<f4" if resp.pcm.format == S.PCM_FORMAT_F32LE else "<i2"
-                    res.pcm.append(np.frombuffer(resp.pcm.data.inline, dtype=dtype).astype(np.float32))
+                    data, ref = read_payload(resp.pcm.data, shm if verified else None)
+                    if ref is not None:
+                        outbox.put_nowait(S.CodecStreamRequest(shm_ack=ack_message([ref])))
+                    res.pcm.append(np.frombuffer(data, dtype=dtype).astype(np.float32))
                     credit = S.Credit(unit=S.CREDIT_UNIT_SAMPLES, amount=resp.pcm.sample_count)
                     outbox.put_nowait(S.CodecStreamRequest(credit=credit))
                     if on_pcm is not None and not await on_pcm(res, call):

@@ -85,11 +85,18 @@ async def test_raw_grpc_unary_and_streaming(stack: ComposeStack) -> None:
 
 async def test_pcm_comes_through_shared_memory(stack: ComposeStack) -> None:
     # The seed's SharedMemoryConnector moves payloads above 64 KiB through shm: a 9-frame f32 chunk is 69 KiB.
-    def shm_bytes() -> float:
+    # The request rides the gateway's link to the codec (docs/protocol.md §12), so the chunk crosses in the
+    # slab of its tick.
+    def sample(name: str, labels: str = "") -> float:
         text = httpx.get(stack.metrics_url("codec")).text
-        found = re.search(r'^voxstage_transport_bytes_total\{path="shm"\} (\S+)$', text, re.M)
+        key = re.escape(f"{name}{{{labels}}}" if labels else name)
+        found = re.search(rf"^{key} (\S+)$", text, re.M)
         return float(found.group(1)) if found else 0.0
 
+    def shm_bytes() -> float:
+        return sample("voxstage_transport_bytes_total", 'path="shm"')
+
+    batches = sample("voxstage_link_batches_total", 'end="upstream"')
     before = shm_bytes()
     config = pcm_config()
     config.sampling.max_frames = 10
@@ -100,8 +107,14 @@ async def test_pcm_comes_through_shared_memory(stack: ComposeStack) -> None:
             speech_pb2.SynthesizeRequest(config=config, text="Through shared memory, please.")
         )
     assert len(reply.audio) // 2 == reply.summary.frame_count * SPF
+    assert sample("voxstage_link_batches_total", 'end="upstream"') > batches
     if reply.summary.frame_count >= 9:  # the random model may end early, leaving the chunk small
         assert shm_bytes() - before >= 9 * SPF * 4
+    for _ in range(100):  # the gateway acks the slab in its next batch, right after it copied it out
+        if sample("voxstage_shm_slots_lent") == 0:
+            break
+        await asyncio.sleep(0.02)
+    assert sample("voxstage_shm_slots_lent") == 0
 
 
 async def test_sdk_async_and_sync(stack: ComposeStack) -> None:

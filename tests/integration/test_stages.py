@@ -42,6 +42,7 @@ from tests.integration.stagekit import (
     talker_status,
 )
 from voxstage.internal.v1 import stage_pb2 as S
+from voxstage.transport.shm_reader import ShmReader
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -230,15 +231,46 @@ async def test_b_client_cancel_frees_talker_slot_and_codec_stream(pair_a: Pair) 
     print(f"slot free {freed_after * 1000:.0f} ms after the cancel; ticks {seen['tick']} -> {talker.tick}")
 
 
-async def test_c_frames_go_through_shm_above_the_threshold(pair_a: Pair) -> None:
-    assert pair_a.talker_metrics is not None
-    before = metric(pair_a.talker_metrics, "voxstage_transport_bytes_total", 'path="shm"')
+def transport(port: int, end: str) -> tuple[float, float, float]:
+    """A stage's (shm bytes, inline bytes, link batches sent by its ``end``) so far."""
+    name = "voxstage_transport_bytes_total"
+    return (
+        metric(port, name, 'path="shm"'),
+        metric(port, name, 'path="inline"'),
+        metric(port, "voxstage_link_batches_total", f'end="{end}"'),
+    )
+
+
+async def nothing_lent(port: int) -> bool | None:
+    return True if metric(port, "voxstage_shm_slots_lent") == 0 else None
+
+
+async def test_c_shm_above_the_threshold_by_slab_on_the_link_and_by_chunk_on_a_call(pair_a: Pair) -> None:
+    # The codec carries the request on its link to the talker (docs/protocol.md §12): what the talker sends
+    # in a tick goes as one slab, through shared memory above the 64-byte threshold, acked by the codec.
+    talker, codec = pair_a.talker_metrics, pair_a.codec_metrics
+    assert talker is not None and codec is not None
+    shm, inline, batches = transport(talker, "upstream")
     res = await synthesize(pair_a.codec.address, pair_a.talker_address, TEXT)
     assert res.eos is not None and res.eos.reason == S.END_REASON_MAX_FRAMES
-    after = metric(pair_a.talker_metrics, "voxstage_transport_bytes_total", 'path="shm"')
-    # 23 of the 24 frames travel in chunks above 64 bytes (the 1-frame first chunk is 32 bytes, inline).
-    assert after - before == (FRAMES - 1) * 16 * 2
+    shm2, inline2, batches2 = transport(talker, "upstream")
+    # The 23-frame chunk's codes (16 groups of int16 a frame) crossed in a slab through shared memory...
+    assert shm2 - shm >= (FRAMES - 1) * 16 * 2
+    # ...and every slab that went inline was within the threshold.
+    assert batches2 > batches and inline2 - inline <= 64 * (batches2 - batches)
+    assert await eventually(lambda: nothing_lent(talker), within=2.0), "the codec did not ack every slab"
     assert any(name.endswith("-probe") for name in shm_files(pair_a.talker.pid))
+
+    # A Stream call of its own (this test's client, as a tool by hand or a gateway older than links is): the
+    # codec lends each PCM chunk above the threshold in shared memory by itself, freed on its ack (§9).
+    before, _, _ = transport(codec, "upstream")
+    lent = await synthesize(pair_a.codec.address, pair_a.talker_address, TEXT, shm=ShmReader())
+    assert lent.eos is not None and lent.eos.reason == S.END_REASON_MAX_FRAMES
+    assert [c.data.WhichOneof("body") for c in lent.chunks] == ["shm", "shm"]  # 1 frame, then 23
+    after, _, _ = transport(codec, "upstream")
+    assert after - before == FRAMES * SPF * 4  # every f32 sample, chunk by chunk, and nothing else
+    assert await eventually(lambda: nothing_lent(codec), within=2.0), "the codec kept a chunk after its ack"
+    np.testing.assert_array_equal(lent.audio, res.audio)  # the same seeded request, read out of shm
 
 
 async def test_c_talker_kill9_fails_fast_then_a_restarted_talker_serves(pair_a: Pair, cache: Path) -> None:

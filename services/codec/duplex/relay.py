@@ -33,7 +33,6 @@ HELD_USER_FRAMES = 25
 
 class DuplexTalkerRelay(TalkerRelay):
     stream: DuplexCodecStream  # type: ignore[assignment]
-    on_link = True
 
     def __init__(
         self, stream: DuplexCodecStream, pool: TalkerPool, address: str, timeout: float | None

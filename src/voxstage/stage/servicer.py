@@ -17,9 +17,10 @@ from typing import Any, Generic, TypeVar
 
 import grpc
 
+from voxstage import metrics
 from voxstage.config import ChunkPlan
 from voxstage.internal.v1 import stage_pb2
-from voxstage.link.server import LinkSession
+from voxstage.link.server import LinkContext, LinkSession
 from voxstage.link.wire import Schema
 from voxstage.stage.stream import StageStream
 from voxstage.transport.host import local_hello
@@ -45,6 +46,9 @@ class StageServicer(Generic[S]):
         self.worker = worker  # the stage's TalkerWorker / CodecWorker (a voxstage.stage.worker.StageWorker)
         self.plan = plan
         self.shm_writer = shm_writer
+        if shm_writer is not None:
+            # A reader that stops acking shows here as a count that only grows (one writer per stage process).
+            metrics.SHM_SLOTS_LENT.set_function(lambda: shm_writer.stats().slots_lent)
         self.identity = dict(identity)  # StageStatus fields fixed by the loaded model (model, family, ...)
         self.ready = False
         self.draining = False
@@ -78,6 +82,7 @@ class StageServicer(Generic[S]):
         self, request_iterator: AsyncIterator[Any], context: grpc.aio.ServicerContext
     ) -> AsyncIterator[Any]:
         stream = self._new_stream(context)
+        stream.on_link = isinstance(context, LinkContext)
         self.streams[stream.key] = stream
         self._idle.clear()
         reader = asyncio.ensure_future(stream.read(request_iterator))

@@ -70,6 +70,7 @@ class StageStream:
         self.outbox: asyncio.Queue[Any] = asyncio.Queue()
         self.opened = self.end_of_input = self.cancel_requested = self.terminal_sent = False
         self.loans = StreamLoans(None)
+        self.on_link = False  # set by the servicer: this request rides a stage link (docs/protocol.md §12)
         self.t_open = time.perf_counter()
         self.t_first: float | None = None
 
@@ -212,8 +213,11 @@ class StageStream:
             raise StageFailure("NOT_FOUND", why)
 
     def _lend_shm(self, writer: ShmWriter | None, op: stage_pb2.StreamOpen) -> None:
-        """Payloads go through shared memory only where the peer proved it can read our regions."""
-        if writer is not None:
+        """Payloads go through shared memory only where the peer proved it can read our regions; on a link
+        they go inline in the request's messages and the link moves the tick's slab (§12)."""
+        if self.on_link:
+            self.loans = StreamLoans(None, counted=False)
+        elif writer is not None:
             readable = writer.peer_can_read(op.transport.verified_peer_probe)
             self.loans = StreamLoans(writer.sender(peer_readable=readable))
 

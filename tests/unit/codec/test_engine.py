@@ -141,6 +141,30 @@ def test_fixed_steady_chunks_without_the_ramp(model: Qwen3TokenizerDecoder) -> N
     assert sizes == [1, 25, 25, 9]
 
 
+def decode_as_it_comes(engine: CodecEngine, codes: np.ndarray, per_step: int) -> tuple[list[int], np.ndarray]:
+    """Frames pushed ``per_step`` at a time, a step after each push: (decode sizes, PCM)."""
+    engine.open("s")
+    outs: list[CodecOutput] = []
+    for start in range(0, codes.shape[0], per_step):
+        engine.push("s", codes[start : start + per_step])
+        outs += engine.step()
+    engine.finish("s")
+    while engine.has_work():
+        outs += engine.step()
+    return [o.frames for o in outs], np.concatenate([o.pcm for o in outs])
+
+
+def test_a_stream_behind_in_the_ramp_decodes_the_same_chunks_and_pcm(model: Qwen3TokenizerDecoder) -> None:
+    # A codec busy elsewhere (a voice-clone prefix, other streams) finds several of a young stream's ramp
+    # chunks buffered at once. Decoding them in one call gave PCM a bit off that of the same frames arriving
+    # one chunk at a time, so one request's audio depended on timing (tests/integration/test_voice_library).
+    codes = codes_for(5, 40)
+    trickled = decode_as_it_comes(make_engine(model, streams=1), codes, per_step=1)
+    burst = decode_as_it_comes(make_engine(model, streams=1), codes, per_step=40)
+    assert trickled[0] == burst[0] == [1, 1, 2, 4, 8, 16, 8]
+    assert np.array_equal(trickled[1], burst[1])
+
+
 def test_cancel_frees_the_slot_and_reuse_starts_from_clean_state(model: Qwen3TokenizerDecoder) -> None:
     engine = make_engine(model, streams=1)
     engine.open("x")

@@ -4,8 +4,11 @@
 chunks on the chunk schedule and only within credit, ``segment_done`` per segment, exactly one terminal,
 errors in-band, ``cancel`` answered with ``end_of_stream{CANCELLED}``) with scripted audio: every
 non-blank character of a segment's text becomes ``frames_per_char`` frames of a sine tone, so a test knows
-the exact length to expect. Markers in the text script failures. The real stages are exercised end to end
-in tests/integration.
+the exact length to expect. Markers in the text script failures. Like a real stage it offers a link
+(``Codec.Link``, served by the stages' own link code, voxstage.link.server, around the same ``Stream``
+handler), so the gateway carries its requests there; ``FakeCodec(link=False)`` is a codec older than links,
+which the gateway reaches by a ``Stream`` call per request. The real stages are exercised end to end in
+tests/integration.
 """
 
 from __future__ import annotations
@@ -22,6 +25,8 @@ import grpc
 import numpy as np
 
 from voxstage.internal.v1 import stage_pb2, stage_pb2_grpc
+from voxstage.link.server import LinkSession
+from voxstage.link.wire import CODEC_REQUESTS, CODEC_RESPONSES
 
 SAMPLE_RATE = 24_000
 FRAME_RATE = 12.5
@@ -67,6 +72,9 @@ class FakeCodec(stage_pb2_grpc.CodecServicer):
     dead_talkers: set[str] = field(default_factory=set)
     deadlines: list[float | None] = field(default_factory=list)
     half_closed_after_terminal: int = 0
+    link: bool = True  # offers Codec.Link (StageStatus.link)
+    links: int = 0  # Link calls served
+    streams: int = 0  # Stream calls served
 
     async def Status(self, request: Any, context: Any) -> stage_pb2.CodecStatusResponse:
         return stage_pb2.CodecStatusResponse(
@@ -80,10 +88,30 @@ class FakeCodec(stage_pb2_grpc.CodecServicer):
                 num_code_groups=16,
                 frame_rate_hz=FRAME_RATE,
                 sample_rate_hz=SAMPLE_RATE,
+                link=self.link,
             )
         )
 
+    async def Link(self, batches: AsyncIterator[Any], context: Any) -> AsyncIterator[Any]:  # noqa: N802
+        if not self.link:
+            await context.abort(grpc.StatusCode.UNIMPLEMENTED, "Method not found!")
+        self.links += 1
+        session = LinkSession(self._serve, CODEC_REQUESTS, CODEC_RESPONSES, writer=None, reader=None)
+        out = session.run(batches)
+        try:
+            async for batch in out:
+                yield batch
+        except asyncio.CancelledError:
+            pass
+        finally:
+            await out.aclose()
+
     async def Stream(self, request_iterator: AsyncIterator[Any], context: Any) -> AsyncIterator[Any]:
+        self.streams += 1
+        async for msg in self._serve(request_iterator, context):
+            yield msg
+
+    async def _serve(self, request_iterator: AsyncIterator[Any], context: Any) -> AsyncIterator[Any]:
         it = aiter(request_iterator)
         first = await anext(it, None)
         if first is None or first.WhichOneof("request") != "open":

@@ -6,7 +6,9 @@ ends as cancelled, with no ERROR line, instead of "request failed" and ``outcome
 stale chunk outside a cancel means the codec took its regions back (a restart): UNAVAILABLE, not INTERNAL.
 The race (2 of 143 cancels in the issue's probe) is forced here: when the gateway starts cancelling, one
 more chunk is on its way and every read fails as a released slot does (the fake codec sends inline
-payloads; the shared-memory reader itself is tested in tests/unit/transport).
+payloads; the shared-memory reader itself is tested in tests/unit/transport). The race belongs to a
+``Stream`` call per request, where each chunk is its own shared-memory loan; on a link the chunk rides the
+tick's slab, which the link's reader copies out before any request sees it, so the codec here offers no link.
 """
 
 from __future__ import annotations
@@ -50,7 +52,7 @@ def stale_after(monkeypatch: pytest.MonkeyPatch, gone: asyncio.Event) -> list[in
 async def test_a_chunk_gone_while_cancelling_ends_the_request_as_cancelled(
     make_stack: MakeStack, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    stack = await make_stack(FakeCodec(frame_delay_s=0.01))
+    stack = await make_stack(FakeCodec(frame_delay_s=0.01, link=False))
     gone = asyncio.Event()
     raised = stale_after(monkeypatch, gone)
 
@@ -78,6 +80,7 @@ async def test_a_chunk_gone_while_cancelling_ends_the_request_as_cancelled(
     await until(lambda: stack.codec.active == 0 and stack.gateway.core.admission.active == 0)
     await until(lambda: "outcome=" in caplog.text)
     assert raised, "no chunk was read while cancelling: the race was not exercised"
+    assert (stack.codec.streams, stack.codec.links) == (1, 0)  # a call of its own, as to a codec before links
     assert "request failed" not in caplog.text and "StaleShmReference" not in caplog.text
     access = [r.getMessage() for r in caplog.records if r.name == "voxstage.gateway.access"]
     assert access and "outcome=cancelled" in access[-1], access
@@ -86,7 +89,7 @@ async def test_a_chunk_gone_while_cancelling_ends_the_request_as_cancelled(
 async def test_a_chunk_gone_outside_a_cancel_is_unavailable_not_internal(
     make_stack: MakeStack, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    stack = await make_stack(FakeCodec())
+    stack = await make_stack(FakeCodec(link=False))
     gone = asyncio.Event()
     gone.set()
     stale_after(monkeypatch, gone)

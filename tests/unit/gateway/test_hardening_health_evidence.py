@@ -26,13 +26,14 @@ PCM = speech_pb2.AUDIO_ENCODING_PCM_S16LE
 @dataclass
 class AbortingCodec(FakeCodec):
     """A codec whose next streams (one per queued code) abort with that gRPC status after the first PCM:
-    the transport-level error a single stream can end with while the server itself is fine."""
+    the transport-level error a single stream can end with while the server itself is fine (on the link,
+    that request's ``end`` with the status; on a call of its own, the call's status)."""
 
     abort_codes: list[grpc.StatusCode] = field(default_factory=list)
 
-    async def Stream(self, request_iterator: AsyncIterator[Any], context: Any) -> AsyncIterator[Any]:
+    async def _serve(self, request_iterator: AsyncIterator[Any], context: Any) -> AsyncIterator[Any]:
         code = self.abort_codes.pop(0) if self.abort_codes else None
-        async with contextlib.aclosing(super().Stream(request_iterator, context)) as inner:
+        async with contextlib.aclosing(super()._serve(request_iterator, context)) as inner:
             async for msg in inner:
                 yield msg
                 if code is not None and msg.HasField("pcm"):
@@ -43,15 +44,16 @@ def request(text: str) -> speech_pb2.SynthesizeRequest:
     return speech_pb2.SynthesizeRequest(config=speech_pb2.SynthesisConfig(encoding=PCM), text=text)
 
 
+@pytest.mark.parametrize("link", [True, False], ids=["link", "stream"])
 @pytest.mark.parametrize(
     "code",
     [grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN, grpc.StatusCode.RESOURCE_EXHAUSTED],
     ids=lambda c: c.name,
 )
 async def test_a_per_stream_error_leaves_the_only_codec_routable(
-    make_stack: MakeStack, code: grpc.StatusCode
+    make_stack: MakeStack, code: grpc.StatusCode, link: bool
 ) -> None:
-    codec = AbortingCodec(abort_codes=[code])
+    codec = AbortingCodec(abort_codes=[code], link=link)
     stack = await make_stack(codec, probe_s=5.0)  # no periodic probe could hide a wrong mark-down
     with pytest.raises(grpc.aio.AioRpcError) as err:
         await stack.stub.Synthesize(request("this one breaks"))
@@ -66,6 +68,8 @@ async def test_a_per_stream_error_leaves_the_only_codec_routable(
     assert len(reply.audio) == 2 * expected_samples("next one")
     assert time.monotonic() - start < 1.0
     assert stack.gateway.core.ready
+    # Both requests rode the link when the codec offers one, else a call each.
+    assert (codec.links, codec.streams) == ((1, 0) if link else (0, 2))
 
 
 async def test_sequential_requests_survive_interleaved_stream_errors(make_stack: MakeStack) -> None:
