@@ -65,8 +65,13 @@ class FakeCodec(stage_pb2_grpc.CodecServicer):
     max_streams: int = 64
     opens: list[stage_pb2.StreamOpen] = field(default_factory=list)
     cancels: int = 0
-    active: int = 0
+    active: int = 0  # handlers running (until the downstream half-closes after the terminal)
     max_active: int = 0
+    # Streams opened whose terminal is not yet sent: the work the gateway has asked for at once. A stream the
+    # gateway ended leaves this at once; it leaves `active` only when its half-close is read, a few loop
+    # steps later, and on a link the next requests' opens can be read first.
+    working: int = 0
+    max_working: int = 0
     credits: list[int] = field(default_factory=list)
     half_close_wait_s: float = 1.0
     dead_talkers: set[str] = field(default_factory=set)
@@ -133,12 +138,16 @@ class FakeCodec(stage_pb2_grpc.CodecServicer):
             return
         self.active += 1
         self.max_active = max(self.max_active, self.active)
+        self.working += 1
+        self.max_working = max(self.max_working, self.working)
         session = _Session(self, op, it, plan)
         terminal = False
         try:
             async for msg in session.run():
+                if msg.HasField("end_of_stream"):
+                    terminal = True
+                    self.working -= 1
                 yield msg
-                terminal = msg.HasField("end_of_stream")
             # Keep the call open until the downstream half-closes: a credit the gateway wrote just as the call
             # ended would otherwise fail and turn the call INTERNAL on its side (see gateway/upstream.py).
             if terminal:
@@ -147,6 +156,8 @@ class FakeCodec(stage_pb2_grpc.CodecServicer):
                     self.half_closed_after_terminal += 1
         finally:
             self.active -= 1
+            if not terminal:
+                self.working -= 1
             session.stop()
 
 
