@@ -55,7 +55,7 @@ lint: install
 	$(BIN)/ruff check .
 
 test: install lint promtool ffmpeg buf checkov
-	VOXSTAGE_BUF=$$(test -x $(BUF) && echo $(BUF)) VOXSTAGE_CHECKOV=$(CHECKOV) $(BIN)/python -m pytest -m "not gpu" -q
+	VOXSTAGE_BUF=$$(test -x $(BUF) && echo $(BUF)) VOXSTAGE_CHECKOV=$(CHECKOV) $(BIN)/python -m pytest -m "not gpu" -q --durations=20
 
 protos: install
 	$(BIN)/python scripts/gen_protos.py

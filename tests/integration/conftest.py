@@ -6,6 +6,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from tests.integration.deploykit import ComposeStack, start_compose_stack
 from tests.integration.servekit import AUDIO8_FRAMES, BASE_FRAMES, DUPLEX_SEND_TIMEOUT_S, Served, serve_stack
 from tests.integration.stagekit import ROOT, SEED_DEPLOY
 
@@ -34,3 +35,14 @@ def qwen_base_served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Serve
         tmp_path_factory, "qwen-base", SEED_DEPLOY, "qwen3-tts-tiny-base",
         [f"stages.0.default_sampling_params.max_tokens={BASE_FRAMES}"],
     )  # fmt: skip
+
+
+@pytest.fixture(scope="session")
+def compose_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ComposeStack]:
+    """The three services as docker-compose.yml runs them (tests/integration/deploykit.py)."""
+    deployed = start_compose_stack(tmp_path_factory.mktemp("compose"))
+    try:
+        yield deployed
+    finally:
+        codes = deployed.stop()
+        assert codes == {"gateway": 0, "codec": 0, "talker": 0}, codes

@@ -15,7 +15,6 @@ import re
 import shutil
 import socket
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
@@ -26,7 +25,7 @@ import soundfile as sf
 from openai import OpenAI
 
 from tests.integration import tcpkit
-from tests.integration.deploykit import ComposeStack, start_compose_stack
+from tests.integration.deploykit import ComposeStack
 from voxstage.client import AsyncSpeechClient, SpeechClient, SpeechError
 from voxstage.v1 import speech_pb2, speech_pb2_grpc
 
@@ -36,13 +35,8 @@ STAGES = ("talker", "codec")
 
 
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ComposeStack]:
-    deployed = start_compose_stack(tmp_path_factory.mktemp("compose"))
-    try:
-        yield deployed
-    finally:
-        codes = deployed.stop()
-        assert codes == {"gateway": 0, "codec": 0, "talker": 0}, codes
+def stack(compose_stack: ComposeStack) -> ComposeStack:
+    return compose_stack  # the session's compose stack (tests/integration/conftest.py), shared
 
 
 def pcm_config(**kw: object) -> speech_pb2.SynthesisConfig:

@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 import grpc
 import pytest
 
-from tests.integration.deploykit import ComposeStack, start_compose_stack
+from tests.integration.deploykit import ComposeStack
 from voxstage.segments import FrameCap
 from voxstage.v1 import speech_pb2, speech_pb2_grpc
 
@@ -25,13 +25,8 @@ Req = speech_pb2.StreamingSynthesizeRequest
 
 
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ComposeStack]:
-    deployed = start_compose_stack(tmp_path_factory.mktemp("segments"))
-    try:
-        yield deployed
-    finally:
-        codes = deployed.stop()
-        assert codes == {"gateway": 0, "codec": 0, "talker": 0}, codes
+def stack(compose_stack: ComposeStack) -> ComposeStack:
+    return compose_stack  # the session's compose stack (tests/integration/conftest.py), shared
 
 
 @dataclass
