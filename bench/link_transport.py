@@ -8,12 +8,17 @@ issue 27); ``link``: every session rides one ``Codec.Link`` call (``voxstage.lin
 handler behind it. Reported per mode: CPU-ms per second of each process, CPU-µs per session-tick, gRPC
 messages (stream) or link batches per second, and ticks that finished within their 80 ms.
 
+``--shape clients`` sends each session's frames on a clock of its own, as real clients do, to a server
+that answers at its own 80 ms tick (``bench/link_clients.py``); ``--linger-ms`` sets the gateway end's
+user-audio linger for an A/B.
+
 ``--shape tts`` measures a text-to-speech request's hop instead (``bench/link_tts.py``: the chunk schedule's
 192 KB PCM chunks every 2 s per stream with credits, acks and the requests' opens and ends, through shared
 memory as on one host); ``--sessions`` are then concurrent streams.
 
     python -m bench.link_transport --out link.json --sessions 16,64,128 --seconds 10
     python -m bench.link_transport --shape tts --out tts.json --sessions 64,128,256 --seconds 10
+    python -m bench.link_transport --shape clients --out clients.json --sessions 16,64,128 --linger-ms 0
 """
 
 from __future__ import annotations
@@ -98,6 +103,10 @@ def _serve(port: mp.Value, shape: str, chunk_frames: int, chunks: int, shm: bool
 
             writer = ShmWriter(threshold_bytes=SEED_SHM_THRESHOLD) if shm else None
             servicer: Any = TtsCodec(writer, chunk_frames, chunks)
+        elif shape == "clients":
+            from bench.link_clients import TickedCodec
+
+            servicer = TickedCodec()
         else:
             servicer = EchoCodec()
         stage_pb2_grpc.add_CodecServicer_to_server(servicer, server)
@@ -185,11 +194,16 @@ def main() -> None:
     ap.add_argument("--sessions", default="16,64,128")
     ap.add_argument("--seconds", type=float, default=10.0)
     ap.add_argument("--modes", default="stream,link")
-    ap.add_argument("--shape", choices=("duplex", "tts"), default="duplex")
+    ap.add_argument("--shape", choices=("duplex", "tts", "clients"), default="duplex")
     ap.add_argument("--chunk-frames", type=int, default=25, help="tts: frames of a steady chunk (25: 2 s)")
     ap.add_argument("--chunks", type=int, default=5, help="tts: steady chunks of a request, then the next")
     ap.add_argument("--no-shm", action="store_true", help="tts: everything inline (hosts apart)")
+    ap.add_argument("--linger-ms", type=float, default=None, help="clients: the user-audio linger (ms)")
     args = ap.parse_args()
+    if args.linger_ms is not None:
+        from voxstage.link import port as link_port
+
+        link_port.USER_AUDIO_LINGER_S = args.linger_ms / 1000
     port = mp.Value("i", 0)
     shm = not args.no_shm
     server = mp.Process(
@@ -214,6 +228,12 @@ def main() -> None:
                         row = await tts_level(
                             address, n, args.seconds, mode, pid, chunks=args.chunks, shm=shm, cpu_s=_cpu_s
                         )
+                    elif args.shape == "clients":
+                        from bench.link_clients import clients_level
+
+                        if mode != "link":
+                            continue  # the linger is the link's
+                        row = await clients_level(address, n, args.seconds, pid, cpu_s=_cpu_s)
                     else:
                         row = await _level(address, n, args.seconds, mode, pid)
                     rows.append(row)
@@ -230,6 +250,10 @@ def main() -> None:
         }
         if args.shape == "tts":
             out.update(chunk_frames=args.chunk_frames, chunks=args.chunks, shm=shm)
+        if args.shape == "clients":
+            from voxstage.link import port as link_port
+
+            out.update(linger_ms=link_port.USER_AUDIO_LINGER_S * 1000)
         Path(args.out).write_text(json.dumps(out, indent=1))
     finally:
         server.terminate()

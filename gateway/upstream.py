@@ -23,6 +23,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
@@ -92,11 +93,14 @@ class CodecStream:
         )
         self._outbox: asyncio.Queue[stage_pb2.CodecStreamRequest | None] = asyncio.Queue()
         self._writer: asyncio.Task[None] | None = None
-        self._inbox: asyncio.Queue[stage_pb2.CodecStreamResponse | GatewayError] = asyncio.Queue()
+        # What the reader got, and the future the receiver sleeps on (woken by a message, by a change of
+        # state that moves its timeout, or by the timeout): a message costs a deque append and at most one
+        # future, where a queue get and an event wait under asyncio.wait cost two tasks and their callbacks
+        # (twice a session-tick for duplex: the agent frame and the user-audio credit).
+        self._inbox: deque[stage_pb2.CodecStreamResponse | GatewayError] = deque()
         self._reader: asyncio.Task[None] | None = None
-        self._get: asyncio.Future[stage_pb2.CodecStreamResponse | GatewayError] | None = None
+        self._waiter: asyncio.Future[bool] | None = None
         self._terminal_seen = False
-        self._kick = asyncio.Event()
         self._failure: BaseException | None = None
         self._pending_acks: list[ShmRef] = []
         self.terminal: stage_pb2.EndOfStream | None = None
@@ -160,7 +164,7 @@ class CodecStream:
         if owes_segment:
             self._owe()
         self._input_ended = True
-        self._kick.set()
+        self._wake(False)
         # No half-close yet: §2.3 lets credit, shm_ack and cancel follow end_of_input, and a take longer than
         # the window needs them. The call ends with the codec's terminal.
         await self._write(stage_pb2.CodecStreamRequest(end_of_input=stage_pb2.EndOfInput()))
@@ -169,7 +173,7 @@ class CodecStream:
         self._segments_owed += 1
         if self._work_since is None:
             self._work_since = time.monotonic()
-        self._kick.set()
+        self._wake(False)
 
     async def _send_acks(self) -> None:
         if self._pending_acks:
@@ -180,14 +184,14 @@ class CodecStream:
         """Return ``samples`` of credit (the chunk was written to the client), acking shm slots first."""
         await self._send_acks()
         self._credit_left += samples
-        self._kick.set()
+        self._wake(False)
         credit = stage_pb2.Credit(unit=stage_pb2.CREDIT_UNIT_SAMPLES, amount=samples)
         await self._write(stage_pb2.CodecStreamRequest(credit=credit))
 
     def fail(self, exc: BaseException) -> None:
         """Make the reader raise ``exc`` (the input side found a client error mid-stream)."""
         self._failure = exc
-        self._kick.set()
+        self._wake(False)
 
     # -- receiving --------------------------------------------------------------------------------------
 
@@ -207,49 +211,55 @@ class CodecStream:
             while True:
                 msg = await self._call.read()
                 if msg is grpc.aio.EOF:
-                    self._inbox.put_nowait(self._ended_without_terminal())
+                    self._deliver(self._ended_without_terminal())
                     return
                 assert isinstance(msg, stage_pb2.CodecStreamResponse)
                 if msg.HasField("end_of_stream"):
                     self._terminal_seen = True
                     self._outbox.put_nowait(None)  # half-close once what is queued before it is out
-                    self._inbox.put_nowait(msg)
+                    self._deliver(msg)
                     return
-                self._inbox.put_nowait(msg)
+                self._deliver(msg)
         except grpc.aio.AioRpcError as exc:
-            self._inbox.put_nowait(self._transport_error(exc))
+            self._deliver(self._transport_error(exc))
+
+    def _deliver(self, item: stage_pb2.CodecStreamResponse | GatewayError) -> None:
+        self._inbox.append(item)
+        self._wake(False)
+
+    def _wake(self, timed_out: bool) -> None:
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(timed_out)
 
     async def _receive(self, deadline: float | None, what: str) -> stage_pb2.CodecStreamResponse:
         """The next message; ``deadline`` (monotonic) bounds the wait, else the §8 timeouts do."""
+        loop = asyncio.get_running_loop()
         while True:
             if self._failure is not None:
                 raise self._failure
-            if self._get is None:
-                self._get = asyncio.ensure_future(self._inbox.get())
-            self._kick.clear()
-            kick = asyncio.ensure_future(self._kick.wait())
+            if self._inbox:
+                got = self._inbox.popleft()
+                if isinstance(got, GatewayError):
+                    raise got
+                return got
             if deadline is not None:
                 limit: float | None = deadline - time.monotonic()
             elif self._cancelling:
                 limit = None  # cancel() bounds its own wait
             else:
                 limit, what = self._timeout()
+            waiter = self._waiter = loop.create_future()
+            timer = None if limit is None else loop.call_later(max(limit, 0.0), self._wake, True)
             try:
-                done, _ = await asyncio.wait(
-                    {self._get, kick},
-                    timeout=None if limit is None else max(limit, 0.0),
-                    return_when=asyncio.FIRST_COMPLETED,
-                )
+                timed_out = await waiter
             finally:
-                kick.cancel()
-            if self._get in done:
-                got, self._get = self._get.result(), None
-                if isinstance(got, GatewayError):
-                    raise got
-                return got
-            if not done:
+                self._waiter = None
+                if timer is not None:
+                    timer.cancel()
+            if timed_out and not self._inbox:
                 raise await self._timed_out(what, limit or 0.0)
-            # Kicked: state changed (input, credit, failure); recompute the timeout and wait again.
+            # A message, or a change of state (input, credit, failure): look again, with a fresh timeout.
 
     def _ended_without_terminal(self) -> GatewayError:
         # The call ended with status OK, so the connection worked: a broken stream, not a dead replica.
@@ -327,8 +337,6 @@ class CodecStream:
         self.close()
 
     def close(self) -> None:
-        if self._get is not None:
-            self._get.cancel()
         if self._terminal_seen:
             return  # the writer half-closes and the codec ends the call: nothing to tear down
         for task in (self._reader, self._writer):

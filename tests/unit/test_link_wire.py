@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from voxstage.internal.v1 import stage_pb2 as S
-from voxstage.link import wire
+from voxstage.link import port, wire
 from voxstage.link.port import Port
 from voxstage.transport.shm import ShmWriter
 from voxstage.transport.shm_reader import ShmReader
@@ -143,3 +143,56 @@ def test_a_backlog_goes_out_in_batches_of_bounded_size_in_order() -> None:
         got += [(r, m) for r, k, m, _ in wire.messages(wire.CODEC_RESPONSES, wire.unpack(items), body)]
     assert got == [*sent, (1, (0, ""))]
     assert len(sizes) == 5 and max(sizes) < 20_000 + 7_700  # the END signal starts the fifth
+
+
+
+def _user_audio(i: int) -> S.CodecStreamRequest:
+    return S.CodecStreamRequest(user_audio=_pcm(i).pcm)
+
+
+async def _batch(p: Port, within: float) -> tuple[float, list[int]]:
+    await asyncio.wait_for(p.wake.wait(), within)
+    p.wake.clear()
+    at, envelope = asyncio.get_running_loop().time(), p.cut()
+    return at, [int(r) for r in wire.unpack(envelope.batch.items)["request"]]
+
+
+async def test_user_audio_lingers_on_the_gateways_end_and_nothing_else_does(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """User frames arriving one by one leave at most one batch per USER_AUDIO_LINGER_S, each at most that
+    late; any other item, and every item of the upstream end, goes with the loop's next turn. (Windows far
+    apart from the waits, so that a loaded machine's scheduling cannot pass for either.)"""
+    monkeypatch.setattr(port, "USER_AUDIO_LINGER_S", 60.0)
+    down = Port(wire.CODEC_REQUESTS, "downstream")
+    down.add(1, _user_audio(0))  # the link was idle: at once
+    last, first = await _batch(down, 5)
+    assert first == [1]
+    monkeypatch.setattr(port, "USER_AUDIO_LINGER_S", 0.3)
+    down.add(2, _user_audio(1))  # right after a batch: it waits for the window's end...
+    await asyncio.sleep(0.05)
+    down.add(3, _user_audio(2))  # ...and takes the frames that come meanwhile
+    assert not down.wake.is_set()
+    at, second = await _batch(down, 10)
+    assert second == [2, 3] and at - last >= 0.3
+
+    monkeypatch.setattr(port, "USER_AUDIO_LINGER_S", 60.0)
+    down.add(4, _user_audio(3))  # lingering...
+    await asyncio.sleep(0.05)
+    assert not down.wake.is_set()
+    down.add(5, S.CodecStreamRequest(credit=S.Credit(unit=S.CREDIT_UNIT_SAMPLES, amount=1920)))
+    _, third = await _batch(down, 5)  # ...until a credit goes: it takes the frame along, at once
+    assert third == [4, 5]
+    assert down._due is None  # the window's own cut was cancelled with it
+
+    up = Port(wire.CODEC_RESPONSES, "upstream")  # the codec's end never lingers
+    for i in range(2):
+        up.add(1, _pcm(i))
+        assert (await _batch(up, 5))[1] == [1]
+
+
+def test_the_protocol_states_the_linger_the_port_uses() -> None:
+    text = (Path(__file__).resolve().parents[2] / "docs" / "protocol.md").read_text()
+    ms = f"{port.USER_AUDIO_LINGER_S * 1000:g} ms"
+    assert f"at least {ms} ago (`voxstage.link.port.USER_AUDIO_LINGER_S`)" in " ".join(text.split())
+    assert f"one per {ms} per link" in " ".join(text.split())

@@ -2,9 +2,15 @@
 
 Items are collected as the requests' handlers queue them, and one batch is cut per turn of the event loop
 after the first item (two ``call_soon`` hops, so every request woken by one engine output has queued its
-messages): the engine hands a tick's outputs to the loop in one callback, so one tick makes one batch. The
-body goes as one shared-memory slot when the peer proved it can read our regions and it is larger than the
-threshold, else inline; the reader acks a slot in its next batch. Imports no grpc.
+messages): the engine hands a tick's outputs to the loop in one callback, so one tick makes one batch.
+User audio on the gateway's end is the exception: each client sends its frames on its own clock, so a
+batch per frame would be the rule, and a batch costs a gRPC write at each end (the largest single cost
+of a duplex session in the gateway's profile). A user-audio item therefore goes at once only when the
+last batch left at least ``USER_AUDIO_LINGER_S`` ago, else with the batch due then (or sooner, with any
+other item): at most one user-audio batch per window per link, and at most that much added to a frame's
+way to the codec, which takes it at its next 80 ms tick. The body goes as one shared-memory slot when the
+peer proved it can read our regions and it is larger than the threshold, else inline; the reader acks a
+slot in its next batch. Imports no grpc.
 """
 
 from __future__ import annotations
@@ -21,6 +27,8 @@ from voxstage.transport.payload import ack_message, acked_refs, hello_to_proto, 
 from voxstage.transport.shm import ShmRef, ShmSender, ShmWriter
 from voxstage.transport.shm_reader import ShmReader
 
+USER_AUDIO_LINGER_S = 0.005
+
 
 class Port:
     def __init__(self, schema: Schema, end: str) -> None:
@@ -31,11 +39,32 @@ class Port:
         self.acks: list[ShmRef] = []
         self.wake = asyncio.Event()
         self._hops = 0  # call_soon hops left before the batch is cut (0: none scheduled)
+        self._due: asyncio.TimerHandle | None = None  # the lingering user audio's cut
+        self._last_cut = 0.0  # loop time of the last batch
+        # The arm whose items may linger: user audio, on the downstream end (the gateway's).
+        self._lingers = schema.pcm if end == "downstream" else None
         self.batches = 0
 
     # -- out ---------------------------------------------------------------------------------------------
     def add(self, request: int, msg: Any, *, timeout_ms: int = 0) -> None:
         self.builder.add(request, msg, timeout_ms=timeout_ms)
+        if self._lingers is not None and msg.WhichOneof(self.builder.schema.oneof) == self._lingers:
+            self._linger()
+        else:
+            self.schedule()
+
+    def _linger(self) -> None:
+        if self._hops or self._due is not None:
+            return  # a cut is on its way already
+        loop = asyncio.get_running_loop()
+        due = self._last_cut + USER_AUDIO_LINGER_S
+        if loop.time() >= due:
+            self.schedule()
+        else:
+            self._due = loop.call_at(due, self._lingered)
+
+    def _lingered(self) -> None:
+        self._due = None
         self.schedule()
 
     def signal(self, request: int, kind: int, *, code: int = 0, details: str = "") -> None:
@@ -57,8 +86,12 @@ class Port:
     def cut(self) -> Any:
         """This direction's Link message (``Schema.envelope``) with the batch of everything queued since the
         last one; None when there is nothing to send."""
+        if self._due is not None:
+            self._due.cancel()  # what lingered goes in this batch
+            self._due = None
         if not len(self.builder) and not self.acks and self.hello is None:
             return None
+        self._last_cut = asyncio.get_running_loop().time()
         items, body = self.builder.take()
         count = len(items) // ITEM.itemsize
         envelope = self.builder.schema.envelope()
@@ -99,6 +132,9 @@ class Port:
         return data
 
     def close(self) -> None:
+        if self._due is not None:
+            self._due.cancel()
+            self._due = None
         if self.sender is not None:
             self.sender.close()
             self.sender = None

@@ -67,7 +67,7 @@ async def test_a_chunk_gone_while_cancelling_ends_the_request_as_cancelled(
     async def cancel(self: upstream.CodecStream, reason: str) -> None:
         gone.set()
         chunk = speech_chunk()
-        self._inbox.put_nowait(stage_pb2.CodecStreamResponse(pcm=chunk))  # noqa: SLF001 - the one in flight
+        self._deliver(stage_pb2.CodecStreamResponse(pcm=chunk))  # noqa: SLF001 - the one in flight
         await real_cancel(self, reason)
 
     monkeypatch.setattr(upstream.CodecStream, "cancel", cancel)
