@@ -340,12 +340,19 @@ class Run:
 
     def level(self, n: int, idle_pct: float, folder: Path) -> dict[str, Any]:
         before = scrape(self.stack, f"before_{n}", folder).get("gateway", {})
-        with CpuSeries(self.gateway_pid) as series:
+        with CpuSeries(self.gateway_pid) as series, CpuSeries(self.stack.processes()["codec"]) as codec:
             records = self.sessions(n)
         after = scrape(self.stack, f"after_{n}", folder).get("gateway", {})
         errors = collections.Counter(code for r in records for code, _ in r.errors)
         window = steady_window(records, self.args.warm_s)
         row = level_numbers(n, window, series.between(window.start, window.end), idle_pct)
+        # The codec's threads too: its event loop ("main") carries the per-session messages, the engine
+        # thread the model.
+        ticks = max(window.frames_in, 1)
+        row["codec_us_per_session_tick_by_thread"] = {
+            k: 1e6 * (u + s) / ticks for k, (u, s) in sorted(codec.between(window.start, window.end).items())
+            if u + s > 0
+        }  # fmt: skip
         row["link_from_gateway"] = link_batches(diff(after, before), sum(r.frames_sent for r in records))
         row["errors_by_code"] = dict(errors)
         return row
