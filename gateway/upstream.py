@@ -93,13 +93,14 @@ class CodecStream:
         )
         self._outbox: asyncio.Queue[stage_pb2.CodecStreamRequest | None] = asyncio.Queue()
         self._writer: asyncio.Task[None] | None = None
-        # What the reader got, and the future the receiver sleeps on (woken by a message, by a change of
-        # state that moves its timeout, or by the timeout): a message costs a deque append and at most one
-        # future, where a queue get and an event wait under asyncio.wait cost two tasks and their callbacks
-        # (twice a session-tick for duplex: the agent frame and the user-audio credit).
+        # What the reader got, and the futures receivers sleep on (each woken by a message, by a change of
+        # state that moves its timeout, or by its own timeout): a message costs a deque append and at most
+        # one future, where a queue get and an event wait under asyncio.wait cost two tasks and their
+        # callbacks (twice a session-tick for duplex: the agent frame and the user-audio credit). Usually
+        # one receiver; a session's close grace cancels while its runner still waits, so there may be two.
         self._inbox: deque[stage_pb2.CodecStreamResponse | GatewayError] = deque()
         self._reader: asyncio.Task[None] | None = None
-        self._waiter: asyncio.Future[bool] | None = None
+        self._waiters: list[asyncio.Future[bool]] = []
         self._terminal_seen = False
         self._failure: BaseException | None = None
         self._pending_acks: list[ShmRef] = []
@@ -164,7 +165,7 @@ class CodecStream:
         if owes_segment:
             self._owe()
         self._input_ended = True
-        self._wake(False)
+        self._wake()
         # No half-close yet: §2.3 lets credit, shm_ack and cancel follow end_of_input, and a take longer than
         # the window needs them. The call ends with the codec's terminal.
         await self._write(stage_pb2.CodecStreamRequest(end_of_input=stage_pb2.EndOfInput()))
@@ -173,7 +174,7 @@ class CodecStream:
         self._segments_owed += 1
         if self._work_since is None:
             self._work_since = time.monotonic()
-        self._wake(False)
+        self._wake()
 
     async def _send_acks(self) -> None:
         if self._pending_acks:
@@ -184,14 +185,14 @@ class CodecStream:
         """Return ``samples`` of credit (the chunk was written to the client), acking shm slots first."""
         await self._send_acks()
         self._credit_left += samples
-        self._wake(False)
+        self._wake()
         credit = stage_pb2.Credit(unit=stage_pb2.CREDIT_UNIT_SAMPLES, amount=samples)
         await self._write(stage_pb2.CodecStreamRequest(credit=credit))
 
     def fail(self, exc: BaseException) -> None:
         """Make the reader raise ``exc`` (the input side found a client error mid-stream)."""
         self._failure = exc
-        self._wake(False)
+        self._wake()
 
     # -- receiving --------------------------------------------------------------------------------------
 
@@ -225,12 +226,17 @@ class CodecStream:
 
     def _deliver(self, item: stage_pb2.CodecStreamResponse | GatewayError) -> None:
         self._inbox.append(item)
-        self._wake(False)
+        self._wake()
 
-    def _wake(self, timed_out: bool) -> None:
-        waiter = self._waiter
-        if waiter is not None and not waiter.done():
-            waiter.set_result(timed_out)
+    def _wake(self) -> None:
+        for waiter in self._waiters:
+            if not waiter.done():
+                waiter.set_result(False)
+
+    @staticmethod
+    def _expire(waiter: asyncio.Future[bool]) -> None:
+        if not waiter.done():
+            waiter.set_result(True)
 
     async def _receive(self, deadline: float | None, what: str) -> stage_pb2.CodecStreamResponse:
         """The next message; ``deadline`` (monotonic) bounds the wait, else the §8 timeouts do."""
@@ -249,12 +255,13 @@ class CodecStream:
                 limit = None  # cancel() bounds its own wait
             else:
                 limit, what = self._timeout()
-            waiter = self._waiter = loop.create_future()
-            timer = None if limit is None else loop.call_later(max(limit, 0.0), self._wake, True)
+            waiter: asyncio.Future[bool] = loop.create_future()
+            self._waiters.append(waiter)
+            timer = None if limit is None else loop.call_later(max(limit, 0.0), self._expire, waiter)
             try:
                 timed_out = await waiter
             finally:
-                self._waiter = None
+                self._waiters.remove(waiter)
                 if timer is not None:
                     timer.cancel()
             if timed_out and not self._inbox:
@@ -337,6 +344,8 @@ class CodecStream:
         self.close()
 
     def close(self) -> None:
+        for waiter in self._waiters:
+            waiter.cancel()  # another receiver (a runner behind a cancel) ends with this stream, not later
         if self._terminal_seen:
             return  # the writer half-closes and the codec ends the call: nothing to tear down
         for task in (self._reader, self._writer):
