@@ -69,7 +69,10 @@ def test_grpc_streaming_closed_loop_and_plots(stack: tuple[str, str], tmp_path: 
         check_level(level, "grpc", 2)
         for r in level["records"]:
             assert r["frames"] == FRAMES and r["request_id"]
-            assert 0 < r["server_ttfa_s"] <= r["ttfa_s"]  # the gateway's own TTFA excludes the client side
+            # The gateway's own TTFA excludes the client side; it stamps first audio when its transport has
+            # taken the chunk (the write completed), which a busy machine may report a few ms after the client
+            # read it (CI: 63.6 ms at the gateway, 59.4 at the client).
+            assert 0 < r["server_ttfa_s"] <= r["ttfa_s"] + 0.025
     assert doc["levels"][1]["aggregate"]["peak_in_flight"] == 2
     from bench.plots import plot_files
 
