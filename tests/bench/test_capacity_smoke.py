@@ -64,7 +64,10 @@ def test_timeline_phase_profiles_both_stages_on_one_clock(
     for role, p in procs.items():
         # One clock: each trace's two markers carry the process's wall clock; the trace agrees with it.
         assert abs(p["clock_offset_us"]) < 5_000, role
-        assert all(abs(r) < 2_000 for r in p["clock_marker_residuals_us"]), role
+        # The offset is the marker nearest the trace, so the other marker's residual is what the thread lost
+        # between reading the clock and entering the range: tens of µs alone, milliseconds when a 2-core box
+        # descheduled it there (a loaded run once failed a 2 ms bound). A wrong clock is off by far more.
+        assert all(abs(r) < 10_000 for r in p["clock_marker_residuals_us"]), role
         assert p["ticks"]["count"] > 0 and p["picked_tick"]["tick_ms"] > 0, role
         assert p["cpu"]["engine_thread_ms"] > 0 and p["per_audio_s"]["cpu_ms"] > 0, role
     # Both stages profiled the same window: asked for 0.5 s, each starts at its next tick.
