@@ -41,7 +41,7 @@ from services.talker.engine_types import (  # noqa: F401 - the engine's public t
 )
 from voxstage import metrics
 from voxstage.stage.engine_loop import Steppable
-from voxstage.stage.faults import is_device_error, one_line
+from voxstage.stage.faults import each_alone_on_failure, one_line
 
 log = logging.getLogger(__name__)
 
@@ -272,19 +272,12 @@ class TalkerEngine(Steppable[TalkerOutput]):
         self._working = []
 
     def _prefill_chunks(self, seqs: list[_Seq], chunks: list[tuple[int, PreparedPrompt, int, int]]) -> None:
+        # Prefill only writes its own positions, so after a batched failure each chunk is redone alone: the
+        # one that fails again is the one to end (recover); the others keep their place.
+        each_alone_on_failure(self.adapter.prefill_many, chunks, seqs, self._set_working)
+
+    def _set_working(self, seqs: list[_Seq]) -> None:
         self._working = seqs
-        try:
-            self.adapter.prefill_many(chunks)
-        except Exception as exc:
-            if len(chunks) == 1 or is_device_error(exc):
-                raise
-            # Prefill only writes its own positions, so redoing each chunk alone is safe: the one that
-            # fails again is the one to end (recover); the others keep their place.
-            log.warning("talker: a batched prefill failed (%s); retrying its %d chunks one by one",
-                        one_line(exc), len(chunks))  # fmt: skip
-            for seq, chunk in zip(seqs, chunks, strict=True):
-                self._working = [seq]
-                self.adapter.prefill_many([chunk])
 
     def _runnable(self, seq: _Seq) -> bool:
         if seq.phase is _Phase.PREFILL:

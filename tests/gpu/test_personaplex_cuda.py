@@ -87,3 +87,23 @@ def test_mimi_graphed_streaming_equals_eager() -> None:
     for (c0, p0), (c1, p1) in zip(*outs, strict=True):
         torch.testing.assert_close(c0, c1, rtol=0, atol=0)
         torch.testing.assert_close(p0, p1, rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("dtype,kv", [(torch.float32, "auto"), (torch.bfloat16, "fp8")])
+def test_a_batched_prefill_writes_the_cache_of_solo_prefills(dtype: torch.dtype, kv: str) -> None:
+    """A join burst's prompts prefilled as one call (``prefill_many``, one batched SDPA over the slots) write
+    the K/V that each prompt prefilled alone writes."""
+    model = fixture_model(load_case("prompt_voice"), device="cuda", dtype=dtype)
+    prompts = [s.prompt for s in _sessions(model)]
+    n = min(p.length for p in prompts) - 1
+    caches = []
+    for batched in (True, False):
+        adapter = PersonaPlexAdapter(model)
+        adapter.use_kv_cache_dtype(kv)
+        adapter.allocate(len(prompts), model.config.context)
+        chunks = [(slot, p, 0, n) for slot, p in enumerate(prompts)]
+        for call in [chunks] if batched else [[c] for c in chunks]:
+            adapter.prefill_many(call)
+        caches.append([t[:, :, :, :n].float() for t in (adapter.kv.k, adapter.kv.v)])
+    for got, want in zip(caches[0], caches[1], strict=True):
+        torch.testing.assert_close(got, want, rtol=0.07 if kv == "fp8" else 1e-4, atol=1e-3)

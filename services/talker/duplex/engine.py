@@ -31,7 +31,7 @@ from services.talker.sampling import SamplingParams
 from voxstage import metrics
 from voxstage.duplex import DuplexAdmissionError
 from voxstage.stage.engine_loop import Steppable
-from voxstage.stage.faults import one_line
+from voxstage.stage.faults import each_alone_on_failure, one_line
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +48,9 @@ class DuplexAdapter(Protocol):
 
     def admit(self, slot: int, *, seed: int, text: SamplingParams, audio: SamplingParams) -> None: ...
 
-    def prefill(self, slot: int, prompt: Any, start: int, n: int) -> None: ...
+    def prefill_many(self, chunks: Sequence[tuple[int, Any, int, int]]) -> None:
+        """Chunks ``(slot, prompt, start, n)`` of joining sessions, written into their slots' caches."""
+        ...
 
     def start_decode(self, slot: int, prompt: Any) -> None: ...
 
@@ -268,28 +270,37 @@ class DuplexEngine(Steppable[DuplexOutput]):
     def _prefill(self) -> None:
         # Two bounds: the deploy file's positions per tick, and time, so that a burst of joins delays the live
         # sessions' next step by at most about `prefill_time_s` (each prefill call costs a few ms of launches
-        # whatever its length). At least one chunk always runs, so joins always progress.
+        # whatever its length). At least one call always runs, so joins always progress. A call takes every
+        # joining session at the oldest one's offset, up to the shortest prompt left among them, as one
+        # batch: a burst of joins shares its launches, and what is left stays aligned for the next call.
         budget = self.cfg.prefill_budget
         t0 = time.perf_counter()
-        for s in self._slots:
-            if budget <= 0 or (
+        while budget > 0:
+            pending = [s for s in self._slots if not s.decoding]
+            if not pending or (
                 budget < self.cfg.prefill_budget and time.perf_counter() - t0 > self.cfg.prefill_time_s
             ):
                 break
-            if s.decoding:
-                continue
-            self._working = [s]
-            n = min(s.prefill_target - s.prefilled, budget)
+            start = pending[0].prefilled
+            batch = [s for s in pending if s.prefilled == start]
+            n = min(min(s.prefill_target - start for s in batch), budget)
+            batch = batch[: max(1, budget // n)] if n > 0 else batch
+            self._working = batch
             if n > 0:
-                self.adapter.prefill(s.slot, s.prompt, s.prefilled, n)
+                chunks = [(s.slot, s.prompt, start, n) for s in batch]
+                each_alone_on_failure(self.adapter.prefill_many, chunks, batch, self._set_working)
+                budget -= n * len(batch)
+                metrics.PREFILL_TOKENS.labels(source="computed").inc(n * len(batch))
+            for s in batch:
                 s.prefilled += n
-                budget -= n
-                metrics.PREFILL_TOKENS.labels(source="computed").inc(n)
-            if s.prefilled >= s.prefill_target:
-                self.adapter.start_decode(s.slot, s.prompt)
-                s.decoding = True
-                s.position = s.prefill_target
+                if s.prefilled >= s.prefill_target:
+                    self.adapter.start_decode(s.slot, s.prompt)
+                    s.decoding = True
+                    s.position = s.prefill_target
         self._working = []
+
+    def _set_working(self, sessions: list[_Session]) -> None:
+        self._working = sessions
 
     def _decode(self) -> list[DuplexOutput]:
         n = len(self._slots)

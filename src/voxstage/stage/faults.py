@@ -9,6 +9,14 @@ import none, so a device failure is recognised by its type's name and its messag
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Callable
+from typing import TypeVar
+
+T = TypeVar("T")
+O = TypeVar("O")
+log = logging.getLogger(__name__)
+
 # Types torch raises for a device that cannot go on (torch.OutOfMemoryError, torch.cuda.OutOfMemoryError
 # and torch.AcceleratorError share these names).
 _DEVICE_TYPES = frozenset({"OutOfMemoryError", "AcceleratorError", "CudaError"})
@@ -44,3 +52,22 @@ def one_line(exc: BaseException, limit: int = 300) -> str:
     first = (str(exc).strip().splitlines() or [""])[0]
     text = f"{type(exc).__name__}: {first}" if first else type(exc).__name__
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def each_alone_on_failure(
+    call: Callable[[list[T]], None], parts: list[T], owners: list[O], working: Callable[[list[O]], None]
+) -> None:
+    """``call(parts)`` as one batch; if it fails, and not for the device, each part again alone, so that the
+    part that fails again is the one whose owner ends (``working`` names the owners of the call under way,
+    the engine's ``recover`` ends those). Only for calls that write their own parts' state and nothing else,
+    so redoing a part is safe."""
+    working(owners)
+    try:
+        call(parts)
+    except Exception as exc:
+        if len(parts) == 1 or is_device_error(exc):
+            raise
+        log.warning("a batched call failed (%s); retrying its %d parts one by one", one_line(exc), len(parts))
+        for owner, part in zip(owners, parts, strict=True):
+            working([owner])
+            call([part])

@@ -106,6 +106,29 @@ def test_prefill_is_chunked_under_the_budget(model: PersonaPlexLM) -> None:
     np.testing.assert_array_equal(np.stack(small["s0"]), np.stack(large["s0"]))
 
 
+def test_a_burst_of_joins_shares_its_prefill_calls(model: PersonaPlexLM) -> None:
+    """Sessions joining in one tick are prefilled together up to the shortest prompt (s1 and s3 have no
+    voice), then the longer rest together (s0's voice is shorter than s2's), and speak as they would alone."""
+    plan = {"s0": (0, 8), "s1": (0, 8), "s2": (0, 8), "s3": (0, 8)}
+    eng = engine(model)
+    calls: list[list[tuple[int, int, int]]] = []
+    real = eng.adapter.prefill_many
+
+    def counting(chunks: list) -> None:
+        calls.append([(slot, start, n) for slot, _, start, n in chunks])
+        real(chunks)
+
+    eng.adapter.prefill_many = counting  # type: ignore[method-assign]
+    together = run(eng, plan, ticks=9)
+    assert [sorted(slot for slot, _, _ in call) for call in calls] == [[0, 1, 2, 3], [0, 2], [2]]
+    assert all(len({(start, n) for _, start, n in call}) == 1 for call in calls)  # one offset per call
+    for sid, (join, leave) in plan.items():
+        alone = run(engine(model, slots=1), {sid: (0, leave - join)}, ticks=leave - join + 1)
+        n = len(together[sid])
+        assert n >= leave - join
+        np.testing.assert_array_equal(np.stack(together[sid]), np.stack(alone[sid][:n]), err_msg=sid)
+
+
 def test_steps_wait_for_every_session_or_the_gather_deadline(model: PersonaPlexLM) -> None:
     clock = Clock()
     eng = engine(model, clock=clock)

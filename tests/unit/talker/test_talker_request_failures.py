@@ -239,7 +239,9 @@ def test_a_duplex_session_whose_prefill_fails_ends_alone() -> None:
     sessions = [DuplexRequest(f"s{i}", "", None, None, seed=50 + i, text=TEXT, audio=AUDIO) for i in range(3)]
     for r in sessions:
         engine.open(r)
-    raised = poison(engine, "prefill", lambda slot, prompt, start, n: slot == engine.slot_of("s1"))
+    # The three join in one step, so their first chunks go as one batched call: it fails, each chunk is
+    # redone alone, and only s1's fails again.
+    raised = poison(engine, "prefill_many", lambda chunks: any(c[0] == engine.slot_of("s1") for c in chunks))
     failed: list[str] = []
     frames: dict[str, int] = {}
     sent = {"s0": 0, "s2": 0}
@@ -254,5 +256,5 @@ def test_a_duplex_session_whose_prefill_fails_ends_alone() -> None:
             frames[o.session_id] = frames.get(o.session_id, 0) + (o.finish is None)
         if tick >= 10 and engine.session_state("s0") == "decode":
             break
-    assert raised and failed == ["s1"] and engine.session_state("s1") == "absent"
+    assert len(raised) == 2 and failed == ["s1"] and engine.session_state("s1") == "absent"  # batch, then alone
     assert engine.sessions() == 2 and frames.get("s0", 0) > 0 and frames.get("s2", 0) > 0

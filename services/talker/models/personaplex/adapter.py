@@ -112,30 +112,58 @@ class PersonaPlexAdapter(DuplexAdapter):
     def admit(self, slot: int, *, seed: int, text: SamplingParams, audio: SamplingParams) -> None:
         self.state.reset_slot(slot, seed=seed, text=text, audio=audio)
 
-    @torch.inference_mode()
     def prefill(self, slot: int, prompt: Prompt, start: int, n: int) -> None:
         """Prompt positions ``[start, start + n)`` of ``slot`` (the prompt's last position is never
         prefilled: it is the first decode input)."""
-        if start < 0 or n < 1 or start + n > prompt.length - 1:
-            raise ValueError(
-                f"prefill [{start}, {start + n}) outside the prompt's {prompt.length - 1} positions"
-            )
-        if prompt.length > self.window:
-            raise ValueError(
-                f"prompt of {prompt.length} positions does not fit the {self.window}-position window"
-            )
-        parts = []
-        e = prompt.num_embedded
-        if start < e:
-            assert prompt.embeddings is not None
-            parts.append(prompt.embeddings[start : min(e, start + n)].to(self.device, self.dtype))
-        if start + n > e:
-            lo, hi = max(start, e) - e, start + n - e
-            cols = torch.from_numpy(prompt.columns[lo:hi]).to(self.device)
-            parts.append(self.model.embed(cols))
-        self.model.transformer.prefill(torch.cat(parts), slot, start, self.kv)
-        # Parking position: a masked decode row writes its junk K/V here, which the next chunk overwrites.
-        self.state.steps[slot] = start + n
+        self.prefill_many([(slot, prompt, start, n)])
+
+    @torch.inference_mode()
+    def prefill_many(self, chunks: Sequence[tuple[int, Prompt, int, int]]) -> None:
+        """Several slots' chunks ``(slot, prompt, start, n)``; chunks of one ``(start, n)`` run as one batched
+        call (a 7B prefill is launch-bound: a join burst's sessions share its launches)."""
+        groups: dict[tuple[int, int], list[tuple[int, Prompt]]] = {}
+        for slot, prompt, start, n in chunks:
+            if start < 0 or n < 1 or start + n > prompt.length - 1:
+                raise ValueError(
+                    f"prefill [{start}, {start + n}) outside the prompt's {prompt.length - 1} positions"
+                )
+            if prompt.length > self.window:
+                raise ValueError(
+                    f"prompt of {prompt.length} positions does not fit the {self.window}-position window"
+                )
+            groups.setdefault((start, n), []).append((slot, prompt))
+        for (start, n), members in groups.items():
+            rows = self._prompt_rows([prompt for _, prompt in members], start, n)
+            slots = [slot for slot, _ in members]
+            self.model.transformer.prefill(rows, slots, start, self.kv)
+            # Parking position: a masked decode row writes its junk K/V here, which the next chunk overwrites.
+            for slot in slots:
+                self.state.steps[slot] = start + n
+
+    def _prompt_rows(self, prompts: Sequence[Prompt], start: int, n: int) -> torch.Tensor:
+        """The input embeddings ``[len(prompts) * n, dim]`` of positions ``[start, start + n)`` of each
+        prompt in turn: a replayed voice's stored rows, then the token columns (embedded in one call)."""
+        heads: list[torch.Tensor | None] = []
+        columns: list[np.ndarray] = []
+        for prompt in prompts:
+            e = prompt.num_embedded
+            if start < e:
+                assert prompt.embeddings is not None
+                heads.append(prompt.embeddings[start : min(e, start + n)].to(self.device, self.dtype))
+            else:
+                heads.append(None)
+            columns.append(prompt.columns[max(start, e) - e : max(start + n - e, 0)])
+        embedded = iter(())
+        if any(len(c) for c in columns):
+            cols = torch.from_numpy(np.concatenate([c for c in columns if len(c)])).to(self.device)
+            embedded = iter(self.model.embed(cols).split([len(c) for c in columns if len(c)]))
+        parts: list[torch.Tensor] = []
+        for head, c in zip(heads, columns, strict=True):
+            if head is not None:
+                parts.append(head)
+            if len(c):
+                parts.append(next(embedded))
+        return torch.cat(parts)
 
     def start_decode(self, slot: int, prompt: Prompt) -> None:
         st = self.state

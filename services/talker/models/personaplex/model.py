@@ -158,39 +158,48 @@ class Temporal(nn.Module):
                 v_scales.append(kv_fp8.head_scales(kv_fp8.linear_bounds(w[2 * c.dim :], alpha), c.num_heads))
         return torch.stack(k_scales), torch.stack(v_scales)
 
-    def prefill(self, x: torch.Tensor, slot: int, start: int, kv: RingKV) -> None:
-        """Write K/V of positions ``[start, start + T)`` of ``slot`` from inputs ``x [T, D]`` (the prompt
-        never wraps the ring: ``start + T <= window``). Only the cache matters: prompt outputs are forced."""
-        t = x.shape[0]
+    def prefill(self, x: torch.Tensor, slots: Sequence[int], start: int, kv: RingKV) -> None:
+        """Write K/V of positions ``[start, start + T)`` of each of ``slots`` from inputs ``x [B * T, D]``
+        (slot after slot; the prompt never wraps the ring: ``start + T <= window``). Only the cache matters:
+        prompt outputs are forced."""
+        b = len(slots)
+        t = x.shape[0] // b
         end = start + t
-        if end > kv.window:
+        if end > kv.window or t * b != x.shape[0]:
             raise ValueError(
-                f"prefill of positions [{start}, {end}) does not fit the {kv.window}-position window"
+                f"prefill of {x.shape[0]} rows for {b} slots at [{start}, {end}) does not fit the "
+                f"{kv.window}-position window"
             )
         c = self.config
         positions = torch.arange(start, end, device=x.device)
-        cos, sin = rope_tables(positions, c.head_dim, c.max_period)
+        cos, sin = rope_tables(positions.repeat(b), c.head_dim, c.max_period)
         mask = (torch.arange(end, device=x.device).unsqueeze(0) <= positions.unsqueeze(1))[None, None]
+        # One slot is a plain slice of the ring; several are one gather/scatter over the slot dimension.
+        rows: slice | torch.Tensor = (
+            slice(slots[0], slots[0] + 1) if b == 1 else torch.as_tensor(list(slots), device=x.device)
+        )
         last = len(self.layers) - 1
 
         def attend(i: int, layer: nn.Module, normed: torch.Tensor) -> torch.Tensor | None:
             q, k, v = (
                 F.linear(normed, layer.self_attn.in_proj_weight).unflatten(-1, (3, c.num_heads, -1)).unbind(1)
             )
-            q, k = rope_rotate(q, cos, sin), rope_rotate(k, cos, sin)  # [T, H, hd]
+            q, k = rope_rotate(q, cos, sin), rope_rotate(k, cos, sin)  # [B * T, H, hd]
             scales = kv.layer_scales(i)
             k_scale, v_scale = (None, None) if scales is None else (s.view(-1, 1, 1) for s in scales)
-            kv.k[i, slot, :, start:end] = kv_fp8.store(k.transpose(0, 1), kv.k.dtype, k_scale)
-            kv.v[i, slot, :, start:end] = kv_fp8.store(v.transpose(0, 1), kv.v.dtype, v_scale)
+            k_ring, v_ring = kv.k[i], kv.v[i]  # [slots, H, window, hd]
+            k, v = (m.unflatten(0, (b, t)).transpose(1, 2) for m in (k, v))  # [B, H, T, hd]
+            k_ring[rows, :, start:end] = kv_fp8.store(k, kv.k.dtype, k_scale)
+            v_ring[rows, :, start:end] = kv_fp8.store(v, kv.v.dtype, v_scale)
             if i == last:
                 return None  # the last layer's output feeds nothing
-            keys, values = kv.k[i, slot : slot + 1, :, :end], kv.v[i, slot : slot + 1, :, :end]
-            keys, values = kv_fp8.load(keys, q.dtype, k_scale), kv_fp8.load(values, q.dtype, v_scale)
+            keys = kv_fp8.load(k_ring[rows, :, :end], q.dtype, k_scale)
+            values = kv_fp8.load(v_ring[rows, :, :end], q.dtype, v_scale)
             with _prefill_attention(x.device):
                 attn = F.scaled_dot_product_attention(
-                    q.transpose(0, 1).unsqueeze(0), keys, values, attn_mask=mask
-                )
-            return layer.self_attn.out_proj(attn[0].transpose(0, 1).reshape(t, -1))
+                    q.unflatten(0, (b, t)).transpose(1, 2), keys, values, attn_mask=mask
+                )  # [B, H, T, hd]
+            return layer.self_attn.out_proj(attn.transpose(1, 2).reshape(b * t, -1))
 
         _blocks(list(self.layers), x, None, attend)
 
