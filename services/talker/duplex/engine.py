@@ -5,7 +5,8 @@ Owned by one thread (``voxstage.stage.engine_loop``); imports no gRPC.
 
 A session joins with a prompt (voice, persona) that is **prefilled** in chunks under the per-tick token
 budget, interleaved with the live sessions' steps, so a join never stalls the others for more than one
-chunk. Then each step consumes one user frame (Mimi codes from the codec) and yields one agent frame.
+call; sessions joining together share their calls (one batched prefill per common offset). Then each step
+consumes one user frame (Mimi codes from the codec) and yields one agent frame.
 
 The codec owns the 80 ms clock and sends every session's user frame of a tick at once; the engine steps when
 every decoding session has its next frame, or when the oldest waiting frame is ``gather_s`` old (a late

@@ -256,5 +256,6 @@ def test_a_duplex_session_whose_prefill_fails_ends_alone() -> None:
             frames[o.session_id] = frames.get(o.session_id, 0) + (o.finish is None)
         if tick >= 10 and engine.session_state("s0") == "decode":
             break
-    assert len(raised) == 2 and failed == ["s1"] and engine.session_state("s1") == "absent"  # batch, then alone
+    # Two raises: the batched call, then s1's chunk alone.
+    assert len(raised) == 2 and failed == ["s1"] and engine.session_state("s1") == "absent"
     assert engine.sessions() == 2 and frames.get("s0", 0) > 0 and frames.get("s2", 0) > 0
