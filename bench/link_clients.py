@@ -13,28 +13,27 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from typing import Any
 
 import grpc
 import numpy as np
 
+from bench.link_transport import FRAME, EchoCodec
 from voxstage.internal.v1 import stage_pb2 as S
 from voxstage.internal.v1 import stage_pb2_grpc
 from voxstage.link.client import LinkClient
-from voxstage.link.server import LinkSession
 from voxstage.link.wire import CODEC_REQUESTS, CODEC_RESPONSES
 from voxstage.server import CHANNEL_OPTIONS
 
-FRAME = 1920
 TICK_S = 0.08
 
 
-class TickedCodec(stage_pb2_grpc.CodecServicer):
+class TickedCodec(EchoCodec):
     """Per user frame one PCM frame and one credit back, at the server's next 80 ms tick."""
 
     def __init__(self) -> None:
-        self.pcm = np.zeros(FRAME, "<f4").tobytes()
+        super().__init__()
         self.tick = asyncio.Event()
         self._ticker: asyncio.Task[None] | None = None
 
@@ -47,48 +46,10 @@ class TickedCodec(stage_pb2_grpc.CodecServicer):
             self.tick.set()  # every handler with a frame waiting wakes in this one loop turn
             self.tick = asyncio.Event()
 
-    async def Status(self, request: Any, context: Any) -> S.CodecStatusResponse:  # noqa: N802
-        return S.CodecStatusResponse(status=S.StageStatus(ready=True, link=True))
-
-    async def Stream(  # noqa: N802
-        self, requests: AsyncIterator[S.CodecStreamRequest], context: Any
-    ) -> AsyncIterator[S.CodecStreamResponse]:
+    async def before_reply(self) -> None:
         if self._ticker is None:
             self._ticker = asyncio.ensure_future(self._run_ticks())
-        sent = 0
-        async for msg in requests:
-            kind = msg.WhichOneof("request")
-            if kind == "open":
-                yield S.CodecStreamResponse(opened=S.StreamOpened(request_id=msg.open.request_id))
-            elif kind == "user_audio":
-                await self.tick.wait()
-                chunk = S.PcmChunk(
-                    sample_offset=sent * FRAME,
-                    sample_count=FRAME,
-                    format=S.PCM_FORMAT_F32LE,
-                    first_frame=sent,
-                    frame_count=1,
-                    user_frame=msg.user_audio.sample_offset // FRAME,
-                    sent_unix_ns=time.time_ns(),
-                )
-                chunk.data.inline = self.pcm
-                sent += 1
-                yield S.CodecStreamResponse(pcm=chunk)
-                yield S.CodecStreamResponse(credit=S.Credit(unit=S.CREDIT_UNIT_SAMPLES, amount=FRAME))
-            elif kind == "end_of_input":
-                yield S.CodecStreamResponse(end_of_stream=S.EndOfStream(reason=S.END_REASON_EOS))
-                return
-
-    async def Link(self, batches: Any, context: Any) -> AsyncIterator[Any]:  # noqa: N802
-        session = LinkSession(self.Stream, CODEC_REQUESTS, CODEC_RESPONSES, writer=None, reader=None)
-        out = session.run(batches)
-        try:
-            async for batch in out:
-                yield batch
-        except asyncio.CancelledError:
-            pass
-        finally:
-            await out.aclose()
+        await self.tick.wait()
 
 
 async def clients_level(

@@ -54,6 +54,9 @@ class EchoCodec(stage_pb2_grpc.CodecServicer):
     def __init__(self) -> None:
         self.pcm = np.zeros(FRAME, "<f4").tobytes()
 
+    async def before_reply(self) -> None:
+        """When a user frame's reply may go (at once here; a subclass may hold it)."""
+
     async def Status(self, request: Any, context: Any) -> S.CodecStatusResponse:  # noqa: N802
         return S.CodecStatusResponse(status=S.StageStatus(ready=True, link=True))
 
@@ -66,6 +69,7 @@ class EchoCodec(stage_pb2_grpc.CodecServicer):
             if kind == "open":
                 yield S.CodecStreamResponse(opened=S.StreamOpened(request_id=msg.open.request_id))
             elif kind == "user_audio":
+                await self.before_reply()
                 chunk = S.PcmChunk(
                     sample_offset=sent * FRAME,
                     sample_count=FRAME,

@@ -28,13 +28,15 @@ FRAME = 1920
 
 
 class MemoryCall:
-    """The part of a ``grpc.aio`` bidi call ``CodecStream`` uses, in memory."""
+    """The part of a ``grpc.aio`` bidi call ``CodecStream`` uses, in memory (also the receive path's unit
+    tests' call: tests/unit/gateway/test_upstream_receive.py)."""
 
     def __init__(self) -> None:
         self.inbox: asyncio.Queue[Any] = asyncio.Queue()
+        self.written: list[Any] = []
 
     async def write(self, msg: Any) -> None:
-        pass
+        self.written.append(msg)
 
     async def done_writing(self) -> None:
         pass

@@ -10,48 +10,10 @@ from typing import Any
 import grpc
 import pytest
 
+from bench.receive_path import MemoryCall, Replica
 from gateway.errors import GatewayError
 from gateway.upstream import CodecStream, Timeouts
 from voxstage.internal.v1 import stage_pb2 as S
-
-
-class MemoryCall:
-    def __init__(self) -> None:
-        self.inbox: asyncio.Queue[Any] = asyncio.Queue()
-        self.written: list[Any] = []
-
-    async def write(self, msg: Any) -> None:
-        self.written.append(msg)
-
-    async def done_writing(self) -> None:
-        pass
-
-    async def read(self) -> Any:
-        return await self.inbox.get()
-
-    def done(self) -> bool:
-        return False
-
-    def cancel(self) -> bool:
-        return True
-
-
-class Replica:
-    address = "memory"
-    status = None
-
-    def __init__(self) -> None:
-        self.call = MemoryCall()
-
-    def codec_link(self, reader: Any) -> None:
-        return None
-
-    @property
-    def codec_stub(self) -> Any:
-        return self
-
-    def Stream(self, timeout: float | None = None) -> MemoryCall:  # noqa: N802
-        return self.call
 
 
 class Pool:
@@ -69,9 +31,10 @@ def pcm(n: int) -> S.CodecStreamResponse:
 async def opened_stream(stall_s: float = 30.0) -> tuple[CodecStream, MemoryCall]:
     replica = Replica()
     stream = CodecStream(Pool(), replica, timeouts=Timeouts(30.0, stall_s), deadline_s=None)  # type: ignore[arg-type]
-    replica.call.inbox.put_nowait(S.CodecStreamResponse(opened=S.StreamOpened()))
+    (call,) = replica.calls  # the stream's own call (this replica offers no link)
+    call.inbox.put_nowait(S.CodecStreamResponse(opened=S.StreamOpened()))
     await stream.open(S.StreamOpen(initial_credit=S.Credit(amount=64)), min_chunk_samples=1)
-    return stream, replica.call
+    return stream, call
 
 
 async def test_two_receivers_each_get_a_message() -> None:
