@@ -35,7 +35,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from bench.levels import LagProbe
-from bench.playback import percentile, simulate_playback
+from bench.playback import percentile, simulate_playback, stalls_in_client_stalls
 from bench.procsample import Sampler
 from bench.prom import counter, diff, hist_quantiles, scrape
 from bench.stack import Stack, StackSpec
@@ -79,12 +79,14 @@ class SessionRecord:
         """Seconds of agent audio that arrived in ``[t0, t1)`` (monotonic)."""
         return sum(n for t, n in self.audio if t0 <= t < t1) / RATE
 
-    def summary(self) -> dict[str, Any]:
+    def summary(self, loop_stalls: Sequence[tuple[float, float]] = ()) -> dict[str, Any]:
+        """``loop_stalls``: when this session's client process's loop was blocked (``LagProbe.events``)."""
         play = simulate_playback(self.audio, RATE, tolerance_s=LATE_TOLERANCE_S)
         played = sum(n for _, n in self.audio)
         out: dict[str, Any] = {
             "frames": played // FRAME,
             "late": play.stalls,
+            "late_in_client_stalls": stalls_in_client_stalls(play.stall_events, loop_stalls),
             "stall_total_s": play.stall_total_s,
             "stall_max_s": play.stall_max_s,
             "first_audio_s": self.audio[0][0] - self.started if self.audio else None,
@@ -144,6 +146,7 @@ class Part:
     records: dict[int, SessionRecord]
     loop_lag_ms: dict[str, float | None]
     pid: int
+    loop_stalls: list[tuple[float, float]] = field(default_factory=list)  # LagProbe.events
 
 
 async def _run_part(
@@ -156,7 +159,7 @@ async def _run_part(
 
     with LagProbe() as lag:
         done = await asyncio.gather(*(one(i) for i in indices))
-    return Part(dict(done), lag.summary(), os.getpid())
+    return Part(dict(done), lag.summary(), os.getpid(), lag.events)
 
 
 def run_part(
@@ -218,8 +221,8 @@ def level_row(
     n: int, wall: float, parts: list[Part], d: dict[str, dict[str, float]], processes: dict[str, Any] | None
 ) -> dict[str, Any]:
     """One level's numbers (see the module docstring); ``d`` is each process's Prometheus diff."""
-    records = [parts_rec for part in parts for parts_rec in part.records.values()]
-    sessions = [r.summary() for r in records]
+    records = [rec for part in parts for rec in part.records.values()]
+    sessions = [rec.summary(part.loop_stalls) for part in parts for rec in part.records.values()]
     frames = sum(s["frames"] for s in sessions)
     late = sum(s["late"] for s in sessions)
     firsts = [s["first_audio_s"] for s in sessions if s["first_audio_s"] is not None]
@@ -236,6 +239,8 @@ def level_row(
         "sessions_without_audio": sum(1 for r in records if not r.audio),
         "agent_frames": frames,
         "client_late_frames": late,
+        # Of those, the ones the load client's own blocked event loop explains (bench.playback).
+        "client_late_frames_in_client_stalls": sum(s["late_in_client_stalls"] for s in sessions),
         "client_late_rate": late / frames if frames else None,
         "stalled_sessions": sum(1 for s in sessions if s["late"]),
         "stall_max_s": max((s["stall_max_s"] for s in sessions), default=None),

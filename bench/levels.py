@@ -28,6 +28,7 @@ from bench.records import (
 )
 
 LAG_PROBE_S = 0.01
+LAG_EVENT_S = 0.005  # a wake-up this late is recorded with its time (LagProbe.events)
 ERROR_BACKOFF_S = 0.05  # closed loop: a refused worker waits this long instead of spinning
 
 
@@ -70,13 +71,19 @@ class LagProbe:
 
     def __init__(self) -> None:
         self.samples: list[float] = []
+        # (time.monotonic() at wake-up, lag s) of every wake-up later than LAG_EVENT_S: when the loop was
+        # blocked, so that a late chunk read then can be told from one the server sent late.
+        self.events: list[tuple[float, float]] = []
         self._task: asyncio.Task[None] | None = None
 
     async def _run(self) -> None:
         while True:
             t = time.perf_counter()
             await asyncio.sleep(LAG_PROBE_S)
-            self.samples.append(time.perf_counter() - t - LAG_PROBE_S)
+            lag = time.perf_counter() - t - LAG_PROBE_S
+            self.samples.append(lag)
+            if lag > LAG_EVENT_S:
+                self.events.append((time.monotonic(), lag))
 
     def __enter__(self) -> LagProbe:
         self._task = asyncio.get_running_loop().create_task(self._run())

@@ -25,6 +25,7 @@ class Playback:
     max_lag_s: float  # worst deficit without re-buffering (vLLM-Omni audio_underrun); 0 when always early
     # Audio position (s) where the first stall hit: 0.08 is the chunk after a one-frame first chunk.
     first_stall_at_s: float | None = None
+    stall_events: tuple[tuple[float, float], ...] = ()  # (arrival time s, deficit s) of each stall
 
 
 NO_AUDIO = Playback(0, 0.0, 0.0, 0.0)
@@ -48,21 +49,44 @@ def simulate_playback(
     # event instead of a running float sum, so a chunk that is exactly on time is not a stall by rounding.
     base_t, base_played = start, 0
     played = 0
-    stalls, total, worst, lag = 0, 0.0, 0.0, 0.0
+    total, worst, lag = 0.0, 0.0, 0.0
+    stalled: list[tuple[float, float]] = []
     first: float | None = None
     for t, n in events:
         due = base_t + (played - base_played) / sample_rate
         if t > due:
             deficit = t - due
             if deficit > tolerance_s:
-                stalls += 1
+                stalled.append((t, deficit))
                 first = played / sample_rate if first is None else first
                 total += deficit
                 worst = max(worst, deficit)
             base_t, base_played = t, played  # the player waited; it resumes on arrival
         lag = max(lag, t - (start + played / sample_rate))
         played += n
-    return Playback(stalls, total, worst, lag, first)
+    return Playback(len(stalled), total, worst, lag, first, tuple(stalled))
+
+
+# A chunk the client's loop read late reaches the player up to this long after the loop woke (the events
+# queued behind the block are handled first).
+CLIENT_STALL_SLACK_S = 0.02
+
+
+def stalls_in_client_stalls(
+    stalls: Sequence[tuple[float, float]], loop_stalls: Sequence[tuple[float, float]]
+) -> int:
+    """How many playback stalls ``(arrival, deficit)`` the client's own event loop explains: the loop was
+    blocked (``loop_stalls``: ``(woke at, blocked for)``, the same clock as the arrivals) for at least half
+    the deficit, and the chunk arrived while it was blocked or within ``CLIENT_STALL_SLACK_S`` after it
+    woke. Such a stall is the load client's, not the server's."""
+    return sum(
+        1
+        for t, deficit in stalls
+        if any(
+            blocked >= deficit / 2 and woke - blocked <= t <= woke + CLIENT_STALL_SLACK_S
+            for woke, blocked in loop_stalls
+        )
+    )
 
 
 class UniformSource(Protocol):

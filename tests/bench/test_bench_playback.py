@@ -8,7 +8,15 @@ import math
 import numpy as np
 import pytest
 
-from bench.playback import NO_AUDIO, Playback, pcm_arrivals, percentile, poisson_arrivals, simulate_playback
+from bench.playback import (
+    NO_AUDIO,
+    Playback,
+    pcm_arrivals,
+    percentile,
+    poisson_arrivals,
+    simulate_playback,
+    stalls_in_client_stalls,
+)
 
 EXACT = 1e-12
 
@@ -43,6 +51,25 @@ def test_late_chunks_stall_and_shift_the_rest_of_playback() -> None:
     approx(simulate_playback(arrivals, 1000), 2, 0.26, 0.14, 0.26)
     assert simulate_playback(arrivals, 1000).first_stall_at_s == pytest.approx(0.08)  # chunk 2
     assert simulate_playback(arrivals[:1], 1000).first_stall_at_s is None
+
+
+def test_each_stall_is_kept_with_its_arrival_and_deficit() -> None:
+    play = simulate_playback([(1.0, 80), (1.2, 80), (1.25, 80), (1.5, 80)], 1000)
+    assert [t for t, _ in play.stall_events] == [1.2, 1.5]
+    assert [d for _, d in play.stall_events] == pytest.approx([0.12, 0.14])
+
+
+def test_a_stall_is_the_clients_when_its_loop_was_blocked_for_it() -> None:
+    stalls = [(1.2, 0.12), (1.5, 0.17), (3.0, 0.05)]
+    # The loop woke at 1.21 after 150 ms blocked: the chunk read at 1.2 (inside the block) is the client's.
+    assert stalls_in_client_stalls(stalls, [(1.21, 0.15)]) == 1
+    # A chunk handled just after the block (within the slack) is explained too; one long after is not.
+    assert stalls_in_client_stalls(stalls, [(1.19, 0.15)]) == 1
+    assert stalls_in_client_stalls(stalls, [(1.1, 0.15)]) == 0
+    # A block much shorter than the deficit does not explain it (the server was late as well).
+    assert stalls_in_client_stalls(stalls, [(1.5, 0.05)]) == 0
+    assert stalls_in_client_stalls(stalls, [(1.5, 0.09), (3.0, 0.03)]) == 2
+    assert stalls_in_client_stalls(stalls, []) == 0
 
 
 def test_the_first_chunk_defines_the_start_whatever_its_absolute_time() -> None:
