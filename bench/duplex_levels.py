@@ -222,7 +222,8 @@ def level_row(
 ) -> dict[str, Any]:
     """One level's numbers (see the module docstring); ``d`` is each process's Prometheus diff."""
     records = [rec for part in parts for rec in part.records.values()]
-    sessions = [rec.summary(part.loop_stalls) for part in parts for rec in part.records.values()]
+    by_part = [[rec.summary(part.loop_stalls) for rec in part.records.values()] for part in parts]
+    sessions = [summary for part in by_part for summary in part]
     frames = sum(s["frames"] for s in sessions)
     late = sum(s["late"] for s in sessions)
     firsts = [s["first_audio_s"] for s in sessions if s["first_audio_s"] is not None]
@@ -264,6 +265,11 @@ def level_row(
                 "max": max(lags, default=None),
             },
             "loop_lag_ms": [p.loop_lag_ms for p in parts],
+            # Per client process: sessions that heard a late frame, of its sessions. A server-side delay
+            # hits sessions whatever process reads them; a stall of one client process hits its own alone.
+            "stalled_sessions_by_process": [
+                [sum(1 for x in part if x["late"]), len(part)] for part in by_part
+            ],
         },
         "processes": processes,
         "per_session": sessions,
