@@ -20,8 +20,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
 import collections
 import concurrent.futures
+import functools
 import importlib
 import json
 import multiprocessing
@@ -45,6 +47,7 @@ RATE = 24000
 FRAME = 1920  # samples per 80 ms
 TICK = 0.08
 LATE_TOLERANCE_S = 1e-3  # a frame within 1 ms of its play time is on time (clock and scheduling noise)
+PREPARE_S = 0.1  # a client process's time to make one session's user audio before a level starts (generous)
 T = TypeVar("T")
 # The duplex family's (voxstage.families): its seed deploy file, size-true preset and benchmark voice.
 DUPLEX = next(f for f in families.families() if f.duplex)
@@ -108,10 +111,19 @@ def user_audio(seconds: float, seed: int) -> bytes:
     return (np.clip(x, -1, 1) * 32767).astype("<i2").tobytes()
 
 
-def user_frames(seconds: float, seed: int) -> list[bytes]:
-    """``user_audio`` cut into 80 ms frames, as a microphone hands them over."""
+@functools.lru_cache(maxsize=256)
+def user_frames(seconds: float, seed: int) -> tuple[bytes, ...]:
+    """``user_audio`` cut into 80 ms frames, as a microphone hands them over. Kept: a client process makes
+    its sessions' audio before a level's clock starts (``_run_part``), not on its event loop while other
+    sessions play (tens of ms each, which stalled every session of a process on the H200)."""
     audio = user_audio(seconds, seed)
-    return [audio[2 * FRAME * k : 2 * FRAME * (k + 1)] for k in range(len(audio) // (2 * FRAME))]
+    return tuple(audio[2 * FRAME * k : 2 * FRAME * (k + 1)] for k in range(len(audio) // (2 * FRAME)))
+
+
+@functools.lru_cache(maxsize=256)
+def user_frames_b64(seconds: float, seed: int) -> tuple[str, ...]:
+    """``user_frames`` as base64 text (the Realtime API's ``input_audio_buffer.append``), kept likewise."""
+    return tuple(base64.b64encode(f).decode("ascii") for f in user_frames(seconds, seed))
 
 
 async def paced(frames: Sequence[T], rec: SessionRecord, send: Callable[[T], Awaitable[None]]) -> None:
@@ -147,6 +159,7 @@ class Part:
     loop_lag_ms: dict[str, float | None]
     pid: int
     loop_stalls: list[tuple[float, float]] = field(default_factory=list)  # LagProbe.events
+    started_late_s: float = 0.0  # how far past the level's start making the sessions' audio ran
 
 
 async def _run_part(
@@ -155,11 +168,18 @@ async def _run_part(
 ) -> Part:  # fmt: skip
     async def one(i: int) -> tuple[int, SessionRecord]:
         await asyncio.sleep(max(0.0, t_start + join_offset(i, n, spread_s) - time.monotonic()))
-        return i, await fn(target, seconds, 1000 + i, opts)
+        return i, await fn(target, seconds, session_seed(i), opts)
 
+    for i in indices:
+        user_frames_b64(seconds, session_seed(i))  # before the clock (see user_frames); the pcm too
+    late_by = max(0.0, time.monotonic() - t_start)
     with LagProbe() as lag:
         done = await asyncio.gather(*(one(i) for i in indices))
-    return Part(dict(done), lag.summary(), os.getpid(), lag.events)
+    return Part(dict(done), lag.summary(), os.getpid(), lag.events, late_by)
+
+
+def session_seed(i: int) -> int:
+    return 1000 + i
 
 
 def run_part(
@@ -199,7 +219,8 @@ class Clients:
     ) -> list[Part]:
         if self.pool is None:
             return [run_part(fn, target, list(range(n)), n, time.monotonic(), seconds, spread_s, opts)]
-        t_start = time.monotonic() + 0.5  # every worker's loop is running by then
+        # Every worker's loop is running by then, and has made its sessions' audio (user_frames).
+        t_start = time.monotonic() + 0.5 + PREPARE_S * -(-n // self.procs)
         parts = [
             self.pool.submit(
                 run_part, fn, target, list(range(w, n, self.procs)), n, t_start, seconds, spread_s, opts
@@ -265,6 +286,7 @@ def level_row(
                 "max": max(lags, default=None),
             },
             "loop_lag_ms": [p.loop_lag_ms for p in parts],
+            "started_late_s": max((p.started_late_s for p in parts), default=0.0),
             # Per client process: sessions that heard a late frame, of its sessions. A server-side delay
             # hits sessions whatever process reads them; a stall of one client process hits its own alone.
             "stalled_sessions_by_process": [

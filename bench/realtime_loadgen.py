@@ -25,9 +25,9 @@ its seed deploy file.
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextlib
 import time
+import weakref
 
 from openai import AsyncOpenAI
 from websockets.exceptions import ConnectionClosed
@@ -37,7 +37,7 @@ from bench.duplex_levels import (
     SessionRecord,
     paced,
     run_cli,
-    user_frames,
+    user_frames_b64,
 )
 
 CLOSE_NORMAL = 1000
@@ -53,9 +53,8 @@ def b64_samples(delta: str) -> int:
 async def realtime_session(target: str, seconds: float, seed: int, opts: SessionOptions) -> SessionRecord:
     """One session against ``target`` (the gateway's HTTP host:port)."""
     rec = SessionRecord(time.monotonic())
-    frames = [base64.b64encode(f).decode("ascii") for f in user_frames(seconds, seed)]
-    # max_retries=0: a refusal is a result here, not something to retry.
-    client = AsyncOpenAI(base_url=f"http://{target}/v1", api_key="unused", max_retries=0)
+    frames = user_frames_b64(seconds, seed)
+    client = shared_client(target)
     update = {"type": "realtime", "instructions": opts.persona, "audio": {"output": {"voice": opts.voice}}}
     done = asyncio.Event()
     try:
@@ -103,9 +102,23 @@ async def realtime_session(target: str, seconds: float, seed: int, opts: Session
         rec.error("TIMEOUT", f"session not over {seconds + SESSION_SLACK_S:.0f} s after it started")
     except Exception as exc:  # noqa: BLE001 - a failed session is a record with its error, not a crash
         rec.error(type(exc).__name__, str(exc))
-    finally:
-        await client.close()
     return rec
+
+
+_CLIENTS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, AsyncOpenAI]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def shared_client(target: str) -> AsyncOpenAI:
+    """One ``AsyncOpenAI`` per client process's loop and target, as a user's program keeps one: building one
+    takes tens of ms on the loop, which stalled the process's other sessions when each session built its own.
+    Each session still opens its own WebSocket (``realtime.connect``)."""
+    clients = _CLIENTS.setdefault(asyncio.get_running_loop(), {})
+    if target not in clients:
+        # max_retries=0: a refusal is a result here, not something to retry.
+        clients[target] = AsyncOpenAI(base_url=f"http://{target}/v1", api_key="unused", max_retries=0)
+    return clients[target]
 
 
 async def _close_when(done: asyncio.Event, conn: object) -> None:
