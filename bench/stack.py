@@ -16,36 +16,35 @@ from pathlib import Path
 from bench.procsample import stack_processes
 from voxstage import families
 from voxstage.health_probe import check
+from voxstage.placement import free_port
 
+LOOPBACK = "127.0.0.1"
 REPO = Path(__file__).resolve().parents[1]
 DEPLOY = REPO / families.default_family().deploy_file
 CHUNK_KEYS = "connectors.connector_of_shared_memory.extra"
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def free_port_block(n: int, tries: int = 50) -> int:
-    """A port P with P .. P+n-1 all free now (``voxstage serve`` gives replica k the metrics port P+k)."""
+def free_port_block(n: int, avoid: set[int], tries: int = 50) -> int:
+    """A port P with P .. P+n-1 all free now and none in ``avoid`` (``voxstage serve`` gives replica k the
+    metrics port P+k); the block joins ``avoid``."""
     for _ in range(tries):
-        base = free_port()
-        if base + n > 65536:
+        base = free_port(LOOPBACK, avoid)
+        block = range(base, base + n)
+        if base + n > 65536 or avoid.intersection(block):
             continue
         socks: list[socket.socket] = []
         try:
             for k in range(1, n):
                 sock = socket.socket()
                 socks.append(sock)
-                sock.bind(("127.0.0.1", base + k))
-            return base
+                sock.bind((LOOPBACK, base + k))
         except OSError:
             continue
         finally:
             for sock in socks:
                 sock.close()
+        avoid.update(block)
+        return base
     raise RuntimeError(f"no block of {n} free loopback ports found")
 
 
@@ -101,14 +100,13 @@ class Stack:
         self.spec = spec
         self.log = log
         self.env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
-        self.grpc = f"127.0.0.1:{free_port()}"
-        self.http = f"127.0.0.1:{free_port()}"
-        # Replica k of a stage serves metrics on its stage's port + k; the two blocks must not overlap.
-        talker = free_port_block(spec.pairs)
-        codec = free_port_block(spec.pairs)
-        while abs(codec - talker) < spec.pairs:
-            codec = free_port_block(spec.pairs)
-        self.metrics = {"talker": talker, "codec": codec}
+        # Every port this stack is given is distinct: a probe's port is free again once its socket closes.
+        taken: set[int] = set()
+        self.grpc = f"{LOOPBACK}:{free_port_block(1, taken)}"
+        self.http = f"{LOOPBACK}:{free_port_block(1, taken)}"
+        # Replica k of a stage serves metrics on its stage's port + k.
+        talker = free_port_block(spec.pairs, taken)
+        self.metrics = {"talker": talker, "codec": free_port_block(spec.pairs, taken)}
         self.proc: subprocess.Popen[bytes] | None = None
         self.start_s: float | None = None
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import socket
+from collections.abc import Collection
 from dataclasses import dataclass
 
 from voxstage.config import DeployConfig
@@ -31,10 +32,16 @@ class Placement:
         return f"{self.host}:{self.port}"
 
 
-def free_port(host: str) -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
+def free_port(host: str, avoid: Collection[int] = ()) -> int:
+    """A port free on ``host`` now and not in ``avoid`` (ports the launcher hands out or binds later: the
+    kernel may offer them again, since a probe's socket is closed before anyone binds its port)."""
+    for _ in range(100):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind((host, 0))
+            port = int(s.getsockname()[1])
+        if port not in avoid:
+            return port
+    raise RuntimeError(f"no free port on {host} outside {sorted(avoid)[:10]}")
 
 
 def visible_devices(devices: str) -> str:
@@ -51,19 +58,27 @@ def visible_devices(devices: str) -> str:
 
 
 def place_stage(
-    role: str, stage: StageConfig, host: str, port: int, metrics_port: int | None
+    role: str,
+    stage: StageConfig,
+    host: str,
+    port: int,
+    metrics_port: int | None,
+    avoid: set[int] | None = None,
 ) -> list[Placement]:
-    """One placement per replica; ``port`` 0 picks free ports. Raises ValueError for a device index past
-    the launcher's CUDA_VISIBLE_DEVICES."""
+    """One placement per replica; ``port`` 0 picks free ports outside ``avoid`` (and adds them to it). Raises
+    ValueError for a device index past the launcher's CUDA_VISIBLE_DEVICES."""
     lists = stage.replica_device_lists
+    avoid = set() if avoid is None else avoid
     out = []
     for k, devices in enumerate(lists):
+        picked = port + k if port else free_port(host, avoid)
+        avoid.add(picked)
         out.append(
             Placement(
                 role=role,
                 name=role if len(lists) == 1 else f"{role}-{k}",
                 host=host,
-                port=port + k if port else free_port(host),
+                port=picked,
                 metrics_port=None if metrics_port is None else metrics_port + k,
                 visible=visible_devices(devices),
             )
@@ -79,10 +94,22 @@ def place(
     codec_port: int = 0,
     talker_metrics_port: int | None = None,
     codec_metrics_port: int | None = None,
+    reserved: Collection[int] = (),
 ) -> tuple[list[Placement], list[Placement]]:
-    """The talker replicas and the codec replicas of this host."""
-    talkers = place_stage("talker", config.talker, host, talker_port, talker_metrics_port)
-    codecs = place_stage("codec", config.codec, host, codec_port, codec_metrics_port)
+    """The talker replicas and the codec replicas of this host. ``reserved``: ports bound by others the
+    launcher starts (the gateway's); a picked port avoids them, the metrics ports and every port picked
+    before."""
+    avoid = {*reserved}
+    for first, stage in (
+        (talker_metrics_port, config.talker),
+        (codec_metrics_port, config.codec),
+        (talker_port, config.talker),
+        (codec_port, config.codec),
+    ):
+        if first:  # each replica k takes first + k
+            avoid.update(first + k for k in range(len(stage.replica_device_lists)))
+    talkers = place_stage("talker", config.talker, host, talker_port, talker_metrics_port, avoid)
+    codecs = place_stage("codec", config.codec, host, codec_port, codec_metrics_port, avoid)
     taken = [p.port for p in (*talkers, *codecs)]
     if len(set(taken)) != len(taken):
         raise ValueError(f"the replicas' ports overlap ({sorted(taken)}): move --talker-port or --codec-port")

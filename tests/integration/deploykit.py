@@ -12,7 +12,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -21,14 +20,21 @@ from pathlib import Path
 
 import yaml
 
+from voxstage import placement
+
 REPO = Path(__file__).resolve().parents[2]
 PORT_FLAGS = ("--port", "--metrics-port", "--grpc-port", "--http-port")
 
 
+_HANDED_OUT: set[int] = set()
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A loopback port free now and not handed out before in this test process (a closed probe's port can be
+    offered again before whoever it was given binds it)."""
+    port = placement.free_port("127.0.0.1", _HANDED_OUT)
+    _HANDED_OUT.add(port)
+    return port
 
 
 def expand(arg: str, values: dict[str, str] | None = None) -> str:

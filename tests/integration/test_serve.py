@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.integration.deploykit import free_port
 from tests.integration.stagekit import MODEL, ROOT, SEED_DEPLOY, SPF, stage_env
 from tests.mpskit import install_fake_control
 from voxstage.health_probe import check
@@ -31,12 +32,6 @@ pytestmark = pytest.mark.timeout(120)
 FRAMES = 24
 
 
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture(scope="module")

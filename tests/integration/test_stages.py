@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import signal
-import socket
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -20,6 +19,7 @@ import grpc
 import numpy as np
 import pytest
 
+from tests.integration.deploykit import free_port
 from tests.integration.netns import make_hosts
 from tests.integration.reference import TEXT, TEXT_HEAD, TEXT_TAIL, in_process_reference
 from tests.integration.stagekit import (
@@ -59,12 +59,6 @@ RELAXED_STALL = "connectors.connector_of_shared_memory.extra.connector_get_max_w
 # predictable gap, and the shm test counts bytes per chunk. Pair B keeps the default ramp.
 NO_RAMP = "connectors.connector_of_shared_memory.extra.codec_chunk_ramp=false"
 STRICT_STALL = "connectors.connector_of_shared_memory.extra.connector_get_max_wait=20"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -18,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tests.integration.deploykit import free_port
 from tests.integration.stagekit import ROOT, stage_env
 from tests.toy_family.codec import RATE, tone
 from tests.toy_family.descriptor import FAMILY
@@ -25,12 +25,6 @@ from voxstage.health_probe import check
 
 pytestmark = pytest.mark.timeout(240)
 TEXT = "Toy!"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def test_a_family_from_the_test_tree_serves_a_request_end_to_end(tmp_path: Path) -> None:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -19,6 +18,7 @@ from typing import Any
 
 from voxstage import families
 from voxstage.health_probe import check
+from voxstage.placement import free_port
 
 DEFAULT_TEXT = "Hello from voxstage. This sentence travelled from the gateway to the codec and the talker."
 
@@ -38,14 +38,9 @@ def register(subparsers: Any) -> None:
     p.set_defaults(handler=run)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def run(args: argparse.Namespace) -> int:
-    grpc_port, http_port = _free_port(), _free_port()
+    grpc_port = free_port("127.0.0.1")
+    http_port = free_port("127.0.0.1", avoid={grpc_port})
     cmd = [
         sys.executable, "-m", "voxstage", "serve", args.config, "--model", args.model,
         "--host", "127.0.0.1", "--grpc-port", str(grpc_port), "--http-port", str(http_port),

@@ -188,9 +188,12 @@ def run(args: argparse.Namespace) -> int:
         signal.signal(sig, on_signal)
     stages: list[Stage] = []
     try:  # replicas, ports and GPUs of every stage process (voxstage.placement)
+        gw = config.gateway  # the stages' free ports must not be the gateway's, which binds last
+        public = () if args.no_gateway else (args.grpc_port or gw.grpc_port, args.http_port or gw.http_port)
         talkers, codecs = place(
             config, host, talker_port=args.talker_port, codec_port=args.codec_port,
             talker_metrics_port=args.talker_metrics_port, codec_metrics_port=args.codec_metrics_port,
+            reserved=public,
         )  # fmt: skip
     except ValueError as exc:
         print(f"{args.config}: {exc}", file=sys.stderr)
@@ -225,7 +228,6 @@ def run(args: argparse.Namespace) -> int:
                 if not _wait_serving(started, args.start_timeout, stopping):
                     return _abort(stages, args.drain_grace, stopping)
         if not args.no_gateway:
-            gw = config.gateway
             if gw.codec_addresses or gw.talker_addresses:
                 log.warning("gateway.codec_addresses / talker_addresses: not used, the gateway gets the "
                             "addresses of the stages started here")  # fmt: skip
