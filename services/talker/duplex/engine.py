@@ -295,6 +295,7 @@ class DuplexEngine(Steppable[DuplexOutput]):
             for s in batch:
                 s.prefilled += n
                 if s.prefilled >= s.prefill_target:
+                    self._working = [s]  # a failing start belongs to its session alone
                     self.adapter.start_decode(s.slot, s.prompt)
                     s.decoding = True
                     s.position = s.prefill_target

@@ -232,7 +232,8 @@ def test_the_worker_fails_the_request_through_its_listener_and_serves_the_others
 # -- duplex (PersonaPlex) ---------------------------------------------------------------------------------
 
 
-def test_a_duplex_session_whose_prefill_fails_ends_alone() -> None:
+@pytest.mark.parametrize("where", ["prefill_many", "start_decode"])
+def test_a_duplex_session_whose_prefill_fails_ends_alone(where: str) -> None:
     model = fixture_model(load_case("prompt_voice"))
     cfg = DuplexConfig(max_sessions=3, window=model.config.context, prefill_budget=512)
     engine = DuplexEngine(PersonaPlexAdapter(model), cfg, clock=lambda: 0.0)
@@ -240,8 +241,13 @@ def test_a_duplex_session_whose_prefill_fails_ends_alone() -> None:
     for r in sessions:
         engine.open(r)
     # The three join in one step, so their first chunks go as one batched call: it fails, each chunk is
-    # redone alone, and only s1's fails again.
-    raised = poison(engine, "prefill_many", lambda chunks: any(c[0] == engine.slot_of("s1") for c in chunks))
+    # redone alone, and only s1's fails again. Or the batch succeeds and s1's start fails.
+    s1 = engine._by_id["s1"].prompt
+    bad = {
+        "prefill_many": lambda chunks: any(prompt is s1 for _, prompt, _, _ in chunks),
+        "start_decode": lambda slot, prompt: prompt is s1,
+    }
+    raised = poison(engine, where, bad[where])
     failed: list[str] = []
     frames: dict[str, int] = {}
     sent = {"s0": 0, "s2": 0}
@@ -256,6 +262,7 @@ def test_a_duplex_session_whose_prefill_fails_ends_alone() -> None:
             frames[o.session_id] = frames.get(o.session_id, 0) + (o.finish is None)
         if tick >= 10 and engine.session_state("s0") == "decode":
             break
-    # Two raises: the batched call, then s1's chunk alone.
-    assert len(raised) == 2 and failed == ["s1"] and engine.session_state("s1") == "absent"
+    # prefill_many raises twice: the batched call, then s1's chunk alone.
+    assert len(raised) == (2 if where == "prefill_many" else 1)
+    assert failed == ["s1"] and engine.session_state("s1") == "absent"
     assert engine.sessions() == 2 and frames.get("s0", 0) > 0 and frames.get("s2", 0) > 0
