@@ -28,6 +28,7 @@ import importlib
 import json
 import multiprocessing
 import os
+import sys
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -93,6 +94,8 @@ class SessionRecord:
             "stall_total_s": play.stall_total_s,
             "stall_max_s": play.stall_max_s,
             "first_audio_s": self.audio[0][0] - self.started if self.audio else None,
+            # Connect to session.created: the client's and the face's part of first audio, not the stages'.
+            "opened_s": None if self.opened_at is None else self.opened_at - self.started,
             "transcript_chars": self.transcript_chars,
             "frames_sent": self.frames_sent,
             "send_lag_max_s": max(self.send_lag, default=None),
@@ -172,6 +175,9 @@ async def _run_part(
 
     for i in indices:
         user_frames_b64(seconds, session_seed(i))  # before the clock (see user_frames); the pcm too
+    warm = getattr(sys.modules[fn.__module__], "warm_client", None)
+    if warm is not None:
+        await warm(target)  # the session module's client library, warmed before the clock too
     late_by = max(0.0, time.monotonic() - t_start)
     with LagProbe() as lag:
         done = await asyncio.gather(*(one(i) for i in indices))
@@ -269,6 +275,7 @@ def level_row(
         "stall_total_s": sum(s["stall_total_s"] for s in sessions),
         "first_audio_s": _stats(firsts),
         "first_audio_s_max": max(firsts, default=None),
+        "opened_s": _stats([s["opened_s"] for s in sessions if s["opened_s"] is not None]),
         "talker_tick": hist_quantiles(talker, "voxstage_stage_tick_seconds", 'stage="talker"'),
         "codec_tick": hist_quantiles(codec, "voxstage_stage_tick_seconds", 'stage="codec"'),
         "codec_late_frames": counter(codec, "voxstage_duplex_late_frames"),

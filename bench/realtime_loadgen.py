@@ -26,10 +26,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import time
 import weakref
+from typing import Any, cast
 
 from openai import AsyncOpenAI
+from openai.resources.realtime.realtime import AsyncRealtimeConnection
 from websockets.exceptions import ConnectionClosed
 
 from bench.duplex_levels import (
@@ -119,6 +122,31 @@ def shared_client(target: str) -> AsyncOpenAI:
         # max_retries=0: a refusal is a result here, not something to retry.
         clients[target] = AsyncOpenAI(base_url=f"http://{target}/v1", api_key="unused", max_retries=0)
     return clients[target]
+
+
+# One of each event kind a session parses (its first parse builds the event models' validators).
+_WARM_EVENTS = tuple(
+    json.dumps({"type": kind, "event_id": "warm", **fields})
+    for kind, fields in (
+        ("session.created", {"session": {"type": "realtime", "model": "warm"}}),
+        ("session.updated", {"session": {"type": "realtime", "model": "warm"}}),
+        ("response.output_audio.delta", {"delta": "", "response_id": "r", "item_id": "i", "output_index": 0,
+                                         "content_index": 0}),
+        ("response.output_audio_transcript.delta", {"delta": "", "response_id": "r", "item_id": "i",
+                                                    "output_index": 0, "content_index": 0}),
+        ("error", {"error": {"type": "warm", "message": "warm"}}),
+    )
+)  # fmt: skip
+
+
+async def warm_client(target: str) -> None:
+    """Before a level's clock, in each client process: its one client and the ``openai`` package's lazy
+    first uses (the realtime resource, the first parse of each event kind). Left to the first session they
+    blocked a client process's loop for 0.25 s (the 2-core box) to 0.6 s (H200) while all of its sessions
+    were joining, so the first level's first audio carried them and the next level's did not."""
+    shared_client(target).realtime  # noqa: B018 - built on first access
+    for raw in _WARM_EVENTS:
+        AsyncRealtimeConnection.parse_event(cast(Any, None), raw)  # it uses no connection state
 
 
 async def _close_when(done: asyncio.Event, conn: object) -> None:

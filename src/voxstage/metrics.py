@@ -201,3 +201,8 @@ DUPLEX_INPUT_UNDERFLOW = Counter(
     "Codec: session ticks that ran on silence because no user frame had arrived.",
     registry=REGISTRY,
 )  # exported as voxstage_duplex_input_underflow_ticks_total
+DUPLEX_SKIPPED_TICKS = Counter(
+    "voxstage_duplex_skipped_ticks",
+    "Codec: grid ticks the engine started too late for; each live session's audio of them is dropped.",
+    registry=REGISTRY,
+)  # exported as voxstage_duplex_skipped_ticks_total

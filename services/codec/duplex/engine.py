@@ -9,9 +9,10 @@ of length 0. The pool's slot ``max_sessions`` encodes voice recordings.
 The clock: at every tick (a grid of ``tick_s`` from the first live session's start), every live session
 contributes exactly one user frame, the oldest complete frame of its jitter buffer or silence, and all of
 them are encoded in one call. A session is never stalled by a slow client, and late audio is simply the
-next frame. Agent frames from the talker are gathered until every session sent a frame this tick has
-answered, or for ``gather_s``, and decoded in one call, so one talker step's frames decode together. An
-agent frame is late when its PCM leaves after its tick's start plus one tick.
+next frame. Grid points the engine itself was too late for are skipped and their audio dropped, so a stall
+of the engine adds no lasting delay. Agent frames from the talker are gathered until every session sent a
+frame this tick has answered, or for ``gather_s``, and decoded in one call, so one talker step's frames
+decode together. An agent frame is late when its PCM leaves after its tick's start plus one tick.
 """
 
 from __future__ import annotations
@@ -108,6 +109,7 @@ class DuplexCodecEngine(Steppable[DuplexOutput]):
         self.ticks = 0
         self.bursts = 0
         self.skipped_ticks = 0
+        self._unheard = 0  # grid ticks skipped since the last tick ran: their audio is dropped at the next
         metrics.SLOTS_TOTAL.labels(stage="codec").set(config.max_sessions)
 
     # -- commands ----------------------------------------------------------------------------------------
@@ -275,6 +277,8 @@ class DuplexCodecEngine(Steppable[DuplexOutput]):
         b = batch_bucket(n, self.cfg.max_sessions)
         # Every live session's frame of this tick in one gather; silence where its buffer holds none.
         live = self._live[:n]
+        if self._unheard:
+            self._drop_unheard(n, live)
         has = live & (self.ring.fill[:n] >= self.spf)
         rows = np.flatnonzero(has)
         pcm = np.zeros((b, self.spf), np.float32)
@@ -311,8 +315,27 @@ class DuplexCodecEngine(Steppable[DuplexOutput]):
         while nxt <= now:
             nxt += self.cfg.tick_s
             self.skipped_ticks += 1
+            self._unheard += 1
+            metrics.DUPLEX_SKIPPED_TICKS.inc()
         self._next_tick = nxt
         return outputs
+
+    def _drop_unheard(self, n: int, live: np.ndarray) -> None:
+        """The audio of the grid ticks the engine was too late for leaves unheard, oldest first, up to the
+        frames a session holds beyond this tick's one. Kept, it would sit in the jitter buffer, since each
+        tick takes one frame, and every answer would stay that many ticks late for the rest of the session."""
+        held = self.ring.fill[:n] // self.spf
+        frames = np.minimum(self._unheard, np.maximum(held - 1, 0)) * live
+        self._unheard = 0
+        rows = np.flatnonzero(frames)
+        if not rows.size:
+            return
+        samples = frames[rows] * self.spf
+        self.ring.drop(rows, samples)
+        self._freed[rows] += samples  # re-granted to the gateway with the next user codes
+        for s in self._slots:  # rare (a stall), so per session here is fine
+            s.dropped_samples += int(frames[s.slot]) * self.spf
+        metrics.DUPLEX_JITTER_DROPPED.inc(float(samples.sum()) / self.sample_rate)
 
     def _burst(self) -> list[DuplexOutput]:
         b = batch_bucket(len(self._slots), self.cfg.max_sessions)
@@ -387,7 +410,7 @@ class DuplexCodecEngine(Steppable[DuplexOutput]):
         self.push_agent(sid, AgentFrame(0, user.codes, 0, "", 0))
         self._burst()
         self.leave(sid)
-        self._next_tick, self.ticks, self.bursts, self.skipped_ticks = None, 0, 0, 0
+        self._next_tick, self.ticks, self.bursts, self.skipped_ticks, self._unheard = None, 0, 0, 0, 0
         future = self.submit_reference(np.zeros(2 * self.spf, np.float32))
         while self.references.pending():
             self.references.step()
@@ -398,7 +421,7 @@ class DuplexCodecEngine(Steppable[DuplexOutput]):
     # -- internals -------------------------------------------------------------------------------------
     def _stop_clock_if_idle(self) -> None:
         if not self._live[: len(self._slots)].any():
-            self._next_tick = None
+            self._next_tick, self._unheard = None, 0
 
     def _get(self, sid: str) -> _Session:
         try:

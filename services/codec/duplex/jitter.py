@@ -69,6 +69,12 @@ class JitterRing:
         self.start[rows] += self.frame
         return frames, sources
 
+    def drop(self, rows: np.ndarray, samples: np.ndarray) -> None:
+        """Forget the oldest ``samples`` (whole frames, at most what each holds) of each of ``rows``."""
+        self.head[rows] = (self.head[rows] + samples) % self.capacity
+        self.fill[rows] -= samples
+        self.start[rows] += samples
+
     def move(self, src: int, dst: int) -> None:
         for a in (self.buf, self.head, self.fill, self.start):
             a[dst] = a[src]

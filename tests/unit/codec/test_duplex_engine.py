@@ -315,3 +315,44 @@ def test_a_clock_far_behind_skips_ticks_instead_of_bursting(model: MimiModel) ->
     assert rig.engine.ticks == 2 and rig.engine.skipped_ticks == 4
     assert len(rig.user["a"]) == 2
     assert rig.engine.idle_timeout() == pytest.approx(TICK - 0.01)
+
+
+def test_the_audio_of_skipped_ticks_is_dropped_so_answers_do_not_stay_late(model: MimiModel) -> None:
+    rig = make_rig(model, sessions=2)
+    dropped_s = metrics.DUPLEX_JITTER_DROPPED._value.get()
+    skipped = metrics.DUPLEX_SKIPPED_TICKS._value.get()
+    audio = {sid: speech(ord(sid), 8) for sid in "ab"}
+    sent = dict.fromkeys("ab", 0)
+
+    def send(sid: str, frames: int) -> None:  # the client's next `frames` frames, in order
+        first = sent[sid]
+        rig.engine.push_audio(sid, audio[sid][first * SPF : (first + frames) * SPF], first * SPF)
+        sent[sid] += frames
+
+    for sid in "ab":
+        rig.engine.join(sid)
+        rig.engine.start(sid)
+        send(sid, 1)
+    rig.tick()
+    # The engine thread stalls past five tick starts. Meanwhile a's client keeps real time (five frames);
+    # b's falls behind too (one frame).
+    rig.clock.now += 5 * TICK + 0.01
+    send("a", 5)
+    send("b", 1)
+    rig.run(rig.clock.now)  # one tick for the oldest missed start, four skipped
+    assert rig.engine.skipped_ticks == 4
+    send("a", 1)
+    send("b", 1)
+    rig.tick()
+    # a's four frames of the skipped ticks are dropped and it hears its newest frame; b held only the one
+    # frame this tick takes, so it loses nothing. Without the drop a's answers would stay 4 ticks behind.
+    assert [u.source_frame for u in rig.user["a"]] == [0, 1, 6]
+    assert [u.source_frame for u in rig.user["b"]] == [0, 1, 2]
+    assert rig.user["a"][-1].freed_samples == 5 * SPF  # the dropped audio is granted again with the tick's
+    assert rig.engine.info("a").dropped_samples == 4 * SPF and rig.engine.info("b").dropped_samples == 0
+    assert rig.engine.info("a").buffered == 0
+    assert metrics.DUPLEX_JITTER_DROPPED._value.get() - dropped_s == pytest.approx(4 * SPF / 24000)
+    assert metrics.DUPLEX_SKIPPED_TICKS._value.get() - skipped == 4
+    send("a", 1)
+    rig.tick()  # the drop is owed once: the next tick takes the next frame
+    assert rig.user["a"][-1].source_frame == 7
