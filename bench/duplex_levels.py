@@ -285,6 +285,11 @@ def level_row(
         "gateway_dropped_input_s": counter(gateway, "voxstage_duplex_dropped_input_seconds"),
         "gateway_refused_sessions": counter(gateway, "voxstage_duplex_refused_sessions"),
         "response_latency": hist_quantiles(gateway, "voxstage_duplex_response_latency_seconds"),
+        # Where a join's first audio goes, server side: the stages' admission, then to the first agent audio
+        # (of which the talker's prefill wait is a part).
+        "join_open": hist_quantiles(gateway, "voxstage_duplex_join_seconds", 'phase="open"'),
+        "join_first_audio": hist_quantiles(gateway, "voxstage_duplex_join_seconds", 'phase="first_audio"'),
+        "talker_prefill_wait": hist_quantiles(talker, "voxstage_duplex_prefill_wait_seconds"),
         "client": {
             "processes": len(parts),
             "send_lag_ms": {

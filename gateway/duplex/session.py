@@ -296,12 +296,18 @@ class DuplexSession:
     async def _run(self) -> None:
         sender: asyncio.Task[None] | None = None
         try:
+            t0 = time.monotonic()
             stream = await self._open()
+            opened = time.monotonic()
+            metrics.DUPLEX_JOIN.labels(phase="open").observe(opened - t0)
             encoder = OutputEncoder(self.settings.output_format)
             sender = asyncio.create_task(self._send(stream))
             while True:
                 event = await stream.next_event()
                 if isinstance(event, AgentPcm):
+                    if opened:
+                        metrics.DUPLEX_JOIN.labels(phase="first_audio").observe(time.monotonic() - opened)
+                        opened = 0.0
                     data = encoder.encode(event.to_float())
                     audio = AgentAudio(data, event.transcript, event.sample_count, event.user_frame)
                     self._out.put_nowait(audio)

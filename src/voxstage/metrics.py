@@ -191,6 +191,20 @@ DUPLEX_RESPONSE_LATENCY = Histogram(
     buckets=DUPLEX_LATENCY_BUCKETS,
     registry=REGISTRY,
 )
+DUPLEX_JOIN = Histogram(
+    "voxstage_duplex_join_seconds",
+    "Gateway: a duplex session's join, by phase (open: from its first user audio to the stages' opened, the "
+    "codec's and the talker's admission; first_audio: from opened to its first agent audio sent).",
+    ["phase"],
+    buckets=DUPLEX_LATENCY_BUCKETS,
+    registry=REGISTRY,
+)
+DUPLEX_PREFILL_WAIT = Histogram(
+    "voxstage_duplex_prefill_wait_seconds",
+    "Talker: a duplex session's admission to its first step (its prompt's prefill and the wait for it).",
+    buckets=DUPLEX_LATENCY_BUCKETS,
+    registry=REGISTRY,
+)
 DUPLEX_LATE_FRAMES = Counter(
     "voxstage_duplex_late_frames",
     "Codec: agent frames whose PCM left after their tick's start plus one tick (80 ms).",

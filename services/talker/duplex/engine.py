@@ -143,6 +143,7 @@ class _Session:
     user_next: int = 0  # index of the next user frame to arrive
     queue: deque[tuple[int, np.ndarray, float]] = field(default_factory=deque)  # (index, codes, arrived)
     closing: bool = False
+    admitted: float = 0.0  # the engine's clock at admission (the prefill wait's start)
 
     @property
     def prefill_target(self) -> int:
@@ -181,7 +182,7 @@ class DuplexEngine(Steppable[DuplexOutput]):
             )
         if len(self._slots) >= self.cfg.max_sessions:
             raise DuplexAdmissionError(f"all {self.cfg.max_sessions} talker slots hold live sessions")
-        session = _Session(request, prompt, slot=len(self._slots))
+        session = _Session(request, prompt, slot=len(self._slots), admitted=self.clock())
         self.adapter.admit(session.slot, seed=request.seed, text=request.text, audio=request.audio)
         self._slots.append(session)
         self._by_id[request.session_id] = session
@@ -298,6 +299,7 @@ class DuplexEngine(Steppable[DuplexOutput]):
                     self._working = [s]  # a failing start belongs to its session alone
                     self.adapter.start_decode(s.slot, s.prompt)
                     s.decoding = True
+                    metrics.DUPLEX_PREFILL_WAIT.observe(self.clock() - s.admitted)
                     s.position = s.prefill_target
         self._working = []
 

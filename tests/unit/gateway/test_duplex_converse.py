@@ -94,7 +94,10 @@ async def test_two_sessions_and_a_clean_close(make_duplex_stack: MakeStack) -> N
         return got
 
     answered = metrics.REGISTRY.get_sample_value("voxstage_duplex_response_latency_seconds_count") or 0
+    joins = {p: join_count(p) for p in ("open", "first_audio")}
     a, b = await asyncio.gather(converse("You are Ann."), converse("You are Bob."))
+    # Each session's join is observed once per phase: the stages' admission, then to its first agent audio.
+    assert {p: join_count(p) - n for p, n in joins.items()} == {"open": 2, "first_audio": 2}
     # Every agent frame answered a user frame: each one's latency was observed, last byte in to audio out.
     latency = metrics.REGISTRY.get_sample_value("voxstage_duplex_response_latency_seconds_count")
     assert latency == answered + 40
@@ -329,3 +332,8 @@ async def test_a_session_keeps_one_codec_and_one_talker(make_duplex_stack: MakeS
         assert list(codec.last_user_audio) == [codec.opens[0].request_id]
     assert [codec.user_messages for codec in codecs] == [frames, frames]
     assert all(codec.protocol_errors == [] for codec in codecs)
+
+
+def join_count(phase: str) -> float:
+    value = metrics.REGISTRY.get_sample_value("voxstage_duplex_join_seconds_count", {"phase": phase})
+    return value or 0.0

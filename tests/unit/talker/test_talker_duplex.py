@@ -17,6 +17,7 @@ from services.talker.models.personaplex.adapter import PersonaPlexAdapter
 from services.talker.models.personaplex.model import PersonaPlexLM
 from services.talker.sampling import SamplingParams
 from tests.golden_personaplex import fixture_model, load_case
+from voxstage import metrics
 
 TEXT = SamplingParams(temperature=0.7, top_k=25)
 AUDIO = SamplingParams(temperature=0.8, top_k=250)
@@ -132,10 +133,19 @@ def test_a_burst_of_joins_shares_its_prefill_calls(model: PersonaPlexLM) -> None
 def test_steps_wait_for_every_session_or_the_gather_deadline(model: PersonaPlexLM) -> None:
     clock = Clock()
     eng = engine(model, clock=clock)
+    count, total = (
+        metrics.REGISTRY.get_sample_value(f"voxstage_duplex_prefill_wait_seconds_{k}") or 0
+        for k in ("count", "sum")
+    )
     for i in range(2):
         eng.open(request(i))
+    clock.now += 0.03  # the prompts' prefill starts 30 ms after admission
     while eng.has_work():
         eng.step()  # prefill, then each session's prompt step (it needs no user frame)
+    # Each session's wait from admission to its first step is observed once (talker's part of first audio).
+    assert metrics.REGISTRY.get_sample_value("voxstage_duplex_prefill_wait_seconds_count") == count + 2
+    got = metrics.REGISTRY.get_sample_value("voxstage_duplex_prefill_wait_seconds_sum") - total
+    assert got == pytest.approx(2 * 0.03)
     steps = eng.steps
     eng.push_user("s0", 0, user_frames(0, 1))
     assert not eng.has_work()  # s1's frame is missing: wait
