@@ -65,6 +65,9 @@ class SessionOptions:
     grace_s: float = 0.5  # after the last user frame, how long the session waits for the last answers
 
 
+STALLS_KEPT = 16  # per session in the level's JSON
+
+
 @dataclass
 class SessionRecord:
     started: float
@@ -93,6 +96,10 @@ class SessionRecord:
             "late_in_client_stalls": stalls_in_client_stalls(play.stall_events, loop_stalls),
             "stall_total_s": play.stall_total_s,
             "stall_max_s": play.stall_max_s,
+            # When (s after the session started) and how long its first stalls were: joins or steady state.
+            "stalls_at_s": [
+                [round(t - self.started, 3), round(d, 3)] for t, d in play.stall_events[:STALLS_KEPT]
+            ],
             "first_audio_s": self.audio[0][0] - self.started if self.audio else None,
             # Connect to session.created: the client's and the face's part of first audio, not the stages'.
             "opened_s": None if self.opened_at is None else self.opened_at - self.started,

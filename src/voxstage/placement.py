@@ -63,12 +63,11 @@ def place_stage(
     host: str,
     port: int,
     metrics_port: int | None,
-    avoid: set[int] | None = None,
+    avoid: set[int],
 ) -> list[Placement]:
     """One placement per replica; ``port`` 0 picks free ports outside ``avoid`` (and adds them to it). Raises
     ValueError for a device index past the launcher's CUDA_VISIBLE_DEVICES."""
     lists = stage.replica_device_lists
-    avoid = set() if avoid is None else avoid
     out = []
     for k, devices in enumerate(lists):
         picked = port + k if port else free_port(host, avoid)

@@ -287,7 +287,6 @@ class DuplexEngine(Steppable[DuplexOutput]):
             batch = [s for s in pending if s.prefilled == start]
             n = min(min(s.prefill_target - start for s in batch), budget)
             batch = batch[: max(1, budget // n)] if n > 0 else batch
-            self._working = batch
             if n > 0:
                 chunks = [(s.slot, s.prompt, start, n) for s in batch]
                 each_alone_on_failure(self.adapter.prefill_many, chunks, batch, self._set_working)
