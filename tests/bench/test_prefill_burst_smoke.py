@@ -1,0 +1,45 @@
+"""CI smoke test of ``bench/families/personaplex/prefill_burst.py`` on CPU with the tiny preset: it runs the
+serving prefill path for each arm and batch and writes sane JSON. CPU timing is not a benchmark: only the
+shape of the results is checked."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.timeout(120)
+
+
+def test_prefill_burst_bench_runs_on_cpu(tmp_path: Path) -> None:
+    out = tmp_path / "burst.json"
+    script = ROOT / "bench" / "families" / "personaplex" / "prefill_burst.py"
+    cmd = [sys.executable, str(script), "--out", str(out), "--device", "cpu", "--size", "tiny"]
+    cmd += ["--batches", "1,3", "--iters", "1"]
+    subprocess.run(
+        cmd,
+        cwd=ROOT,
+        check=True,
+        capture_output=True,
+        timeout=100,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    result = json.loads(out.read_text())
+    assert result["voice_rows"] > 0 and result["prompt_positions"] > result["voice_rows"]
+    rows = [(r["arm"], r["batch"], r["positions"]) for r in result["results"]]
+    n = result["prompt_positions"]
+    assert rows == [
+        ("stored", 1, n),
+        ("stored", 3, 3 * n),
+        ("device_voice", 1, n),
+        ("device_voice", 3, 3 * n),
+    ]
+    for r in result["results"]:
+        assert all(r[part]["median_ms"] > 0 for part in ("call", "rows", "transformer"))
+    for arm in ("stored", "device_voice"):
+        assert result[f"profile_{arm}"]["top_ops"], arm
