@@ -99,6 +99,7 @@ class DuplexCodecEngine(Steppable[DuplexOutput]):
         self._live = np.zeros(slots, bool)  # ticking: started, input not ended
         self._freed = np.zeros(slots, np.int64)  # samples dropped since the last output (re-granted with it)
         self._underflows = np.zeros(slots, np.int64)
+        self._owed = np.zeros(slots, np.int64)  # grid ticks skipped while live: their audio goes at the next
         self._slots: list[_Session] = []
         self._by_id: dict[str, _Session] = {}
         self._next_tick: float | None = None
@@ -109,7 +110,6 @@ class DuplexCodecEngine(Steppable[DuplexOutput]):
         self.ticks = 0
         self.bursts = 0
         self.skipped_ticks = 0
-        self._unheard = 0  # grid ticks skipped since the last tick ran: their audio is dropped at the next
         metrics.SLOTS_TOTAL.labels(stage="codec").set(config.max_sessions)
 
     # -- commands ----------------------------------------------------------------------------------------
@@ -123,7 +123,7 @@ class DuplexCodecEngine(Steppable[DuplexOutput]):
         self.codec.reset(torch.tensor([session.slot], dtype=torch.int64, device=self.device), "both")
         self.ring.reset(session.slot)
         self._live[session.slot] = False
-        self._freed[session.slot] = self._underflows[session.slot] = 0
+        self._freed[session.slot] = self._underflows[session.slot] = self._owed[session.slot] = 0
         self._slots.append(session)
         self._by_id[sid] = session
         self._gauges()
@@ -157,7 +157,7 @@ class DuplexCodecEngine(Steppable[DuplexOutput]):
             mover = self._slots[last]
             move_session_state(self.codec, last, hole)
             self.ring.move(last, hole)
-            for a in (self._live, self._freed, self._underflows):
+            for a in (self._live, self._freed, self._underflows, self._owed):
                 a[hole] = a[last]
             mover.slot = hole
             self._slots[hole] = mover
@@ -277,7 +277,7 @@ class DuplexCodecEngine(Steppable[DuplexOutput]):
         b = batch_bucket(n, self.cfg.max_sessions)
         # Every live session's frame of this tick in one gather; silence where its buffer holds none.
         live = self._live[:n]
-        if self._unheard:
+        if self._owed[:n].any():
             self._drop_unheard(n, live)
         has = live & (self.ring.fill[:n] >= self.spf)
         rows = np.flatnonzero(has)
@@ -315,7 +315,7 @@ class DuplexCodecEngine(Steppable[DuplexOutput]):
         while nxt <= now:
             nxt += self.cfg.tick_s
             self.skipped_ticks += 1
-            self._unheard += 1
+            self._owed[:n] += live  # the sessions live then (a session that joins later owes nothing)
             metrics.DUPLEX_SKIPPED_TICKS.inc()
         self._next_tick = nxt
         return outputs
@@ -325,8 +325,8 @@ class DuplexCodecEngine(Steppable[DuplexOutput]):
         frames a session holds beyond this tick's one. Kept, it would sit in the jitter buffer, since each
         tick takes one frame, and every answer would stay that many ticks late for the rest of the session."""
         held = self.ring.fill[:n] // self.spf
-        frames = np.minimum(self._unheard, np.maximum(held - 1, 0)) * live
-        self._unheard = 0
+        frames = np.minimum(self._owed[:n], np.maximum(held - 1, 0)) * live
+        self._owed[:n] = 0
         rows = np.flatnonzero(frames)
         if not rows.size:
             return
@@ -410,7 +410,8 @@ class DuplexCodecEngine(Steppable[DuplexOutput]):
         self.push_agent(sid, AgentFrame(0, user.codes, 0, "", 0))
         self._burst()
         self.leave(sid)
-        self._next_tick, self.ticks, self.bursts, self.skipped_ticks, self._unheard = None, 0, 0, 0, 0
+        self._next_tick, self.ticks, self.bursts, self.skipped_ticks = None, 0, 0, 0
+        self._owed[:] = 0
         future = self.submit_reference(np.zeros(2 * self.spf, np.float32))
         while self.references.pending():
             self.references.step()
@@ -421,7 +422,8 @@ class DuplexCodecEngine(Steppable[DuplexOutput]):
     # -- internals -------------------------------------------------------------------------------------
     def _stop_clock_if_idle(self) -> None:
         if not self._live[: len(self._slots)].any():
-            self._next_tick, self._unheard = None, 0
+            self._next_tick = None
+            self._owed[:] = 0
 
     def _get(self, sid: str) -> _Session:
         try:

@@ -318,11 +318,11 @@ def test_a_clock_far_behind_skips_ticks_instead_of_bursting(model: MimiModel) ->
 
 
 def test_the_audio_of_skipped_ticks_is_dropped_so_answers_do_not_stay_late(model: MimiModel) -> None:
-    rig = make_rig(model, sessions=2)
+    rig = make_rig(model, sessions=3)
     dropped_s = metrics.DUPLEX_JITTER_DROPPED._value.get()
     skipped = metrics.DUPLEX_SKIPPED_TICKS._value.get()
-    audio = {sid: speech(ord(sid), 8) for sid in "ab"}
-    sent = dict.fromkeys("ab", 0)
+    audio = {sid: speech(ord(sid), 8) for sid in "abc"}
+    sent = dict.fromkeys("abc", 0)
 
     def send(sid: str, frames: int) -> None:  # the client's next `frames` frames, in order
         first = sent[sid]
@@ -343,11 +343,15 @@ def test_the_audio_of_skipped_ticks_is_dropped_so_answers_do_not_stay_late(model
     assert rig.engine.skipped_ticks == 4
     send("a", 1)
     send("b", 1)
+    rig.engine.join("c")  # joins after the stall, with a burst of audio: it owes nothing
+    rig.engine.start("c")
+    send("c", 3)
     rig.tick()
     # a's four frames of the skipped ticks are dropped and it hears its newest frame; b held only the one
     # frame this tick takes, so it loses nothing. Without the drop a's answers would stay 4 ticks behind.
     assert [u.source_frame for u in rig.user["a"]] == [0, 1, 6]
     assert [u.source_frame for u in rig.user["b"]] == [0, 1, 2]
+    assert [u.source_frame for u in rig.user["c"]] == [0] and rig.engine.info("c").buffered == 2 * SPF
     assert rig.user["a"][-1].freed_samples == 5 * SPF  # the dropped audio is granted again with the tick's
     assert rig.engine.info("a").dropped_samples == 4 * SPF and rig.engine.info("b").dropped_samples == 0
     assert rig.engine.info("a").buffered == 0
