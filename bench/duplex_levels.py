@@ -256,7 +256,10 @@ def level_row(
 ) -> dict[str, Any]:
     """One level's numbers (see the module docstring); ``d`` is each process's Prometheus diff."""
     records = [rec for part in parts for rec in part.records.values()]
-    by_part = [[rec.summary(part.loop_stalls) for rec in part.records.values()] for part in parts]
+    # Each session's index is its place in the join order (join_offset) and says its client process.
+    by_part = [
+        [{"index": i, **rec.summary(part.loop_stalls)} for i, rec in part.records.items()] for part in parts
+    ]
     sessions = [summary for part in by_part for summary in part]
     frames = sum(s["frames"] for s in sessions)
     late = sum(s["late"] for s in sessions)

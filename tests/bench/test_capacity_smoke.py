@@ -41,6 +41,11 @@ def test_realtime_loadgen_runs_against_a_real_stack(tmp_path: Path, cache: str) 
     assert 0 < level["first_audio_s"]["p50"] <= level["first_audio_s"]["max"]
     assert level["client"]["processes"] == 2 and level["client"]["send_lag_ms"]["max"] is not None
     assert all(s["frames_sent"] == 25 for s in level["per_session"])  # 2 s of 80 ms frames, each session
+    assert sorted(s["index"] for s in level["per_session"]) == [0, 1]
+    assert all(0 < s["opened_s"] <= s["first_audio_s"] for s in level["per_session"])
+    # Every session's join was observed by the gateway (both phases) and by the talker (its prefill wait).
+    assert level["join_open"]["count"] == level["join_first_audio"]["count"] == 2
+    assert level["talker_prefill_wait"]["count"] == 2
     procs = level["processes"]["processes"]
     assert ROLES | {"client"} <= set(procs) and len(procs["client"]["pids"]) == 3  # this one + 2 workers
     assert all(procs[r]["cpu_pct"]["mean"] is not None for r in ROLES)
