@@ -16,7 +16,9 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
+import math
 import threading
 import time
 import urllib.request
@@ -29,6 +31,7 @@ from bench.procsample import Sampler, format_groups
 from bench.prom import parse_prom
 from bench.stack import REPO, Stack
 from bench.timeline import compress, render_window, wait_for_traces, write_window
+from voxstage.config.loader import load_deploy_config
 
 if TYPE_CHECKING:
     from bench.run_gpu import Family
@@ -36,6 +39,8 @@ if TYPE_CHECKING:
 PHASES = ("realtime", "timeline")
 PROFILE_ENV = "VOXSTAGE_TORCH_PROFILE"  # voxstage.stage.torch_profile.ENV
 START_TIMEOUT_S = 120.0  # sessions joining (client processes import, connect, prefill)
+# The stream timeouts of a profiled stack: at least a window's trace export (EXPORT_TIMEOUT_S bounds it).
+PROFILED_STREAM_TIMEOUT_S = 60.0
 EXPORT_TIMEOUT_S = 300.0  # a loaded GPU window's trace takes seconds to write; both stages write theirs
 
 
@@ -149,6 +154,17 @@ def _duplex_load(
     return doc, start, heard / a.timeline_window_s
 
 
+def profiling_sets(deploy: Path, timeout_s: float = PROFILED_STREAM_TIMEOUT_S) -> list[str]:
+    """``--set`` overrides that give every connector of ``deploy`` first-chunk and stall timeouts of at least
+    ``timeout_s`` (each is a count of ``connector_get_sleep_s``)."""
+    out = []
+    for name, connector in load_deploy_config(deploy).connectors.items():
+        waits = math.ceil(timeout_s / connector.extra.connector_get_sleep_s)
+        for key in ("connector_get_max_wait", "connector_get_max_wait_first_chunk"):
+            out.append(f"connectors.{name}.extra.{key}={max(waits, getattr(connector.extra, key))}")
+    return out
+
+
 def _gauge(stack: Stack, name: str) -> float:
     try:
         with urllib.request.urlopen(f"http://{stack.http}/metrics", timeout=2.0) as r:
@@ -177,16 +193,22 @@ def timeline_phase(a: argparse.Namespace, model: str, tag: str, fam: Family, out
     folder = out / name
     folder.mkdir(parents=True, exist_ok=True)
     env = {PROFILE_ENV: str(folder)}
+    # Each stage writes its window's trace on its engine thread (seconds: `export_s` in the trace's meta), so
+    # the stream timeouts are raised for this stack: the measurement's own stall must not end requests.
+    sets = profiling_sets(fam.deploy)
     # The load outlasts the window; duplex sessions also join (connect, prefill) before the warm-up counts.
     joining = 5.0 + 0.1 * n if fam.duplex else 0.0
     seconds = joining + a.timeline_warmup_s + a.timeline_window_s + 3.0
     if fam.duplex:
         args = _duplex_args(a, model, fam, out / f"{name}.json", str(n), seconds)
+        args.set = [*args.set, *sets]
         stack = level_stack(args, folder, env=env)
     else:
         from bench.serve_gpu import stack_spec
 
-        stack = Stack(stack_spec(a, model, fam, max(a.slots, n)), folder / "stack.log", env=env)
+        spec = stack_spec(a, model, fam, max(a.slots, n))
+        spec = dataclasses.replace(spec, extra_sets=(*spec.extra_sets, *sets))
+        stack = Stack(spec, folder / "stack.log", env=env)
     what = f"{n} {'sessions' if fam.duplex else 'streams'}"
     print(f"\n== timeline {tag}: {what}, {a.timeline_window_s:g} s window after {a.timeline_warmup_s:g} s "
           f"of load; traces in {folder}", flush=True)  # fmt: skip

@@ -80,4 +80,8 @@ def test_timeline_phase_profiles_both_stages_on_one_clock(
     assert summary["audio"]["source"].startswith("codec") and summary["audio"]["audio_s_per_s"] > 0
     load = summary["load"]
     assert load["errors"] == 0 and load["ok"] >= 2
+    # The trace export stalls each engine thread: the profiled stack's stream timeouts allow for it (CI once
+    # saw the seed's 3 s stall timeout end two requests while the talker wrote its trace).
+    command = " ".join(summary["stack"]["command"])
+    assert "connector_get_max_wait=6000" in command and "connector_get_max_wait_first_chunk=6000" in command
     assert ROLES <= set(load["processes"]["processes"])
