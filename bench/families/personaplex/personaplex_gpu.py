@@ -243,16 +243,21 @@ def capture_cost(args: argparse.Namespace) -> dict[str, Any]:
     return {"graphs": n, "seconds": time.perf_counter() - t0, "keys": len(adapter.graph_keys())}
 
 
+def add_model_args(parser: argparse.ArgumentParser, *, batches: str, iters: int) -> None:
+    """The options of the PersonaPlex GPU benchmarks: output, preset size, device, batches, ring, timing."""
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--size", choices=("7b", "tiny"), default="7b")
+    parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
+    parser.add_argument("--batches", default=batches)
+    parser.add_argument("--window", type=int, default=3000)
+    parser.add_argument("--iters", type=int, default=iters)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--size", choices=("7b", "tiny"), default="7b")
-    parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
-    parser.add_argument("--batches", default="1,8,32,64")
-    parser.add_argument("--window", type=int, default=3000)
-    parser.add_argument("--iters", type=int, default=40)
+    add_model_args(parser, batches="1,8,32,64", iters=40)
     parser.add_argument("--capture", action="store_true", help="also time capturing every graph bucket")
     args = parser.parse_args()
     torch.manual_seed(0)

@@ -23,15 +23,13 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import statistics
-import time
 from collections import Counter
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import torch
 
+from bench.families.personaplex.personaplex_gpu import Bench, add_model_args
 from services.talker.models.personaplex.adapter import PersonaPlexAdapter
 from services.talker.models.personaplex.config import parse_lm_config
 from services.talker.models.personaplex.loader import random_init
@@ -56,24 +54,6 @@ def build(size: str, device: str, slots: int, window: int) -> PersonaPlexAdapter
     return adapter
 
 
-def sync(device: str) -> None:
-    if device == "cuda":
-        torch.cuda.synchronize()
-
-
-def timed(fn: Callable[[], object], device: str, iters: int, warmup: int = 2) -> dict[str, float]:
-    for _ in range(warmup):
-        fn()
-    sync(device)
-    times = []
-    for _ in range(iters):
-        t0 = time.perf_counter()
-        fn()
-        sync(device)
-        times.append(1e3 * (time.perf_counter() - t0))
-    return {"median_ms": statistics.median(times), "min_ms": min(times), "max_ms": max(times)}
-
-
 def burst(adapter: PersonaPlexAdapter, prompt: Prompt, b: int) -> dict[str, Callable[[], object]]:
     """One call's work for slots ``[0, b)``, whole prompts at offset 0, and its two parts."""
     n = prompt.length - 1
@@ -96,11 +76,12 @@ def profile(fn: Callable[[], object], device: str) -> dict[str, Any]:
     acts = [torch.profiler.ProfilerActivity.CPU]
     if device == "cuda":
         acts.append(torch.profiler.ProfilerActivity.CUDA)
+    bench = Bench(device, 1)
     fn()
-    sync(device)
+    bench.sync()
     with torch.profiler.profile(activities=acts) as prof:
         fn()
-        sync(device)
+        bench.sync()
     events = prof.key_averages()
     runtime: Counter[str] = Counter()
     for e in events:
@@ -119,6 +100,7 @@ def profile(fn: Callable[[], object], device: str) -> dict[str, Any]:
 def run(args: argparse.Namespace) -> dict[str, Any]:
     batches = [int(x) for x in args.batches.split(",")]
     adapter = build(args.size, args.device, max(batches), args.window)
+    bench = Bench(args.device, args.iters)
     stored = adapter.prepare(persona=PERSONA, voice=PRESET_VOICES[0])
     assert stored.embeddings is not None
     on_device = dataclasses.replace(stored, embeddings=stored.embeddings.to(adapter.device, adapter.dtype))
@@ -134,7 +116,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         for b in batches:
             row: dict[str, Any] = {"arm": arm, "batch": b, "positions": b * (prompt.length - 1)}
             for name, fn in burst(adapter, prompt, b).items():
-                row[name] = timed(fn, args.device, args.iters)
+                row[name] = bench.timed(fn)
             out["results"].append(row)
             print(
                 json.dumps({k: (v["median_ms"] if isinstance(v, dict) else v) for k, v in row.items()}),
@@ -148,12 +130,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--size", choices=("7b", "tiny"), default="7b")
-    parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
-    parser.add_argument("--batches", default="1,8,16,32,64")
-    parser.add_argument("--window", type=int, default=3000)
-    parser.add_argument("--iters", type=int, default=10)
+    add_model_args(parser, batches="1,8,16,32,64", iters=10)
     args = parser.parse_args()
     torch.manual_seed(0)
     with torch.inference_mode():
