@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import functools
 import re
+from collections import Counter
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -143,3 +145,36 @@ def wins(records: list[Record], triton: bool) -> str:
         ref = f", baseline {base[0]['wall_ms_p50']:.3f} ms" if base else ""
         lines.append(f"{' '.join(map(str, key))}: best {best['levers']} {best['wall_ms_p50']:.3f} ms{ref}")
     return "\n".join(lines)
+
+
+def profile_call(fn: Callable[[], object], device: str, top: int = 15) -> dict[str, Any]:
+    """Top ops of one call of ``fn`` (after one unprofiled call) by device time, and how many host-to-device
+    copies, synchronizations and allocations it made: what a benchmark prints beside its timings."""
+    acts = [torch.profiler.ProfilerActivity.CPU]
+    if device == "cuda":
+        acts.append(torch.profiler.ProfilerActivity.CUDA)
+
+    def sync() -> None:
+        if device == "cuda":
+            torch.cuda.synchronize()
+
+    fn()
+    sync()
+    with torch.profiler.profile(activities=acts) as prof:
+        fn()
+        sync()
+    events = prof.key_averages()
+    runtime: Counter[str] = Counter()
+    for e in events:
+        if e.key.startswith(("cudaMemcpy", "cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaMalloc")):
+            runtime[e.key] += e.count
+    # Device time on a GPU; on the CPU (smoke runs) the ops' own host time.
+    attr = "device_time_total" if device == "cuda" else "self_cpu_time_total"
+    ranked = sorted(events, key=lambda e: getattr(e, attr, 0.0), reverse=True)[:top]
+    return {
+        "runtime_calls": dict(runtime),
+        "top_ops": [
+            {"name": e.key[:100], "count": e.count, "ms": getattr(e, attr, 0.0) / 1e3} for e in ranked
+        ],
+        "ops_timed_by": attr,
+    }

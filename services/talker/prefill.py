@@ -60,8 +60,13 @@ def upload(values: Sequence[int], device: torch.device) -> torch.Tensor:
     tensor per call: the caching host allocator keeps it until the copy has run, so a later call cannot
     overwrite values still waiting in the queue (a reused staging buffer could).
     """
-    host = torch.tensor(values, dtype=torch.int64)
-    if device.type != "cuda":
+    return to_device(torch.tensor(values, dtype=torch.int64), device)
+
+
+def to_device(host: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A host tensor on ``device`` without waiting for the device (``upload``'s reasons); a tensor already
+    there is returned as it is."""
+    if device.type != "cuda" or host.device.type == "cuda":
         return host.to(device)
     return host.pin_memory().to(device, non_blocking=True)
 

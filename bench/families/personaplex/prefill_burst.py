@@ -23,13 +23,13 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
 from bench.families.personaplex.personaplex_gpu import Bench, add_model_args
+from bench.kernel_stats import profile_call
 from services.talker.models.personaplex.adapter import PersonaPlexAdapter
 from services.talker.models.personaplex.config import parse_lm_config
 from services.talker.models.personaplex.loader import random_init
@@ -71,32 +71,6 @@ def burst(adapter: PersonaPlexAdapter, prompt: Prompt, b: int) -> dict[str, Call
     }
 
 
-def profile(fn: Callable[[], object], device: str) -> dict[str, Any]:
-    """Top ops of one call by device time, and how many host-to-device copies and syncs it made."""
-    acts = [torch.profiler.ProfilerActivity.CPU]
-    if device == "cuda":
-        acts.append(torch.profiler.ProfilerActivity.CUDA)
-    bench = Bench(device, 1)
-    fn()
-    bench.sync()
-    with torch.profiler.profile(activities=acts) as prof:
-        fn()
-        bench.sync()
-    events = prof.key_averages()
-    runtime: Counter[str] = Counter()
-    for e in events:
-        if e.key.startswith(("cudaMemcpy", "cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaMalloc")):
-            runtime[e.key] += e.count
-    # Device time on a GPU; on the CPU (smoke runs) the ops' own host time.
-    attr = "device_time_total" if device == "cuda" else "self_cpu_time_total"
-    top = sorted(events, key=lambda e: getattr(e, attr, 0.0), reverse=True)[:15]
-    return {
-        "runtime_calls": dict(runtime),
-        "top_ops": [{"name": e.key[:100], "count": e.count, "ms": getattr(e, attr, 0.0) / 1e3} for e in top],
-        "ops_timed_by": attr,
-    }
-
-
 def run(args: argparse.Namespace) -> dict[str, Any]:
     batches = [int(x) for x in args.batches.split(",")]
     adapter = build(args.size, args.device, max(batches), args.window)
@@ -122,7 +96,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 json.dumps({k: (v["median_ms"] if isinstance(v, dict) else v) for k, v in row.items()}),
                 flush=True,
             )
-        out[f"profile_{arm}"] = profile(burst(adapter, prompt, max(batches))["call"], args.device)
+        out[f"profile_{arm}"] = profile_call(burst(adapter, prompt, max(batches))["call"], args.device)
     return out
 
 

@@ -101,8 +101,7 @@ class QwenPrepared:
     # -- internals -------------------------------------------------------------------------------------
     def _prompt_spec(self) -> PromptSpec:
         s = self._spec
-        device = self._adapter.device
-        emb = None if s.speaker_embedding is None else torch.as_tensor(s.speaker_embedding, device=device)
+        emb = None if s.speaker_embedding is None else torch.as_tensor(s.speaker_embedding)  # on the host
         codes = None if s.ref_codes is None else torch.as_tensor(np.asarray(s.ref_codes), dtype=torch.int64)
         non_streaming = s.non_streaming
         if non_streaming is None:

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
+from services.talker.prefill import to_device, upload
 from voxstage.quote import quoted
 
 from .model import Qwen3TTSTalker
@@ -96,7 +97,8 @@ class TextFeed:
 
 
 def _ids(model: Qwen3TTSTalker, ids: Sequence[int]) -> torch.Tensor:
-    return torch.tensor(list(ids), dtype=torch.int64, device=model.codec_head.weight.device)
+    # The engine thread builds prompts while a frame step is in flight: a pageable copy would wait for it.
+    return upload(list(ids), model.codec_head.weight.device)
 
 
 def validate_spec(model: Qwen3TTSTalker, spec: PromptSpec) -> tuple[int | None, torch.Tensor | None]:
@@ -158,7 +160,7 @@ def validate_spec(model: Qwen3TTSTalker, spec: PromptSpec) -> tuple[int | None, 
             raise PromptError(
                 f"speaker_embedding: expected shape [{t.backbone.hidden_size}], got {list(emb.shape)}"
             )
-        speaker_vec = emb.to(device=model.codec_head.weight.device, dtype=model.codec_head.weight.dtype)
+        speaker_vec = to_device(emb, model.codec_head.weight.device).to(model.codec_head.weight.dtype)
         if icl and (spec.ref_codes is None or not spec.ref_text_ids):
             raise PromptError(
                 "ref_text/ref_codes: voice-clone ICL needs both the transcript and the reference codes"
@@ -253,7 +255,7 @@ def _icl_tail(
 ) -> tuple[torch.Tensor, list[int]]:
     cfg = model.config
     t = cfg.talker
-    ref_codes = ref_codes.to(device=model.codec_head.weight.device, dtype=torch.int64)
+    ref_codes = to_device(ref_codes.to(torch.int64), model.codec_head.weight.device)
     all_ids = ref_text_ids + text_ids
     codec = torch.cat([model.embed_codec(_ids(model, [t.codec_bos_id])), model.embed_frame(ref_codes)], dim=0)
     codec_len = codec.shape[0]

@@ -1,0 +1,206 @@
+"""Where a voice clone's first audio goes, against a built-in voice (issue 30), with the engines alone.
+
+Served on the H200, a voice-library voice's time to first audio was 32.1 ms p50 against 27.1 ms for a built-in
+voice (docs/benchmarks.md), and the gateway's own histogram saw the same gap, so it lies in the stages. This
+runs one request at a time through the talker and codec engines in one process, built as the stages build
+them (the deploy file's engine settings, the codec's ``build_engine`` with its voice-state cache), and splits
+each request's first audio:
+
+* ``submit_ms``: ``TalkerEngine.submit``, which builds the prompt (``adapter.prepare``);
+* ``first_frame_ms``: from the submit to the talker's first frame (admission, prefill, one frame step);
+* ``codec_open_ms``: ``CodecEngine.open`` (a clone restores its voice's decoder state there);
+* ``first_pcm_ms``: from the first frame pushed to the codec's first PCM.
+
+Arms: ``builtin`` (a CustomVoice preset and its bench voice) and ``clone`` (the Base preset, a 10 s
+reference's codes, x-vector and transcript, as a voice-library voice reaches the stages: the codec gets the
+codes as its prefix under a voice key). For each arm one request is also profiled (host-to-device copies,
+synchronizations, top ops).
+
+    python bench/families/qwen3_tts/voice_ttfa.py --out voice_ttfa.json
+    python bench/families/qwen3_tts/voice_ttfa.py --out voice_ttfa.json --device cpu --size tiny --requests 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from bench.codec_schedule import warm_up as warm_up_codec
+from bench.kernel_stats import profile_call
+from services.codec.engine import CodecEngine
+from services.codec.main import build_engine
+from services.codec.models import load_codec
+from services.talker.engine import EngineConfig, TalkerEngine, TalkerRequest
+from services.talker.models import load_talker
+from services.talker.sampling import SamplingParams
+from services.talker.spec import SpeechSpec
+from voxstage import families
+from voxstage.config.cli_args import load_from_args
+from voxstage.presets import resolve_model
+
+ROOT = Path(__file__).resolve().parents[3]
+TEXT = "The quick brown fox jumps over the lazy dog while the orchestra tunes up."
+REF_TEXT = "This is the reference recording of the voice, spoken clearly for ten seconds or so."
+SAMPLING = SamplingParams(do_sample=True, temperature=0.9, top_k=50, repetition_penalty=1.05)
+log = logging.getLogger("bench.voice_ttfa")
+
+
+class Pair:
+    """A talker engine and a codec engine of one preset, driven one request at a time."""
+
+    def __init__(self, a: argparse.Namespace, model: str) -> None:
+        config = load_from_args(a.config, a)
+        self.device = a.device
+        stage = config.talker
+        adapter, _ = load_talker(resolve_model(model), device=a.device, dtype=a.talker_dtype)
+        if a.device == "cuda" and not stage.enforce_eager:
+            adapter.enable_cuda_graphs()
+        self.talker = TalkerEngine(
+            adapter,
+            EngineConfig(
+                max_num_seqs=stage.max_num_seqs,
+                max_model_len=min(stage.max_model_len or 4096, 4096),
+                max_num_batched_tokens=stage.batched_token_budget,
+                enable_prefix_caching=stage.enable_prefix_caching,
+                async_scheduling=stage.async_scheduling,
+            ),
+        )
+        self.hidden = adapter.model.hidden_size
+        runtime = load_codec(
+            resolve_model(model), device=a.device, dtype=a.codec_dtype, max_streams=config.codec.max_num_seqs
+        )
+        self.codec: CodecEngine = build_engine(config, runtime, a.device)
+        self.groups, self.codebook = runtime.num_groups, runtime.codebook_size
+        self.codec_warm_s = warm_up_codec(runtime, self.codec)
+        self.n = 0
+
+    def sync(self) -> None:
+        if self.device == "cuda":
+            torch.cuda.synchronize()
+
+    def request(self, spec: SpeechSpec, frames: int, prefix: np.ndarray | None, key: str) -> dict[str, float]:
+        """One request, served order: the codec opens first, then the talker's submit; times in ms."""
+        self.n += 1
+        rid = f"r{self.n}"
+        self.sync()
+        t0 = time.perf_counter()
+        self.codec.open(rid, prefix=prefix, prefix_key=key)
+        t_open = time.perf_counter()
+        req = TalkerRequest(rid, spec, seed=self.n, sampling=SAMPLING, subtalker=SAMPLING,
+                            max_frames=frames, min_frames=frames)  # fmt: skip
+        self.talker.submit(req)
+        t_submit = time.perf_counter()
+        t_frame = t_pcm = None
+        done = False
+        while not done:
+            for o in self.talker.step():
+                if o.codes.shape[0]:
+                    t_frame = t_frame or time.perf_counter()
+                    self.codec.push(rid, o.codes)
+                if o.finish is not None:
+                    self.codec.finish(rid)
+            for c in self.codec.step():
+                if c.pcm.size and t_pcm is None:
+                    t_pcm = time.perf_counter()
+                done = done or c.final
+        assert t_frame is not None and t_pcm is not None, "the request produced no audio"
+        return {
+            "codec_open_ms": 1e3 * (t_open - t0),
+            "submit_ms": 1e3 * (t_submit - t_open),
+            "first_frame_ms": 1e3 * (t_frame - t_open),
+            "first_pcm_ms": 1e3 * (t_pcm - t_frame),
+            "ttfa_ms": 1e3 * (t_pcm - t0),
+        }
+
+
+def summary(rows: list[dict[str, float]]) -> dict[str, dict[str, float]]:
+    return {
+        k: {
+            "median": round(statistics.median(r[k] for r in rows), 3),
+            "min": round(min(r[k] for r in rows), 3),
+        }
+        for k in rows[0]
+    }
+
+
+def run_arm(a: argparse.Namespace, arm: str, model: str) -> dict[str, Any]:
+    pair = Pair(a, model)
+    rng = np.random.default_rng(0)
+    prefix, key = None, ""
+    if arm == "builtin":
+        fam = families.preset(model)
+        voice = fam[0].bench.voice if fam is not None and fam[0].bench is not None else None
+        spec = SpeechSpec(text=TEXT, voice=voice, language="english")
+    else:
+        frames = round(a.clip_seconds * 12.5)
+        prefix = rng.integers(0, pair.codebook, (frames, pair.groups), dtype=np.int64)
+        xvec = rng.standard_normal(pair.hidden).astype(np.float32)
+        spec = SpeechSpec(text=TEXT, language="english", speaker_embedding=xvec, ref_text=REF_TEXT,
+                          ref_codes=prefix)  # fmt: skip
+        key = "voice_bench@1"
+    for _ in range(a.warmup):  # graphs of every shape these requests meet; the voice's decoder state
+        pair.request(spec, a.frames, prefix, key)
+    rows = [pair.request(spec, a.frames, prefix, key) for _ in range(a.requests)]
+    prof = profile_call(lambda: pair.request(spec, a.frames, prefix, key), a.device)
+    out = {"arm": arm, "model": model, "codec_warm_up_s": round(pair.codec_warm_s, 2), **summary(rows)}
+    states = pair.codec.voice_states
+    out["codec_voice_states"] = None if states is None else len(states)  # 1: the clone's state was reused
+    out["requests"] = rows
+    out["profile"] = prof
+    print(json.dumps({"arm": arm, **{k: v["median"] for k, v in summary(rows).items()}}), flush=True)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
+    ap.add_argument("--size", default="0.6b", help="preset size: 0.6b, 1.7b, tiny")
+    ap.add_argument("--config", default=str(ROOT / "deploy" / "qwen3_tts.yaml"), help="deploy file")
+    ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    ap.add_argument("--platform", default=None)
+    ap.add_argument("--requests", type=int, default=20)
+    ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--frames", type=int, default=50)
+    ap.add_argument("--clip-seconds", type=float, default=10.0)
+    a = ap.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING)
+    if a.device == "cpu":
+        torch.set_num_threads(1)
+    a.talker_dtype = torch.bfloat16 if a.device == "cuda" else torch.float32
+    a.codec_dtype = torch.float32  # the codec stage's default on both devices
+    torch.manual_seed(0)
+    out: dict[str, Any] = {
+        "tool": "bench/families/qwen3_tts/voice_ttfa.py",
+        "device": torch.cuda.get_device_name() if a.device == "cuda" else "cpu",
+        "torch": torch.__version__,
+        "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "frames": a.frames,
+        "clip_seconds": a.clip_seconds,
+        "arms": [],
+    }
+    # No inference_mode around the engines: the codec's warm-up runs on its own engine thread, as served, and
+    # must update the pool that loading made; the engines enter it themselves where they compute.
+    for arm, model in (("builtin", f"qwen3-tts-{a.size}"), ("clone", f"qwen3-tts-{a.size}-base")):
+        out["arms"].append(run_arm(a, arm, model))
+        if a.device == "cuda":
+            torch.cuda.empty_cache()
+    b, c = out["arms"]
+    out["clone_minus_builtin_ms"] = {
+        k: round(c[k]["median"] - b[k]["median"], 3) for k in summary(b["requests"])
+    }
+    a.out.write_text(json.dumps(out, indent=1) + "\n")
+    print(json.dumps(out["clone_minus_builtin_ms"]), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,35 @@
+"""CI smoke test of ``bench/families/qwen3_tts/voice_ttfa.py`` on CPU with the tiny presets: both arms run
+through the served engines and write sane JSON, and the clone arm reuses its voice's codec state. CPU timing
+is not a benchmark: only the shape of the results is checked."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.timeout(180)
+
+
+def test_voice_ttfa_bench_runs_on_cpu(tmp_path: Path) -> None:
+    out = tmp_path / "voice_ttfa.json"
+    script = ROOT / "bench" / "families" / "qwen3_tts" / "voice_ttfa.py"
+    cmd = [sys.executable, str(script), "--out", str(out), "--device", "cpu", "--size", "tiny"]
+    cmd += ["--requests", "2", "--warmup", "1", "--frames", "4"]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    subprocess.run(cmd, cwd=ROOT, check=True, capture_output=True, timeout=160, env=env)
+    result = json.loads(out.read_text())
+    arms = {a["arm"]: a for a in result["arms"]}
+    assert set(arms) == {"builtin", "clone"}
+    assert arms["builtin"]["codec_voice_states"] == 0 and arms["clone"]["codec_voice_states"] == 1
+    for arm in arms.values():
+        assert len(arm["requests"]) == 2
+        for r in arm["requests"]:
+            assert 0 < r["first_frame_ms"] < r["ttfa_ms"] and r["first_pcm_ms"] > 0
+        assert arm["profile"]["top_ops"]
+    assert set(result["clone_minus_builtin_ms"]) == set(arms["clone"]["requests"][0])
