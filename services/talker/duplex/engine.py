@@ -261,10 +261,10 @@ class DuplexEngine(Steppable[DuplexOutput]):
         self._cancelled.clear()
         for s in [s for s in self._slots if s.closing]:
             outputs.append(self._leave(s, Finish.CLOSED))
-        # The live sessions' step before any prefill: while joins are pending the engine prefills back to back,
-        # and a prefill call ahead of a due step made the live sessions' frames that much later than their
-        # first ones (a player without a prebuffer heard it, H200 at 64 joining sessions). A session whose
-        # prefill ends here takes its first step with the next tick's.
+        # The live sessions' step before any prefill: while joins are pending the engine prefills back to
+        # back, and a prefill call ahead of a due step made the live sessions' frames that much later than
+        # their first ones (a player without a prebuffer heard it, H200 at 64 joining sessions). A session
+        # whose prefill ends here takes its first step with the next tick's.
         if self._due(self.clock()):
             outputs += self._decode()
         self._prefill()

@@ -233,6 +233,16 @@ class Rig:
         }
         return S.StreamOpen(**(base | fields))  # type: ignore[arg-type]
 
+    async def talker_cancelled(self, timeout_s: float = 5.0) -> bool:
+        """Whether the fake talker's last message is (or becomes, within ``timeout_s``) a cancel: it travels
+        the link after the codec has already ended the session towards the gateway."""
+        deadline = asyncio.get_running_loop().time() + timeout_s
+        while not (self.talker.got and self.talker.got[-1] == "cancel"):
+            if asyncio.get_running_loop().time() > deadline:
+                return False
+            await asyncio.sleep(0.01)
+        return True
+
     async def status(self) -> S.StageStatus:
         stub = stage_pb2_grpc.CodecStub(self.channel)
         return (await stub.Status(S.CodecStatusRequest(include_requests=True))).status

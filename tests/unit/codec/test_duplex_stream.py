@@ -6,8 +6,6 @@ terminal on ``end_of_input``). The engine ticks every 20 ms here so a session ta
 
 from __future__ import annotations
 
-import asyncio
-
 import numpy as np
 import pytest
 import torch
@@ -148,7 +146,7 @@ async def test_user_audio_beyond_the_grant_and_in_the_wrong_place_is_refused(mod
         await s.finish()
         assert eos.error.code == CODE["INVALID_ARGUMENT"]
         assert "user_audio: 9600 samples exceed the granted credit of 7680" in eos.error.message
-        assert rig.talker.got[-1] == "cancel"
+        assert await rig.talker_cancelled()
         for kind, words in (("offset", "user_audio.sample_offset: expected 0, got 5"), ("text", "text:")):
             s = Session(rig)
             s.send(open=rig.open_msg())
@@ -173,7 +171,7 @@ async def test_agent_audio_not_read_fails_the_session(model: MimiModel) -> None:
         assert msg is not None
         eos = msg.end_of_stream
         assert eos.error.code == CODE["RESOURCE_EXHAUSTED"] and "agent audio not read" in eos.error.message
-        assert len(s.pcm()) == 2 and rig.talker.got[-1] == "cancel"
+        assert len(s.pcm()) == 2 and await rig.talker_cancelled()
         assert (await rig.status()).slots_in_use == 0
 
 
@@ -188,11 +186,7 @@ async def test_cancel_ends_the_session_and_frees_its_slot(model: MimiModel) -> N
         await s.finish()
         assert eos.reason == S.END_REASON_CANCELLED
         assert (await rig.status()).slots_in_use == 0
-        for _ in range(50):
-            if rig.talker.got and rig.talker.got[-1] == "cancel":
-                break
-            await asyncio.sleep(0.01)
-        assert rig.talker.got[-1] == "cancel"
+        assert await rig.talker_cancelled()
 
 
 async def test_a_talker_that_dies_fails_the_session_with_unavailable(model: MimiModel) -> None:
