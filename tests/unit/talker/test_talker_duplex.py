@@ -201,33 +201,3 @@ def test_the_first_output_is_the_prompts_last_frame(model: PersonaPlexLM) -> Non
     silence = (948, 243, 1178, 546, 1736, 1030, 1978, 2008)
     assert first.tokens[0] == 3 and tuple(first.tokens[1:]) == silence  # PAD text, silence codes
 
-
-def test_a_due_step_runs_before_a_joining_sessions_prefill(model: PersonaPlexLM) -> None:
-    """A live session's frame is never behind a joiner's prefill call in the same engine step: the step first,
-    then the prefill; the joiner speaks first with the next tick's step, and both still speak as alone."""
-    eng = engine(model)
-    order: list[str] = []
-    real_prefill, real_step = eng.adapter.prefill_many, eng.adapter.step
-
-    def prefill(chunks: list) -> None:
-        order.append("prefill")
-        real_prefill(chunks)
-
-    def step(*args: object, **kwargs: object) -> object:
-        order.append("step")
-        return real_step(*args, **kwargs)
-
-    eng.adapter.prefill_many = prefill  # type: ignore[method-assign]
-    eng.adapter.step = step  # type: ignore[method-assign]
-    eng.open(request(1))
-    while eng.has_work():
-        eng.step()
-    eng.push_user("s1", 0, user_frames(1, 1))  # s1's next frame is due
-    eng.open(request(3))  # and s3 joins in the same tick
-    order.clear()
-    outs = eng.step()
-    assert order == ["step", "prefill"]
-    assert [o.session_id for o in outs] == ["s1"] and eng.session_state("s3") == "decode"
-    assert not eng.has_work()  # s3's first step waits for the next tick's frame of s1
-    eng.push_user("s1", 1, user_frames(1, 2)[1:])
-    assert sorted(o.session_id for o in eng.step()) == ["s1", "s3"]
