@@ -47,3 +47,41 @@ def test_a_keyed_reference_is_decoded_once_and_a_new_version_is_a_new_entry() ->
     assert len(cache) == 2 and np.array_equal(newer.speaker_embedding, xvec * 2)
     plain = request_params(_open("", xvec, codes), cache)  # an inline reference is never cached
     assert len(cache) == 2 and plain.ref_text == "Hello."
+
+
+def test_a_voices_reference_rows_are_built_once_and_leave_with_its_arrays() -> None:
+    """A clone prompt of a voice-library voice (the same host arrays on every hit) reuses the device rows of
+    its reference (the x-vector, the ICL codec side) and equals, bit for bit, the prompt built from fresh
+    copies of the same reference; the rows go once the voice cache lets its arrays go."""
+    import gc
+
+    import torch
+
+    from services.talker.models import load_talker
+    from services.talker.spec import SpeechSpec
+    from voxstage.presets import resolve_model
+
+    adapter, _ = load_talker(resolve_model("qwen3-tts-tiny-base"), device="cpu", dtype=torch.float32)
+    model = adapter.model
+    rng = np.random.default_rng(0)
+    xvec = rng.standard_normal(model.hidden_size).astype(np.float32)
+    codes = rng.integers(0, 64, (12, model.num_code_groups), dtype=np.int64)
+    calls = []
+    real = model.embed_frame
+    model.embed_frame = lambda c: calls.append(c.shape) or real(c)  # type: ignore[method-assign]
+
+    def spec(x: np.ndarray, c: np.ndarray) -> SpeechSpec:
+        text = "Hello there, friend."
+        return SpeechSpec(text=text, speaker_embedding=x, ref_text="A reference.", ref_codes=c)
+
+    first = adapter.prepare(spec(xvec, codes)).prompt
+    again = adapter.prepare(spec(xvec, codes)).prompt
+    fresh = adapter.prepare(spec(xvec.copy(), codes.copy())).prompt  # an inline reference: built anew
+    assert first is not None and again is not None and fresh is not None
+    assert len(calls) == 2  # the first and the inline prompt embedded the reference; the second did not
+    assert torch.equal(first.prefill_embeds, again.prefill_embeds)
+    assert torch.equal(first.prefill_embeds, fresh.prefill_embeds)
+    assert again.voice is first.voice
+    del first, again, fresh, xvec, codes
+    gc.collect()
+    assert len(adapter.voice_rows) == 0

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import weakref
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -31,7 +32,14 @@ from .config import Qwen3TTSConfig
 from .frame import FrameState, frame_step
 from .model import Qwen3TTSTalker
 from .prefill import PrefillChunk
-from .prompt import PromptError, PromptSpec, TalkerPrompt, build_prompt, icl_text_tokens_needed
+from .prompt import (
+    PromptError,
+    PromptSpec,
+    TalkerPrompt,
+    VoiceEmbeds,
+    build_prompt,
+    icl_text_tokens_needed,
+)
 from .tokenizer import IncrementalEncoder, QwenTextTokenizer
 
 
@@ -128,18 +136,52 @@ class QwenPrepared:
                 return
         elif not self._text_ids:
             raise PromptError("input: the text to speak is empty")
-        spec = self._prompt_spec()
-        model = self._adapter.model
-        self.prompt = build_prompt(model, spec)
+        s = self._spec
+        voice_rows = self._adapter.voice_rows
+        known = voice_rows.get(s.speaker_embedding, s.ref_codes)
+        spec = dataclasses.replace(self._prompt_spec(), voice=known)
+        self.prompt = build_prompt(self._adapter.model, spec)
+        if spec.voice is None and self.prompt.voice is not None:
+            voice_rows.put(s.speaker_embedding, s.ref_codes, self.prompt.voice)
         self._trailing = list(self.prompt.trailing_ids)
         # The prefix (instruction, role, codec think/language/speaker part) is a function of these inputs
         # alone, so equal keys mean equal prefix embeddings and reusable KV.
         self._prefix_len = self.prompt.prefix_len
-        s = self._spec
         h = hashlib.sha256(repr((self._instruct, self._role, s.language.lower(), s.voice)).encode())
         if s.speaker_embedding is not None:
             h.update(np.ascontiguousarray(s.speaker_embedding, dtype=np.float32).tobytes())
         self._prefix_key = h.hexdigest()
+
+
+class VoiceRows:
+    """The device rows of the clone references in use (``prompt.VoiceEmbeds``), keyed by the identity of
+    their host arrays: a voice-library voice's requests share the arrays of its ``VoiceCache`` entry, so its
+    later prompts skip the reference's upload and embedding. An entry lives as long as its x-vector array, so
+    the voice cache's bounds (``stages[0].voice_cache_*``) bound this one too, and an inline reference's
+    entry goes with its request. Written on the engine thread; a finalizer may drop an entry from another."""
+
+    def __init__(self) -> None:
+        # id(x-vector) -> (x-vector, ICL codes or None, rows); weak, so an entry never keeps its arrays alive
+        self._rows: dict[int, tuple[weakref.ref[Any], weakref.ref[Any] | None, VoiceEmbeds]] = {}
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+    def get(self, emb: object, codes: object) -> VoiceEmbeds | None:
+        hit = self._rows.get(id(emb)) if isinstance(emb, np.ndarray) else None
+        if hit is None:
+            return None
+        emb_ref, codes_ref, rows = hit
+        if emb_ref() is not emb or (codes_ref() if codes_ref is not None else None) is not codes:
+            return None
+        return rows
+
+    def put(self, emb: object, codes: object, rows: VoiceEmbeds) -> None:
+        if not isinstance(emb, np.ndarray) or (codes is not None and not isinstance(codes, np.ndarray)):
+            return
+        key = id(emb)
+        self._rows[key] = (weakref.ref(emb), weakref.ref(codes) if codes is not None else None, rows)
+        weakref.finalize(emb, self._rows.pop, key, None)
 
 
 @dataclass
@@ -171,6 +213,7 @@ class Qwen3TTSAdapter(PackedDecodeAdapter):
         self.prefix_cache_bytes = prefix_cache_bytes
         self.min_attn_bucket = min_attn_bucket
         self._prefixes: OrderedDict[str, _PrefixEntry] = OrderedDict()
+        self.voice_rows = VoiceRows()
         self.graphs: GraphCache | None = None
         self.kv_fp8 = False
 

@@ -50,6 +50,17 @@ class PromptSpec:
     ref_codes: torch.Tensor | None = None  # Base ICL: reference codec frames [T_ref, G]
     non_streaming: bool = False
     text_complete: bool = True  # False: more text deltas will follow (streaming modes only)
+    voice: VoiceEmbeds | None = None  # this reference's rows from an earlier prompt (TalkerPrompt.voice)
+
+
+@dataclass(frozen=True)
+class VoiceEmbeds:
+    """The rows of a clone prompt that depend on the reference alone, on the model's device: built once per
+    voice-library voice and reused, so a request by that voice does none of its reference's embedding work.
+    The same ops on the same inputs either way, so a prompt is bit for bit the same with or without them."""
+
+    speaker: torch.Tensor  # [H]: the x-vector in the model's dtype
+    icl_codec: torch.Tensor | None  # [1 + T_ref, H]: E_c(codec_bos) ++ frames(ref_codes); None without ICL
 
 
 @dataclass
@@ -64,6 +75,7 @@ class TalkerPrompt:
     # Leading prefill rows that depend only on instruct/role/language/speaker, never on the text (the
     # span a prefix cache can share between requests).
     prefix_len: int = 0
+    voice: VoiceEmbeds | None = None  # a clone's reference rows, for the next prompt of the same reference
 
     def text_feed(self) -> TextFeed:
         return TextFeed(queued=len(self.trailing_ids), complete=self.text_complete, eos_id=self.tts_eos_id)
@@ -160,7 +172,12 @@ def validate_spec(model: Qwen3TTSTalker, spec: PromptSpec) -> tuple[int | None, 
             raise PromptError(
                 f"speaker_embedding: expected shape [{t.backbone.hidden_size}], got {list(emb.shape)}"
             )
-        speaker_vec = to_device(emb, model.codec_head.weight.device).to(model.codec_head.weight.dtype)
+        if spec.voice is not None:
+            speaker_vec = spec.voice.speaker
+        else:
+            # A copy: on the CPU the rows must not share the request's host array (VoiceRows keys on it).
+            weight = model.codec_head.weight
+            speaker_vec = to_device(emb, weight.device).to(weight.dtype, copy=True)
         if icl and (spec.ref_codes is None or not spec.ref_text_ids):
             raise PromptError(
                 "ref_text/ref_codes: voice-clone ICL needs both the transcript and the reference codes"
@@ -211,8 +228,12 @@ def build_prompt(model: Qwen3TTSTalker, spec: PromptSpec) -> TalkerPrompt:
     prefix_len = sum(p.shape[0] for p in pieces)
     text_ids = list(spec.text_ids)
 
-    if spec.ref_codes is not None and spec.ref_text_ids is not None:
-        tail, trailing = _icl_tail(model, spec, list(spec.ref_text_ids), spec.ref_codes, text_ids, pad, eos)
+    voice = spec.voice
+    if voice is None and spec.speaker_embedding is not None:  # a clone: its reference's rows, for reuse
+        assert speaker_vec is not None  # validate_spec
+        voice = VoiceEmbeds(speaker_vec, _icl_codec(model, spec))
+    if voice is not None and voice.icl_codec is not None and spec.ref_text_ids is not None:
+        tail, trailing = _icl_tail(model, spec, list(spec.ref_text_ids), voice.icl_codec, text_ids, pad, eos)
         pieces.append(tail)
     elif spec.non_streaming:
         body = torch.cat([model.embed_text(_ids(model, text_ids)), eos.unsqueeze(0)], dim=0)
@@ -235,7 +256,19 @@ def build_prompt(model: Qwen3TTSTalker, spec: PromptSpec) -> TalkerPrompt:
         ref_codes=spec.ref_codes,
         tts_eos_id=cfg.tts_eos_token_id,
         prefix_len=prefix_len,
+        voice=voice,
     )
+
+
+def _icl_codec(model: Qwen3TTSTalker, spec: PromptSpec) -> torch.Tensor | None:
+    """The codec side of an ICL prompt, ``E_c(codec_bos) ++ frames(ref_codes)``: the given one if any."""
+    if spec.ref_codes is None:
+        return None
+    if spec.voice is not None and spec.voice.icl_codec is not None:
+        return spec.voice.icl_codec
+    ref_codes = to_device(spec.ref_codes.to(torch.int64), model.codec_head.weight.device)
+    bos = model.embed_codec(_ids(model, [model.config.talker.codec_bos_id]))
+    return torch.cat([bos, model.embed_frame(ref_codes)], dim=0)
 
 
 def icl_text_tokens_needed(ref_text_len: int, ref_frames: int) -> int:
@@ -248,19 +281,18 @@ def _icl_tail(
     model: Qwen3TTSTalker,
     spec: PromptSpec,
     ref_text_ids: list[int],
-    ref_codes: torch.Tensor,
+    codec: torch.Tensor,
     text_ids: list[int],
     pad: torch.Tensor,
     eos: torch.Tensor,
 ) -> tuple[torch.Tensor, list[int]]:
+    """``codec``: the codec side, ``E_c(codec_bos) ++ frames(ref_codes)``."""
     cfg = model.config
     t = cfg.talker
-    ref_codes = to_device(ref_codes.to(torch.int64), model.codec_head.weight.device)
     all_ids = ref_text_ids + text_ids
-    codec = torch.cat([model.embed_codec(_ids(model, [t.codec_bos_id])), model.embed_frame(ref_codes)], dim=0)
     codec_len = codec.shape[0]
     if not spec.text_complete and len(all_ids) < codec_len:
-        need = icl_text_tokens_needed(len(ref_text_ids), ref_codes.shape[0])
+        need = icl_text_tokens_needed(len(ref_text_ids), codec_len - 1)
         raise PromptError(
             f"text: streaming voice-clone ICL needs {need} text tokens (or the end of text) before prefill, "
             f"got {len(text_ids)}"
