@@ -74,12 +74,14 @@ class DuplexState:
         """Host-side writes at admission (outside captured graphs)."""
         if not -(2**63) <= seed < 2**63:
             raise ValueError(f"seed must fit in int64, got {seed}")
-        self.seed[slot] = seed
+        # fill_ passes the value as a kernel argument; ``t[slot] = value`` copies a host scalar and waits for
+        # the device (a join burst paid it per session).
+        self.seed[slot].fill_(seed)
         self.text.set_row(slot, text)
         self.audio.set_row(slot, audio)
-        self.steps[slot] = 0
-        self.force[slot] = False
-        self.out_valid[slot] = False
+        self.steps[slot].fill_(0)
+        self.force[slot].fill_(False)
+        self.out_valid[slot].fill_(False)
 
     def move(self, src: int, dst: int) -> None:
         for t in (

@@ -158,10 +158,17 @@ class Temporal(nn.Module):
                 v_scales.append(kv_fp8.head_scales(kv_fp8.linear_bounds(w[2 * c.dim :], alpha), c.num_heads))
         return torch.stack(k_scales), torch.stack(v_scales)
 
-    def prefill(self, x: torch.Tensor, slots: Sequence[int], start: int, kv: RingKV) -> None:
+    def prefill(
+        self,
+        x: torch.Tensor,
+        slots: Sequence[int],
+        start: int,
+        kv: RingKV,
+        index: torch.Tensor | None = None,
+    ) -> None:
         """Write K/V of positions ``[start, start + T)`` of each of ``slots`` from inputs ``x [B * T, D]``
         (slot after slot; the prompt never wraps the ring: ``start + T <= window``). Only the cache matters:
-        prompt outputs are forced."""
+        prompt outputs are forced. ``index``: ``slots`` as a device tensor, when the caller has it."""
         b = len(slots)
         t = x.shape[0] // b
         end = start + t
@@ -175,9 +182,9 @@ class Temporal(nn.Module):
         cos, sin = rope_tables(positions.repeat(b), c.head_dim, c.max_period)
         mask = (torch.arange(end, device=x.device).unsqueeze(0) <= positions.unsqueeze(1))[None, None]
         # One slot is a plain slice of the ring; several are one gather/scatter over the slot dimension.
-        rows: slice | torch.Tensor = (
-            slice(slots[0], slots[0] + 1) if b == 1 else torch.as_tensor(list(slots), device=x.device)
-        )
+        rows: slice | torch.Tensor = slice(slots[0], slots[0] + 1)
+        if b > 1:
+            rows = index if index is not None else torch.as_tensor(list(slots), device=x.device)
         last = len(self.layers) - 1
 
         def attend(i: int, layer: nn.Module, normed: torch.Tensor) -> torch.Tensor | None:
