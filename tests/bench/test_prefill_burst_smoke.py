@@ -34,12 +34,12 @@ def test_prefill_burst_bench_runs_on_cpu(tmp_path: Path) -> None:
     rows = [(r["arm"], r["batch"], r["positions"]) for r in result["results"]]
     n = result["prompt_positions"]
     assert rows == [
-        ("stored", 1, n),
-        ("stored", 3, 3 * n),
-        ("device_voice", 1, n),
-        ("device_voice", 3, 3 * n),
+        ("served", 1, n),
+        ("served", 3, 3 * n),
+        ("host_voice", 1, n),
+        ("host_voice", 3, 3 * n),
     ]
     for r in result["results"]:
         assert all(r[part]["median_ms"] > 0 for part in ("call", "rows", "transformer"))
-    for arm in ("stored", "device_voice"):
+    for arm in ("served", "host_voice"):
         assert result[f"profile_{arm}"]["top_ops"], arm
