@@ -201,3 +201,34 @@ def test_the_first_output_is_the_prompts_last_frame(model: PersonaPlexLM) -> Non
     silence = (948, 243, 1178, 546, 1736, 1030, 1978, 2008)
     assert first.tokens[0] == 3 and tuple(first.tokens[1:]) == silence  # PAD text, silence codes
 
+
+
+def test_a_step_does_not_prefill_a_sliver_of_a_prompt_to_use_up_its_budget(model: PersonaPlexLM) -> None:
+    """Two whole prompts fit a step's budget and a third does not: the third waits for the next step whole
+    (a launch-bound call of a few positions would delay the live sessions as a full one does), while a prompt
+    longer than the whole budget is still split into budget-sized chunks."""
+    probe = engine(model)
+    probe.open(request(1))
+    target = probe._by_id["s1"].prefill_target
+    eng = engine(model, budget=2 * target + target // 2)
+    calls: list[list[tuple[int, int]]] = []
+    real = eng.adapter.prefill_many
+
+    def counting(chunks: list) -> None:
+        calls.append([(start, n) for _, _, start, n in chunks])
+        real(chunks)
+
+    eng.adapter.prefill_many = counting  # type: ignore[method-assign]
+    for i in (1, 3, 5):
+        eng.open(request(i))
+    eng.step()
+    assert calls == [[(0, target), (0, target)]]
+    eng.step()
+    assert calls[1:] == [[(0, target)]]
+    small = engine(model, budget=target // 3)
+    small.open(request(1))
+    steps = 0
+    while small.session_state("s1") == "prefill":
+        small.step()
+        steps += 1
+    assert steps == -(-target // (target // 3))
