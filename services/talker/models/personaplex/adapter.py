@@ -165,7 +165,7 @@ class PersonaPlexAdapter(DuplexAdapter):
             columns.append(prompt.columns[max(start, e) - e : max(start + n - e, 0)])
         embedded = iter(())
         if any(len(c) for c in columns):
-            cols = torch.from_numpy(np.concatenate([c for c in columns if len(c)])).to(self.device)
+            cols = to_device(torch.from_numpy(np.concatenate([c for c in columns if len(c)])), self.device)
             embedded = iter(self.model.embed(cols).split([len(c) for c in columns if len(c)]))
         parts: list[torch.Tensor] = []
         for head, c in zip(heads, columns, strict=True):

@@ -1,0 +1,77 @@
+"""The talkers' per-request host work makes no host-synchronizing copies on CUDA: a copy from pageable
+memory or a host scalar written into a device tensor waits for everything queued, which is the frame step in
+flight (the H200 profile of a 64-session PersonaPlex join counted 130 of them; docs/benchmarks.md). Each test
+runs the path under ``torch.cuda.set_sync_debug_mode("error")``, which raises on such a synchronization.
+Skipped without a GPU."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+import numpy as np
+import pytest
+import torch
+
+from services.talker.models import load_talker
+from services.talker.models.personaplex.adapter import PersonaPlexAdapter
+from services.talker.spec import SpeechSpec
+from tests.golden_personaplex import fixture_model, load_case
+from tests.unit.talker.test_personaplex_adapter import _sessions
+from voxstage.presets import resolve_model
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
+
+
+@pytest.fixture
+def no_syncs() -> Iterator[Callable[[Callable[[], object]], object]]:
+    def run(fn: Callable[[], object]) -> object:
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            return fn()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+
+    yield run
+
+
+def test_a_personaplex_join_burst_makes_no_synchronizing_copy(no_syncs: Callable) -> None:
+    """Admission, one batched prefill of several sessions and their first step's setup, as a join burst
+    runs them (``DuplexEngine._prefill``), then the next tick's user frames."""
+    model = fixture_model(load_case("prompt_voice"), device="cuda")
+    adapter = PersonaPlexAdapter(model)
+    adapter.allocate(4, model.config.context)
+    sessions = _sessions(model)
+    n = min(s.prompt.length for s in sessions) - 1
+
+    def join() -> None:
+        for slot, s in enumerate(sessions):
+            adapter.admit(slot, seed=s.seed, text=s.sampling[0], audio=s.sampling[1])
+        adapter.prefill_many([(slot, s.prompt, 0, n) for slot, s in enumerate(sessions)])
+        for slot, s in enumerate(sessions):
+            adapter.start_decode(slot, s.prompt)
+        adapter.set_user(list(range(len(sessions))), np.stack([s.users[0] for s in sessions]))
+
+    no_syncs(join)
+    torch.cuda.synchronize()
+    assert int(adapter.state.steps[0]) == sessions[0].prompt.length - 1
+
+
+@pytest.mark.parametrize("variant", ["custom_voice", "clone"])
+def test_a_qwen3_prompt_is_built_without_synchronizing(variant: str, no_syncs: Callable) -> None:
+    """``prepare`` runs on the engine thread while a frame step is in flight (async scheduling)."""
+    preset = "qwen3-tts-tiny" if variant == "custom_voice" else "qwen3-tts-tiny-base"
+    adapter, _ = load_talker(resolve_model(preset), device="cuda", dtype=torch.float32)
+    model = adapter.model
+    if variant == "custom_voice":
+        spec = SpeechSpec(text="Hello there.", voice=sorted(model.config.talker.spk_id)[0])
+    else:
+        rng = np.random.default_rng(0)
+        xvec = rng.standard_normal(model.hidden_size).astype(np.float32)
+        codes = rng.integers(0, 64, (12, model.num_code_groups), dtype=np.int64)
+        spec = SpeechSpec(
+            text="Hello there.", speaker_embedding=xvec, ref_text="A reference.", ref_codes=codes
+        )
+    for _ in range(2):  # the clone's second prompt takes its reference rows from VoiceRows
+        prepared = no_syncs(lambda: adapter.prepare(spec))
+        assert prepared.prompt is not None  # type: ignore[attr-defined]
