@@ -147,9 +147,10 @@ def wins(records: list[Record], triton: bool) -> str:
     return "\n".join(lines)
 
 
-def profile_call(fn: Callable[[], object], device: str, top: int = 15) -> dict[str, Any]:
-    """Top ops of one call of ``fn`` (after one unprofiled call) by device time, and how many host-to-device
-    copies, synchronizations and allocations it made: what a benchmark prints beside its timings."""
+def profile_call(fn: Callable[[], object], device: str, top: int = 15, host: bool = False) -> dict[str, Any]:
+    """Top ops of one call of ``fn`` (after one unprofiled call) by device time (``host``: by their own host
+    time, where launch-bound Python work shows), and how many host-to-device copies, synchronizations and
+    allocations it made: what a benchmark prints beside its timings."""
     acts = [torch.profiler.ProfilerActivity.CPU]
     if device == "cuda":
         acts.append(torch.profiler.ProfilerActivity.CUDA)
@@ -169,7 +170,7 @@ def profile_call(fn: Callable[[], object], device: str, top: int = 15) -> dict[s
         if e.key.startswith(("cudaMemcpy", "cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaMalloc")):
             runtime[e.key] += e.count
     # Device time on a GPU; on the CPU (smoke runs) the ops' own host time.
-    attr = "device_time_total" if device == "cuda" else "self_cpu_time_total"
+    attr = "device_time_total" if device == "cuda" and not host else "self_cpu_time_total"
     ranked = sorted(events, key=lambda e: getattr(e, attr, 0.0), reverse=True)[:top]
     return {
         "runtime_calls": dict(runtime),

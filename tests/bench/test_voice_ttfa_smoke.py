@@ -31,5 +31,5 @@ def test_voice_ttfa_bench_runs_on_cpu(tmp_path: Path) -> None:
         assert len(arm["requests"]) == 2
         for r in arm["requests"]:
             assert 0 < r["first_frame_ms"] < r["ttfa_ms"] and r["first_pcm_ms"] > 0
-        assert arm["profile"]["top_ops"]
+        assert arm["profile"]["top_ops"] and arm["prompt_profile"]["ops_timed_by"] == "self_cpu_time_total"
     assert set(result["clone_minus_builtin_ms"]) == set(arms["clone"]["requests"][0])

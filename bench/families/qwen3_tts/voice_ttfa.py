@@ -14,7 +14,7 @@ each request's first audio:
 Arms: ``builtin`` (a CustomVoice preset and its bench voice) and ``clone`` (the Base preset, a 10 s
 reference's codes, x-vector and transcript, as a voice-library voice reaches the stages: the codec gets the
 codes as its prefix under a voice key). For each arm one request is also profiled (host-to-device copies,
-synchronizations, top ops).
+synchronizations, top ops), and its prompt build alone by host time (``prompt_profile``).
 
     python bench/families/qwen3_tts/voice_ttfa.py --out voice_ttfa.json
     python bench/families/qwen3_tts/voice_ttfa.py --out voice_ttfa.json --device cpu --size tiny --requests 2
@@ -150,11 +150,14 @@ def run_arm(a: argparse.Namespace, arm: str, model: str) -> dict[str, Any]:
         pair.request(spec, a.frames, prefix, key)
     rows = [pair.request(spec, a.frames, prefix, key) for _ in range(a.requests)]
     prof = profile_call(lambda: pair.request(spec, a.frames, prefix, key), a.device)
+    adapter = pair.talker.adapter
+    prompt_prof = profile_call(lambda: adapter.prepare(spec), a.device, top=25, host=True)
     out = {"arm": arm, "model": model, "codec_warm_up_s": round(pair.codec_warm_s, 2), **summary(rows)}
     states = pair.codec.voice_states
     out["codec_voice_states"] = None if states is None else len(states)  # 1: the clone's state was reused
     out["requests"] = rows
     out["profile"] = prof
+    out["prompt_profile"] = prompt_prof  # the prompt build alone (``submit``'s work), by host time
     print(json.dumps({"arm": arm, **{k: v["median"] for k, v in summary(rows).items()}}), flush=True)
     return out
 
