@@ -213,7 +213,8 @@ class CodecEngine(Steppable[CodecOutput]):
         if cached is not None:
             self._snapshots().restore(slot, cached)  # where the prefix's decode would leave the slot
         else:
-            self.codec.reset(torch.tensor([slot], dtype=torch.int64, device=self.device))
+            # A fill, not a copy of a host list: that would wait for the decode in flight (async scheduling).
+            self.codec.reset(torch.full((1,), slot, dtype=torch.int64, device=self.device))
         stream = StreamState(stream_id, slot, initial)
         self._streams[stream_id] = stream
         if has_prefix and cached is None:

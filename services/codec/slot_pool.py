@@ -216,7 +216,7 @@ class SlotPoolDecoder(Generic[ModelT]):
                 f"decoder state of shape {tuple(state.row.shape)} {state.row.dtype} does not fit this pool's "
                 f"({self.layout.width},) {self.dtype} slots"
             )
-        index = torch.tensor([slot], dtype=torch.int64, device=self.device)
+        index = torch.full((1,), slot, dtype=torch.int64, device=self.device)  # no host copy to wait on
         self.pool.index_copy_(0, index, state.row[None])
         self.positions.index_copy_(0, index, state.position[None])
 

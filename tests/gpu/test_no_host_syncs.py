@@ -75,3 +75,25 @@ def test_a_qwen3_prompt_is_built_without_synchronizing(variant: str, no_syncs: C
     for _ in range(2):  # the clone's second prompt takes its reference rows from VoiceRows
         prepared = no_syncs(lambda: adapter.prepare(spec))
         assert prepared.prompt is not None  # type: ignore[attr-defined]
+
+
+def test_a_codec_stream_opens_without_synchronizing(no_syncs: Callable) -> None:
+    """A text-to-speech stream's open on the codec engine, fresh and from a voice's stored decoder state: the
+    engine thread opens streams between ticks while a decode is in flight (async scheduling)."""
+    from services.codec.engine import ChunkSchedule, CodecEngine
+    from services.codec.models.qwen3_tts.loader import random_init as random_decoder
+    from services.codec.models.qwen3_tts.presets import decoder_preset
+    from services.codec.models.qwen3_tts.streaming import StreamingDecoder
+    from services.codec.voice_states import VoiceStateCache
+
+    model = random_decoder(decoder_preset("qwen3-tts-tiny"), 0, device="cuda", dtype=torch.float32)
+    engine = CodecEngine(StreamingDecoder(model, 4), max_streams=2, schedule=ChunkSchedule(1, 5),
+                         num_groups=16, device="cuda", voice_states=VoiceStateCache(1 << 26, 4))  # fmt: skip
+    prefix = np.random.default_rng(0).integers(0, 2048, (6, 16), dtype=np.int64)
+    engine.open("first", prefix=prefix, prefix_key="voice_x@1")
+    engine.finish("first")
+    while engine.has_work():
+        engine.step()  # decodes the prefix and stores the voice's state
+    assert len(engine.voice_states) == 1  # type: ignore[arg-type]
+    no_syncs(lambda: engine.open("fresh"))
+    no_syncs(lambda: engine.open("voice", prefix=prefix, prefix_key="voice_x@1"))

@@ -120,7 +120,8 @@ class DuplexCodecEngine(Steppable[DuplexOutput]):
         if len(self._slots) >= self.cfg.max_sessions:
             raise DuplexAdmissionError(f"all {self.cfg.max_sessions} codec session slots are held")
         session = _Session(sid, len(self._slots))
-        self.codec.reset(torch.tensor([session.slot], dtype=torch.int64, device=self.device), "both")
+        # A fill, not a copy of a host list: that would wait for the tick in flight on the device.
+        self.codec.reset(torch.full((1,), session.slot, dtype=torch.int64, device=self.device), "both")
         self.ring.reset(session.slot)
         self._live[session.slot] = False
         self._freed[session.slot] = self._underflows[session.slot] = self._owed[session.slot] = 0
