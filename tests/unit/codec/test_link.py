@@ -124,7 +124,9 @@ async def test_a_cancel_in_the_middle_of_a_tick_ends_that_session_alone(model: M
         assert b.terminal is not None and b.terminal.reason == S.END_REASON_CANCELLED
         for x in (a, c):
             assert x.error is None and x.terminal is not None and x.terminal.reason == S.END_REASON_EOS
-            assert len(x.frames) > 12 and in_order(x)  # went on past the cancel, nothing lost
+            # Went on past b's cancel (at its 6th frame), in order. Not a fixed count: on a loaded machine the
+            # codec may run a tick late and drop that tick's user audio by design (skipped ticks).
+            assert len(x.frames) > 6 and in_order(x)
         assert await slots_in_use(rig) == 0
         # All three sessions rode one link each way, far fewer messages than per-session streams would take.
         assert rig.talker.links == 1
