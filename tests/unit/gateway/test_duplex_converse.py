@@ -216,7 +216,8 @@ async def test_a_stage_failure_mid_session_ends_with_its_status(make_duplex_stac
 
 async def test_idle_timeout_and_time_limit_close_with_a_reason(make_duplex_stack: MakeStack) -> None:
     stack = await make_duplex_stack(
-        overrides=["gateway.duplex_idle_timeout_s=0.3", "gateway.duplex_max_session_s=0.8"]
+        # The busy session appends every 80 ms; idle must not fire on it when a loaded box delays an append.
+        overrides=["gateway.duplex_idle_timeout_s=0.5", "gateway.duplex_max_session_s=1.2"]
     )
     codec: FakeDuplexCodec = stack.codec  # type: ignore[assignment]
     idle = Caller(stack)
