@@ -110,6 +110,7 @@ class DuplexCodecEngine(Steppable[DuplexOutput]):
         self.ticks = 0
         self.bursts = 0
         self.skipped_ticks = 0
+        self.unheard_frames = 0  # user frames those skipped ticks dropped, over all sessions
         metrics.SLOTS_TOTAL.labels(stage="codec").set(config.max_sessions)
 
     # -- commands ----------------------------------------------------------------------------------------
@@ -332,6 +333,7 @@ class DuplexCodecEngine(Steppable[DuplexOutput]):
         if not rows.size:
             return
         samples = frames[rows] * self.spf
+        self.unheard_frames += int(frames[rows].sum())
         self.ring.drop(rows, samples)
         self._freed[rows] += samples  # re-granted to the gateway with the next user codes
         for s in self._slots:  # rare (a stall), so per session here is fine
@@ -411,7 +413,7 @@ class DuplexCodecEngine(Steppable[DuplexOutput]):
         self.push_agent(sid, AgentFrame(0, user.codes, 0, "", 0))
         self._burst()
         self.leave(sid)
-        self._next_tick, self.ticks, self.bursts, self.skipped_ticks = None, 0, 0, 0
+        self._next_tick, self.ticks, self.bursts, self.skipped_ticks, self.unheard_frames = None, 0, 0, 0, 0
         self._owed[:] = 0
         future = self.submit_reference(np.zeros(2 * self.spf, np.float32))
         while self.references.pending():

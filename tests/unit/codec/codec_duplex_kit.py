@@ -219,6 +219,14 @@ class Rig:
     model: MimiModel
     server: grpc.aio.Server | None = None  # the codec's
     address: str = ""  # the codec's
+    engine: DuplexCodecEngine | None = None  # the codec's (its count of user frames skipped ticks dropped)
+
+    @property
+    def unheard(self) -> int:
+        """User frames the codec dropped because its engine ran a tick late (by design: a loaded machine's
+        skipped ticks go unheard); the tests' exact counts allow for them and for nothing else."""
+        assert self.engine is not None
+        return self.engine.unheard_frames
 
     def open_msg(self, **fields: object) -> S.StreamOpen:
         base: dict[str, object] = {
@@ -282,7 +290,7 @@ async def stage(
     await cserver.start()
     channel = grpc.aio.insecure_channel(f"127.0.0.1:{cport}")
     try:
-        yield Rig(talker, f"127.0.0.1:{tport}", channel, model, cserver, f"127.0.0.1:{cport}")
+        yield Rig(talker, f"127.0.0.1:{tport}", channel, model, cserver, f"127.0.0.1:{cport}", engine)
     finally:
         await channel.close()
         await cserver.stop(0)

@@ -46,11 +46,11 @@ async def test_a_session_relays_audio_codes_transcript_and_credits_and_ends_on_e
         assert all(p.sample_count == SPF and p.frame_count == 1 for p in pcm)
         assert all(p.transcript_delta == f"w{p.first_frame} " for p in pcm)  # the talker's, per frame
         assert pcm[0].user_frame == -1  # the prompt's frame
-        # Each of the 5 user frames answered once, in order; one the engine dropped because it ran a tick late
-        # on a loaded box (by design: the audio of skipped ticks goes unheard) is absent, never out of order.
+        # Each of the 5 user frames answered once, in order, but for those the engine dropped because it ran
+        # a tick late on a loaded box (by design: the audio of skipped ticks goes unheard), and no others.
         answered = [p.user_frame for p in pcm if p.user_frame >= 0]
         assert answered == sorted(set(answered)) and set(answered) <= set(range(5)) and answered[-1] == 4
-        assert len(answered) >= 3
+        assert len(answered) == 5 - rig.unheard
         assert (eos.frame_count, eos.sample_count) == (len(pcm), len(pcm) * SPF)
         credits = [m.credit for m in s.got if m.HasField("credit")]
         assert sum(c.amount for c in credits) == 5 * SPF and {c.unit for c in credits} == {
