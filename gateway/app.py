@@ -52,6 +52,7 @@ from gateway.quotas import Quotas
 from gateway.realtime.ws import register_realtime
 from gateway.voice_aliases import log_broken_aliases
 from voxstage.config import DeployConfig
+from voxstage.heap import freeze_startup_heap
 from voxstage.server import ServiceBinding, StageServer, start_stage_server
 from voxstage.v1 import speech_pb2
 
@@ -285,6 +286,7 @@ class GatewayServer:
             f"on: {len(check.keys)}" if check.enabled else "off",
             "on" if gw.reflection else "off", "public" if gw.public_metrics else "off",
         )  # fmt: skip
+        log.info("gateway: %d start-up objects frozen out of the garbage collector", freeze_startup_heap())
         if not check.enabled and reachable_from_elsewhere(self.host):
             log.warning(
                 "gateway: gRPC :%d and HTTP :%d listen on %s with no API keys: anyone who can reach this "

@@ -220,3 +220,11 @@ DUPLEX_SKIPPED_TICKS = Counter(
     "Codec: grid ticks the engine started too late for; each live session's audio of them is dropped.",
     registry=REGISTRY,
 )  # exported as voxstage_duplex_skipped_ticks_total
+GC_PAUSE = Histogram(
+    "voxstage_gc_pause_seconds",
+    "Every process: one pass of Python's cyclic garbage collector, by generation (it holds the GIL: the "
+    "engine thread and the event loop wait); the start-up heap is frozen out of it (voxstage.heap).",
+    ["generation"],
+    buckets=HOP_BUCKETS,
+    registry=REGISTRY,
+)

@@ -24,6 +24,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from prometheus_client import make_wsgi_app
 
+from voxstage.heap import watch_gc_pauses
 from voxstage.metrics import REGISTRY
 
 log = logging.getLogger(__name__)
@@ -127,6 +128,7 @@ async def start_stage_server(
     """Create, mount and start the server; health reports NOT_SERVING until ``set_ready``. The gateway's
     public port adds its API-key ``interceptors``, TLS ``credentials``, may turn reflection off, and
     receives no message larger than its largest valid request (``max_receive_bytes``)."""
+    watch_gc_pauses()
     options = list(SERVER_OPTIONS)
     if max_receive_bytes is not None:
         options = [o for o in options if o[0] != "grpc.max_receive_message_length"]

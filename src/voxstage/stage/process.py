@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple, Protocol
 
 from voxstage.config.cli_args import add_deploy_options, load_from_args
+from voxstage.heap import freeze_startup_heap
 from voxstage.stage import torch_profile
 from voxstage.stage.tls import LinkTlsError, add_link_options, link_from_args
 
@@ -303,6 +304,8 @@ async def serve(parts: StageParts, args: argparse.Namespace) -> int:
     try:
         seconds = await parts.warm_up()
         log.info("%s: warm-up request took %.2f s", parts.role, seconds)
+        frozen = freeze_startup_heap()
+        log.info("%s: %d start-up objects frozen out of the garbage collector", parts.role, frozen)
         parts.servicer.ready = True
         await stage.set_ready()
         log.info(
