@@ -110,7 +110,8 @@ class ComposeStack:
 def start_compose_stack(
     tmp: Path, *, limit_s: float = 600.0, compose_env: dict[str, str] | None = None
 ) -> ComposeStack:
-    """Start talker, codec and gateway in compose's order, each once the previous one's healthcheck passes.
+    """Start talker, codec and gateway in compose's order: each service once the services its ``depends_on``
+    names pass their healthchecks (talker and codec together, then the gateway).
     ``compose_env`` is what ``VAR=value docker compose up`` would set (``VOXSTAGE_MODEL``, ...); the
     ``models`` volume is ``tmp/models``."""
     services = yaml.safe_load((REPO / "docker-compose.yml").read_text())["services"]
@@ -139,28 +140,42 @@ def start_compose_stack(
         command = services[name]["command"]
         hosts[f"{name}:{command[command.index('--port') + 1]}"] = f"127.0.0.1:{ports[name]['--port']}"
     stack = ComposeStack({}, ports)
+
+    def needs(name: str) -> set[str]:
+        return set(services[name].get("depends_on") or ())
+
+    def start_service(name: str) -> None:
+        svc = services[name]
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        env.update({k: local(expand(str(v), compose_env)) for k, v in svc["environment"].items()})
+        command = [local(expand(a, compose_env)) for a in svc["command"]]
+        for i, arg in enumerate(command[:-1]):
+            if arg in PORT_FLAGS:
+                command[i + 1] = str(ports[name][arg])
+            elif arg in ("--codec", "--talker", "--allowed-talkers"):
+                command[i + 1] = ",".join(hosts[a] for a in command[i + 1].split(","))
+        assert command[0] == "python"
+        command[0] = sys.executable  # `python` in the image is this venv's interpreter here
+        port = ports[name]["--grpc-port" if name == "gateway" else "--port"]
+        health = [
+            re.sub(r"localhost:\d+", f"127.0.0.1:{port}", expand(a)) for a in svc["healthcheck"]["test"][1:]
+        ]
+        assert health[0] == "python"
+        health[0] = sys.executable
+        stack.procs[name] = start(name, command, health, env, tmp)
+
     try:
-        for name in ("talker", "codec", "gateway"):
-            svc = services[name]
-            env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-            env.update({k: local(expand(str(v), compose_env)) for k, v in svc["environment"].items()})
-            command = [local(expand(a, compose_env)) for a in svc["command"]]
-            for i, arg in enumerate(command[:-1]):
-                if arg in PORT_FLAGS:
-                    command[i + 1] = str(ports[name][arg])
-                elif arg in ("--codec", "--talker", "--allowed-talkers"):
-                    command[i + 1] = ",".join(hosts[a] for a in command[i + 1].split(","))
-            assert command[0] == "python"
-            command[0] = sys.executable  # `python` in the image is this venv's interpreter here
-            port = ports[name]["--grpc-port" if name == "gateway" else "--port"]
-            health = [
-                re.sub(r"localhost:\d+", f"127.0.0.1:{port}", expand(a))
-                for a in svc["healthcheck"]["test"][1:]
-            ]
-            assert health[0] == "python"
-            health[0] = sys.executable
-            stack.procs[name] = start(name, command, health, env, tmp)
-            stack.procs[name].wait_healthy(limit_s)
+        healthy: set[str] = set()
+        pending = ["talker", "codec", "gateway"]
+        while pending:
+            wave = [name for name in pending if needs(name) <= healthy]
+            assert wave, f"depends_on of {pending} can never be met"
+            for name in wave:
+                start_service(name)
+            for name in wave:
+                stack.procs[name].wait_healthy(limit_s)
+                healthy.add(name)
+            pending = [name for name in pending if name not in wave]
     except BaseException:
         stack.stop()
         raise

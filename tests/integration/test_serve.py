@@ -1,4 +1,5 @@
-"""``voxstage serve``: talker, codec and gateway as separate processes, started in order and stopped cleanly.
+"""``voxstage serve``: talker, codec and gateway as separate processes (the stages together, the gateway once
+they serve), stopped cleanly.
 
 Through the public API (the Python SDK against the gateway's gRPC port): a request returns the expected
 audio; SIGTERM to the launcher drains every stage and everything exits 0. A stage that cannot start makes
@@ -106,7 +107,9 @@ def test_serve_fails_loudly_naming_a_stage_that_cannot_start(cache: Path, tmp_pa
     assert code == 1, text
     assert "talker stage exited with code 1 during start-up" in text, text
     assert "max_model_len is 100000" in text, text
-    assert "starting codec" not in text, text  # nothing after the failed stage is started
+    # The codec started beside it (the two load together) and was stopped; nothing after them started.
+    assert "starting codec" in text and "codec stage exited with code" in text, text
+    assert "starting gateway" not in text, text
 
 
 def test_serve_sees_a_tls_gateway_become_ready(cache: Path, tmp_path: Path) -> None:

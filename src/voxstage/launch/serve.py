@@ -1,16 +1,16 @@
 """``voxstage serve``: one host's deployment as separate processes (talker, codec, gateway), supervised.
 
 Each stage is its own ``python -m voxstage <stage> ...`` process that sees only its stage's ``devices``
-(``CUDA_VISIBLE_DEVICES`` narrowed from the launcher's own). Stages start in order, each only after the
-previous one reports SERVING on gRPC health (so the codec never dials a talker that is still loading). A
-stage that dies at start-up fails the launch naming it. Once everything is up, a stage that dies is
-restarted alone, on the same address and flags, after an exponential back-off, while the others keep
-running: the gateway routes around a dead stage and sees it return within a second (gateway/routing.py),
-so one crashed process costs the requests in flight on it, not the deployment. Its ``/dev/shm`` files are
-swept as soon as it is reaped. A stage that crashes more often than the restart budget allows (a crash
-loop: a bad disk, a poisoned model, an OOM at every start) stops everything and the launcher exits 1
-naming it. SIGTERM/SIGINT drain the gateway first, then the codec, then the talker, and the launcher exits
-0 when all of them did.
+(``CUDA_VISIBLE_DEVICES`` narrowed from the launcher's own). The talkers and codecs start together, and the
+gateway once all of them report SERVING on gRPC health (a codec dials a talker only when a stream names it, so
+it needs none at start-up). A stage that dies at start-up fails the launch naming it. Once everything is up, a
+stage that dies is restarted alone, on the same address and flags, after an exponential back-off, while the
+others keep running: the gateway routes around a dead stage and sees it return within a second
+(gateway/routing.py), so one crashed process costs the requests in flight on it, not the deployment. Its
+``/dev/shm`` files are swept as soon as it is reaped. A stage that crashes more often than the restart budget
+allows (a crash loop: a bad disk, a poisoned model, an OOM at every start) stops everything and the launcher
+exits 1 naming it. SIGTERM/SIGINT drain the gateway first, then the codec, then the talker, and the launcher
+exits 0 when all of them did.
 
 GPU sharing: when a stage sets ``mps_active_thread_percentage`` and shares its GPU with another stage
 process, the launcher runs a CUDA MPS control daemon of its own for the launch (``voxstage.stage.mps``),
@@ -219,14 +219,15 @@ def run(args: argparse.Namespace) -> int:
         # The codecs dial only this launch's talkers, whatever a StreamOpen names (docs/protocol.md §1).
         plan = [(t, ["--port", str(t.port), *talker_tls]) for t in talkers]
         plan += [(c, ["--port", str(c.port), "--allowed-talkers", talker_list, *codec_tls]) for c in codecs]
-        for role in ("talker", "codec"):  # replicas of a stage start together; the codecs after the talkers
-            group = [(pl, extra) for pl, extra in plan if pl.role == role]
-            for pl, extra in group:
-                argv = [*stage_flags, *_metrics(extra, pl.metrics_port), *deploy]
-                stages.append(_start(pl.name, argv, pl.address, pl.visible, tls))
-            for started in stages[-len(group) :]:
-                if not _wait_serving(started, args.start_timeout, stopping):
-                    return _abort(stages, args.drain_grace, stopping)
+        # Every talker and codec starts at once: their addresses are placed up front, a codec dials a talker
+        # only when a stream names it, and each stage's memory budget is a share of the GPU's total, not of
+        # what is free when it looks. Loading in parallel saves a stage's start-up (seconds) per launch.
+        for pl, extra in plan:
+            argv = [*stage_flags, *_metrics(extra, pl.metrics_port), *deploy]
+            stages.append(_start(pl.name, argv, pl.address, pl.visible, tls))
+        for started in list(stages):
+            if not _wait_serving(started, args.start_timeout, stopping):
+                return _abort(stages, args.drain_grace, stopping)
         if not args.no_gateway:
             if gw.codec_addresses or gw.talker_addresses:
                 log.warning("gateway.codec_addresses / talker_addresses: not used, the gateway gets the "
