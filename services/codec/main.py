@@ -15,8 +15,10 @@ from voxstage.stage.process import StageParts, StageStartError, register_stage, 
 if TYPE_CHECKING:
     from services.codec.engine import CodecEngine
     from services.codec.models import CodecRuntime
+    from services.codec.schedule import TickPolicy
     from services.codec.voice_states import VoiceStateCache
     from voxstage.config import DeployConfig
+    from voxstage.config.stage import StageConfig
     from voxstage.presets import ModelSource
     from voxstage.stage.tls import LinkTls
 
@@ -126,6 +128,21 @@ def build(args: argparse.Namespace) -> StageParts:
     return stage_parts("codec", binding, servicer, worker, worker.warm_up, writer, reader)
 
 
+def tick_policy(stage: StageConfig, family_name: str, device: str) -> TickPolicy:
+    """The codec's tick schedule: the deploy file's ``codec_tick_policy``, else the family's (its
+    descriptor's, measured served); always ``fifo`` off a GPU."""
+    from voxstage.families import family
+
+    policy = stage.codec_tick_policy or family(family_name).codec_tick_policy
+    if policy == "deadline" and device != "cuda":
+        # The budget bounds device time the codec holds a GPU shared with the talker; on the CPU it would only
+        # cut batches (one tiny-model row costs more than a GPU's whole 64-row call), so ticks stay whole.
+        if "codec_tick_policy" in stage.model_fields_set:
+            log.warning("codec: codec_tick_policy deadline bounds GPU ticks; on %s ticks are fifo", device)
+        return "fifo"
+    return policy
+
+
 def build_engine(config: DeployConfig, runtime: CodecRuntime, device: str) -> CodecEngine:
     """The codec engine of a deploy file's (non-duplex) codec stage over a loaded ``runtime``: its chunk
     schedule, CUDA-graph frame buckets and scheduling mode (``bench/codec_schedule.py`` builds its engines
@@ -136,13 +153,7 @@ def build_engine(config: DeployConfig, runtime: CodecRuntime, device: str) -> Co
     stage = config.codec
     plan = config.chunk_plan
     left = plan.left_context_frames if plan.overlap_crop else 0
-    policy = stage.codec_tick_policy
-    if policy == "deadline" and device != "cuda":
-        # The budget bounds device time the codec holds a GPU shared with the talker; on the CPU it would only
-        # cut batches (one tiny-model row costs more than a GPU's whole 64-row call), so ticks stay whole.
-        if "codec_tick_policy" in stage.model_fields_set:
-            log.warning("codec: codec_tick_policy deadline bounds GPU ticks; on %s ticks are fifo", device)
-        policy = "fifo"
+    policy = tick_policy(stage, runtime.family, device)
     decode_fn = None
     buckets: tuple[int, ...] = ()
     if device == "cuda" and not stage.enforce_eager:

@@ -130,7 +130,7 @@ class StageConfig(StrictModel):
     mps_active_thread_percentage: int | None = Field(default=None, ge=1, le=100)
     # voxstage, codec only: which ready chunks a tick decodes (services/codec/schedule.py) and the estimated
     # device time a deadline tick may take (docs/configuration.md gives the reasons for the defaults).
-    codec_tick_policy: Literal["fifo", "deadline"] = "fifo"
+    codec_tick_policy: Literal["fifo", "deadline"] | None = None  # None: the model family's (descriptor)
     codec_tick_budget_ms: float = Field(default=20.0, gt=0.0, le=1000.0)
     max_model_len: int | None = Field(default=None, ge=1)
     max_num_batched_tokens: int | None = Field(default=None, ge=1)

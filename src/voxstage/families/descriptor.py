@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Literal
 
 
 @dataclass(frozen=True)
@@ -82,6 +83,9 @@ class Family:
     limits: Limits = field(default_factory=Limits)
     # A deploy-file key under connectors.*.extra that only this family's codec reads: its compute dtype.
     codec_dtype_key: str | None = None
+    # The codec's tick schedule on a GPU when the deploy file sets no `codec_tick_policy`: the one this
+    # family's served closed search measured best (docs/benchmarks.md, docs/configuration.md).
+    codec_tick_policy: Literal["fifo", "deadline"] = "fifo"
     deploy_file: str = ""  # the seed deploy file under deploy/
     bench: Bench | None = None
     # What `voxstage demo` runs when this family is the demo's: (preset, voice).

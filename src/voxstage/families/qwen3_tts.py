@@ -33,6 +33,9 @@ FAMILY = Family(
     model_types=("qwen3_tts",),
     sample_rate=24_000,
     frame_rate_hz=12.5,
+    # Bounded ticks, earliest deadline first: on the stage links 64 gap-free 0.6B streams against fifo's 24
+    # (H200, one session, 2026-12-03; docs/benchmarks.md).
+    codec_tick_policy="deadline",
     languages=None,  # the checkpoint's codec_language_id
     # BCP-47 primary subtags for the language names the checkpoints use.
     language_tags={

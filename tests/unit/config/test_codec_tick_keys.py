@@ -15,7 +15,7 @@ QWEN = REPO / "deploy" / "qwen3_tts.yaml"
 
 def test_defaults_and_overrides() -> None:
     codec = load_deploy_config(QWEN, platform="cuda").codec
-    assert (codec.codec_tick_policy, codec.codec_tick_budget_ms) == ("fifo", 20.0)
+    assert (codec.codec_tick_policy, codec.codec_tick_budget_ms) == (None, 20.0)  # None: the family's
     sets = ["stages.1.codec_tick_policy=fifo", "stages.1.codec_tick_budget_ms=12.5"]
     codec = load_deploy_config(QWEN, platform="cuda", overrides=sets).codec
     assert (codec.codec_tick_policy, codec.codec_tick_budget_ms) == ("fifo", 12.5)
@@ -44,3 +44,20 @@ def test_duplex_sessions_warn_that_the_keys_do_nothing() -> None:
     assert not any("codec_tick" in str(w) for w in load_deploy_config(path, platform="cuda").warnings)
     cfg = load_deploy_config(path, platform="cuda", overrides=["stages.1.codec_tick_budget_ms=10"])
     assert any("codec_tick_budget_ms" in str(w) and "duplex" in str(w) for w in cfg.warnings), cfg.warnings
+
+
+def test_the_policy_is_the_deploy_files_else_the_familys_and_fifo_off_a_gpu() -> None:
+    from services.codec.main import tick_policy
+
+    qwen = load_deploy_config(QWEN, platform="cuda").codec
+    audio8 = load_deploy_config(REPO / "deploy" / "audio8_tts.yaml", platform="cuda").codec
+    assert qwen.codec_tick_policy is None and audio8.codec_tick_policy is None  # the seeds name none
+    # Each family's measured choice (its descriptor): bounded ticks served Qwen3-TTS best, fifo Audio8.
+    assert tick_policy(qwen, "qwen3_tts", "cuda") == "deadline"
+    assert tick_policy(audio8, "audio8_tts", "cuda") == "fifo"
+    assert tick_policy(qwen, "qwen3_tts", "cpu") == "fifo"
+    fifo = load_deploy_config(QWEN, platform="cuda", overrides=["stages.1.codec_tick_policy=fifo"]).codec
+    assert tick_policy(fifo, "qwen3_tts", "cuda") == "fifo"
+    deadline = ["stages.1.codec_tick_policy=deadline"]
+    audio8_set = load_deploy_config(REPO / "deploy" / "audio8_tts.yaml", platform="cuda", overrides=deadline)
+    assert tick_policy(audio8_set.codec, "audio8_tts", "cuda") == "deadline"
