@@ -133,6 +133,7 @@ class CodecEngine(Steppable[CodecOutput]):
         async_scheduling: bool = False,
         tick_policy: TickPolicy = "fifo",
         tick_budget_s: float = 0.02,
+        max_wait_s: float = 1.5,
         cost: DecodeCost | None = None,
         voice_states: VoiceStateCache | None = None,
     ) -> None:
@@ -162,6 +163,11 @@ class CodecEngine(Steppable[CodecOutput]):
             raise ValueError(f"tick_budget_s must be > 0, got {tick_budget_s}")
         self.tick_policy: TickPolicy = tick_policy
         self.tick_budget_s = tick_budget_s
+        if max_wait_s <= 0:
+            raise ValueError(f"max_wait_s must be > 0, got {max_wait_s}")
+        # The deadline policy's bound on how long a ready chunk waits, whatever its player holds: a stream
+        # far ahead of its listener must still see progress before its consumer's stall timeout.
+        self.max_wait_s = max_wait_s
         self.cost = cost  # the deadline policy's DecodeCost: measured by calibrate() at the worker's warm-up
         self.planned_s = 0.0  # the last tick's estimated device seconds (deadline policy; benchmarks read it)
         self.early_handout = True  # on evidence (module docstring); bench/codec_schedule.py switches it
@@ -292,11 +298,13 @@ class CodecEngine(Steppable[CodecOutput]):
         # Streams with a decode still in flight wait for it: their counts are not final yet.
         idle = [s for s in self._streams.values() if not s.in_flight]
         self._settle(idle, outputs)
-        rows = [
-            Row(s, n, self._context(s), self._deadline(s))
-            for s in idle
-            if s.stream_id in self._streams and (n := self._ready_frames(s))
-        ]
+        now = time.perf_counter()
+        rows = []
+        for s in idle:
+            if s.stream_id in self._streams and (n := self._ready_frames(s)):
+                if s.ready_since is None:
+                    s.ready_since = now
+                rows.append(Row(s, n, self._context(s), self._deadline(s)))
         if not rows and not collecting:
             return outputs
         calls = self._plan(rows)
@@ -380,10 +388,13 @@ class CodecEngine(Steppable[CodecOutput]):
 
     def _deadline(self, s: StreamState) -> float:
         """When ``s``'s player runs dry (no prebuffer): its first audio plus the audio handed out since; a
-        stream without audio yet has been due since it opened."""
+        stream without audio yet has been due since it opened. A chunk ready for ``max_wait_s`` is due
+        then at the latest: under load a stream seconds ahead of its listener was otherwise put off past
+        the gateway's 3 s stall timeout (55 of 128 streams on the H200, docs/benchmarks.md)."""
         if s.first_audio_at is None:
             return s.opened_at
-        return s.first_audio_at + s.sample_offset / self.sample_rate
+        dry = s.first_audio_at + s.sample_offset / self.sample_rate
+        return dry if s.ready_since is None else min(dry, s.ready_since + self.max_wait_s)
 
     def recover(self, exc: Exception) -> tuple[list[str], list[CodecOutput]]:
         """``step`` raised ``exc`` (not a device failure): the streams of the failed decode (all when
@@ -433,6 +444,7 @@ class CodecEngine(Steppable[CodecOutput]):
         )
         for stream, _ in work:
             stream.in_flight = True
+            stream.ready_since = None
         launched = Launched(work, contexts, *read_back(wav[:b_real]))
         self._working = []
         return launched

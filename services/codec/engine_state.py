@@ -67,6 +67,7 @@ class StreamState:
     in_flight: bool = False  # a launched decode of this stream is not collected yet
     opened_at: float = field(default_factory=time.perf_counter)
     first_audio_at: float | None = None  # when its first audio was read back (perf_counter s)
+    ready_since: float | None = None  # when its ready frames began to wait for a decode (deadline policy)
 
     def take(self, n: int) -> np.ndarray:
         buf = np.concatenate(self.pending, axis=0) if len(self.pending) > 1 else self.pending[0]

@@ -191,6 +191,9 @@ def build_engine(config: DeployConfig, runtime: CodecRuntime, device: str) -> Co
         async_scheduling=stage.async_scheduling,
         tick_policy=policy,
         tick_budget_s=stage.codec_tick_budget_ms / 1e3,
+        # Half the consumers' stall timeout (connector_get_max_wait x connector_get_sleep_s): a ready chunk
+        # never waits long enough for the gateway to take a healthy codec for a stalled one.
+        max_wait_s=config.stream.stall_timeout_s / 2,
         voice_states=_voice_states(config, runtime, left),
     )
     return engine

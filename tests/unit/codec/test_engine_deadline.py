@@ -7,6 +7,8 @@ takes does not depend on this machine's speed; ``test_calibration_*`` times the 
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 import torch
@@ -190,3 +192,36 @@ def test_async_ticks_launch_before_the_previous_one_is_collected(
         np.testing.assert_allclose(
             np.concatenate([o.pcm for o in got[sid]]), offline(model, c), atol=TOL, rtol=0
         )
+
+
+def test_a_chunk_far_ahead_of_its_player_waits_no_longer_than_the_bound(
+    model: Qwen3TokenizerDecoder,
+) -> None:
+    # On the H200 a stream seconds ahead of its listener had its last chunk put off past the gateway's 3 s
+    # stall timeout while younger streams kept coming: a ready chunk is now due max_wait_s after it is ready.
+    engine = CodecEngine(
+        StreamingDecoder(model, 4), max_streams=2, schedule=ChunkSchedule(1, 25), num_groups=GROUPS,
+        frame_buckets=BUCKETS, tick_policy="deadline", tick_budget_s=1 * MS, cost=h200_like(2),
+        max_wait_s=0.5,
+    )  # fmt: skip
+    engine.open("far", initial_frames=25)
+    engine.push("far", codes_for(80, 25))
+    got: dict[str, list[CodecOutput]] = {}
+    while engine.has_work():
+        collect(engine.step(), got)
+    far = engine._streams["far"]
+    far.first_audio_at = time.perf_counter()
+    far.sample_offset = 100 * engine.sample_rate  # its listener holds 100 s: its player runs dry much later
+    engine.push("far", codes_for(81, 25))
+    engine.open("young")
+    engine.push("young", codes_for(82, 1))
+    first = engine.step()  # a 1 ms budget takes one row a tick: the young stream's, due since it opened
+    assert [o.stream_id for o in first] == ["young"] and far.ready_since is not None
+    assert engine._deadline(far) == pytest.approx(far.ready_since + 0.5)  # not 100 s away
+    far.ready_since -= 1.0  # it has waited past the bound: it now goes before the young stream's next chunk
+    engine.push("young", codes_for(83, 1))
+    assert [o.stream_id for o in engine.step()] == ["far"]
+    assert far.ready_since is None  # its decode launched: the clock starts again with its next ready chunk
+    with pytest.raises(ValueError, match="max_wait_s"):
+        CodecEngine(StreamingDecoder(model, 4), max_streams=2, schedule=ChunkSchedule(1, 25),
+                    num_groups=GROUPS, max_wait_s=0)  # fmt: skip
