@@ -27,6 +27,9 @@ FAMILY = Family(
     languages=(),  # it reads the text's language
     voice_aliases={name: OWN_VOICE for name in _OPENAI_VOICES},
     codec_dtype_key="audio8_tts_codec_dtype",
+    # Whole ticks: its large fp32 decodes cut to a 20 ms budget served 16 gap-free streams against fifo's 24
+    # (H200, one lease, 2026-12-03; docs/benchmarks.md).
+    codec_tick_policy="fifo",
     deploy_file="deploy/audio8_tts.yaml",
     # No preset speakers, the text's own language; its reference is remote code only.
     bench=Bench("4,25", folder="bench/families/audio8_tts", engine_script="audio8_gpu.py"),
