@@ -24,7 +24,6 @@ import base64
 import collections
 import concurrent.futures
 import functools
-import gc
 import importlib
 import json
 import multiprocessing
@@ -43,7 +42,7 @@ from bench.playback import percentile, simulate_playback, stalls_in_client_stall
 from bench.procsample import Sampler
 from bench.prom import counter, diff, hist_quantiles, scrape
 from bench.stack import Stack, StackSpec
-from voxstage import families
+from voxstage import families, heap
 
 RATE = 24000
 FRAME = 1920  # samples per 80 ms
@@ -188,8 +187,7 @@ async def _run_part(
         await warm(target)  # the session module's client library, warmed before the clock too
     # A full garbage-collector pass over this process's ~110k start-up objects stopped its loop for 60-90 ms
     # on the H200 box, in the first level only: every session of the process heard it at once (voxstage.heap).
-    gc.collect()
-    gc.freeze()
+    heap.freeze()
     late_by = max(0.0, time.monotonic() - t_start)
     with LagProbe() as lag:
         done = await asyncio.gather(*(one(i) for i in indices))

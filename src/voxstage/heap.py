@@ -37,12 +37,19 @@ def watch_gc_pauses() -> None:
         gc.callbacks.append(_on_gc)
 
 
+def freeze() -> int:
+    """Collect, then move every surviving object out of the collector's reach; returns the objects frozen
+    in all. For a process about to start timed work (a load client before each level's clock)."""
+    gc.collect()
+    gc.freeze()
+    return gc.get_freeze_count()
+
+
 def freeze_startup_heap() -> int:
-    """Collect once, then move every surviving object out of the collector's reach; the first call in a
-    process only (a later one would also freeze what requests made since). Returns the objects frozen."""
+    """``freeze`` on a server's first call only (a later one would also freeze what requests made since, in
+    a process that starts servers more than once). Returns the objects frozen."""
     global _frozen
     if not _frozen:
-        gc.collect()
-        gc.freeze()
+        freeze()
         _frozen = True
     return gc.get_freeze_count()

@@ -30,3 +30,10 @@ def test_the_start_up_heap_is_frozen_once() -> None:
     later = [[object()] for _ in range(1000)]  # what requests make afterwards stays collectable
     assert freeze_startup_heap() == frozen
     assert later  # alive until here
+
+
+def test_a_load_client_freezes_again_before_each_level() -> None:
+    before = heap.freeze()
+    kept = [[object()] for _ in range(1000)]  # what a level leaves alive
+    assert heap.freeze() >= before + 1000  # freeze() is not once-only, unlike freeze_startup_heap
+    assert kept

@@ -225,7 +225,7 @@ def run(args: argparse.Namespace) -> int:
         for pl, extra in plan:
             argv = [*stage_flags, *_metrics(extra, pl.metrics_port), *deploy]
             stages.append(_start(pl.name, argv, pl.address, pl.visible, tls))
-        for started in list(stages):
+        for started in stages:
             if not _wait_serving(started, args.start_timeout, stopping):
                 return _abort(stages, args.drain_grace, stopping)
         if not args.no_gateway:
