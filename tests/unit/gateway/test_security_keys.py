@@ -146,17 +146,14 @@ async def test_off_by_default_and_switches(make_stack: MakeStack) -> None:
     r = await _status(hidden.http_url, "/metrics")
     assert r.status_code == 404 and "gateway.public_metrics" in r.json()["error"]["message"]
     assert (await _status(hidden.http_url, "/health")).status_code == 200
-    for target, code in ((stack, None), (hidden, grpc.StatusCode.UNIMPLEMENTED)):
-        stub = reflection_pb2_grpc.ServerReflectionStub(target.channel)
-        call = stub.ServerReflectionInfo(iter([reflection_pb2.ServerReflectionRequest(list_services="")]))
-        if code is None:
-            answer = await call.read()
-            names = [s.name for s in answer.list_services_response.service]
-            assert "voxstage.v1.Speech" in names
-        else:
-            with pytest.raises(grpc.aio.AioRpcError) as err:
-                await call.read()
-            assert err.value.code() == code
+    request = reflection_pb2.ServerReflectionRequest(list_services="")
+    call = reflection_pb2_grpc.ServerReflectionStub(stack.channel).ServerReflectionInfo(iter([request]))
+    answer = await call.read()
+    assert "voxstage.v1.Speech" in [s.name for s in answer.list_services_response.service]
+    # No request is sent to the hidden service: the server refuses the method from its headers, and a
+    # request written while that refusal arrives races it (grpc then reports INTERNAL, not the status).
+    refused = reflection_pb2_grpc.ServerReflectionStub(hidden.channel).ServerReflectionInfo(timeout=5)
+    assert await refused.code() == grpc.StatusCode.UNIMPLEMENTED
 
 
 async def test_metrics_need_the_key_when_not_public(make_stack: MakeStack, keys_env: list[str]) -> None:
