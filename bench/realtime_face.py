@@ -340,19 +340,25 @@ class Run:
 
     def level(self, n: int, idle_pct: float, folder: Path) -> dict[str, Any]:
         before = scrape(self.stack, f"before_{n}", folder).get("gateway", {})
-        with CpuSeries(self.gateway_pid) as series, CpuSeries(self.stack.processes()["codec"]) as codec:
+        procs = self.stack.processes()
+        with (
+            CpuSeries(self.gateway_pid) as series,
+            CpuSeries(procs["codec"]) as codec,
+            CpuSeries(procs["talker"]) as talker,
+        ):
             records = self.sessions(n)
         after = scrape(self.stack, f"after_{n}", folder).get("gateway", {})
         errors = collections.Counter(code for r in records for code, _ in r.errors)
         window = steady_window(records, self.args.warm_s)
         row = level_numbers(n, window, series.between(window.start, window.end), idle_pct)
-        # The codec's threads too: its event loop ("main") carries the per-session messages, the engine
-        # thread the model.
+        # The stages' threads too: each one's event loop ("main") carries the per-session messages of its
+        # links, its engine thread the model.
         ticks = max(window.frames_in, 1)
-        row["codec_us_per_session_tick_by_thread"] = {
-            k: 1e6 * (u + s) / ticks for k, (u, s) in sorted(codec.between(window.start, window.end).items())
-            if u + s > 0
-        }  # fmt: skip
+        for name, stage in (("codec", codec), ("talker", talker)):
+            used = stage.between(window.start, window.end)
+            row[f"{name}_us_per_session_tick_by_thread"] = {
+                k: 1e6 * (u + s) / ticks for k, (u, s) in sorted(used.items()) if u + s > 0
+            }
         row["link_from_gateway"] = link_batches(diff(after, before), sum(r.frames_sent for r in records))
         row["errors_by_code"] = dict(errors)
         return row

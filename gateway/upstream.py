@@ -117,9 +117,15 @@ class CodecStream:
     # -- sending ----------------------------------------------------------------------------------------
 
     async def _write(self, msg: stage_pb2.CodecStreamRequest) -> None:
-        self._outbox.put_nowait(msg)
         if self._writer is None:
-            self._writer = asyncio.ensure_future(self._write_loop())
+            self._writer = asyncio.ensure_future(self._write_loop())  # it half-closes the call at the end
+        if self._on_link and self._outbox.empty() and not self._terminal_seen:
+            # A request's write on a link never waits, so with nothing queued the writer holds nothing in
+            # hand: straight into the link's next batch, in order, without a turn of the loop per message.
+            if not self._call.done():
+                self._call.write_nowait(msg)
+            return
+        self._outbox.put_nowait(msg)
 
     async def _write_loop(self) -> None:
         while (msg := await self._outbox.get()) is not None:
@@ -145,6 +151,8 @@ class CodecStream:
         self._min_chunk = min_chunk_samples
         await self._write(stage_pb2.CodecStreamRequest(open=msg))
         self._reader = asyncio.ensure_future(self._read_loop())
+        if self._on_link:
+            self._call.take = self._take
         first = await self._receive(time.monotonic() + self.timeouts.first_chunk_s, "opened")
         kind = first.WhichOneof("response")
         if kind == "opened":
@@ -223,6 +231,14 @@ class CodecStream:
                 self._deliver(msg)
         except grpc.aio.AioRpcError as exc:
             self._deliver(self._transport_error(exc))
+
+    def _take(self, msg: stage_pb2.CodecStreamResponse) -> bool:
+        """On a link, a message handed to the receiver as it arrives (the link asks only while the reader
+        waits on an empty inbox, so the order is the reader's); the terminal is the reader's own."""
+        if msg.HasField("end_of_stream"):
+            return False
+        self._deliver(msg)
+        return True
 
     def _deliver(self, item: stage_pb2.CodecStreamResponse | GatewayError) -> None:
         self._inbox.append(item)

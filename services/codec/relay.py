@@ -10,6 +10,7 @@ dead talker's shared-memory files are reaped before the failure is reported.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from typing import TYPE_CHECKING, Any
@@ -50,6 +51,7 @@ class TalkerRelay:
         self.timeout = timeout
         self.queue: asyncio.Queue[S.TalkerStreamRequest | None] = asyncio.Queue()
         self.call: Any = None  # a grpc.aio.StreamStreamCall, or a LinkCall
+        self.direct = False  # the call is a LinkCall: ``_send`` may write to it without the writer task
         self.tasks: list[asyncio.Task[None]] = []
         self.opened: asyncio.Future[S.StreamOpened] = asyncio.get_running_loop().create_future()
         self.outstanding = 0  # frames granted to the talker and not yet received
@@ -97,7 +99,8 @@ class TalkerRelay:
         self.call = (
             self.peer.stub.Stream(timeout=self.timeout) if link is None else link.stream(self.timeout, hello)
         )
-        self.queue.put_nowait(S.TalkerStreamRequest(open=msg))
+        self.direct = link is not None
+        self._send(S.TalkerStreamRequest(open=msg))
         self.tasks = [asyncio.ensure_future(self._write()), asyncio.ensure_future(self._read())]
         return await self.opened
 
@@ -107,12 +110,12 @@ class TalkerRelay:
             return  # the talker already ended (frame budget, EOS): later text has nothing to feed
         kind = msg.WhichOneof("request")
         if kind == "text":
-            self.queue.put_nowait(S.TalkerStreamRequest(text=msg.text))
+            self._send(S.TalkerStreamRequest(text=msg.text))
             return
         if kind == "flush":
-            self.queue.put_nowait(S.TalkerStreamRequest(flush=S.Flush()))
+            self._send(S.TalkerStreamRequest(flush=S.Flush()))
         else:
-            self.queue.put_nowait(S.TalkerStreamRequest(end_of_input=S.EndOfInput()))
+            self._send(S.TalkerStreamRequest(end_of_input=S.EndOfInput()))
             self.eoi_sent = True
         if self._first is None and not self.received:
             # The talker has something to work on from here (docs/protocol.md §8).
@@ -123,7 +126,7 @@ class TalkerRelay:
         if self.done or frames <= 0:
             return
         self.outstanding += frames
-        self.queue.put_nowait(
+        self._send(
             S.TalkerStreamRequest(credit=S.Credit(unit=S.CREDIT_UNIT_FRAMES, amount=frames))
         )
         self._rearm_stall()
@@ -134,8 +137,18 @@ class TalkerRelay:
             return
         self.done = True
         self._stop_timers()
-        self.queue.put_nowait(S.TalkerStreamRequest(cancel=S.Cancel(reason=reason)))
+        self._send(S.TalkerStreamRequest(cancel=S.Cancel(reason=reason)))
         self._half_close()
+
+    def _send(self, msg: S.TalkerStreamRequest) -> None:
+        """To the talker, in order: on a link, straight into its next batch when nothing waits in the queue
+        before it (a link request's write never waits, so the writer task holds nothing in hand), else
+        through the writer task, the only coroutine that writes to a call of its own."""
+        if self.direct and not self.half_closed and self.queue.empty():
+            with contextlib.suppress(asyncio.InvalidStateError):  # the request ended: the reader reports it
+                self.call.write_nowait(msg)
+            return
+        self.queue.put_nowait(msg)
 
     def _half_close(self) -> None:
         if not self.half_closed:
@@ -201,8 +214,14 @@ class TalkerRelay:
         self.opened.set_result(opened)
 
     async def _frames(self, f: S.CodecFrames) -> None:
+        codes = self._accept(f)
+        if codes is not None:
+            await self._deliver(f, codes)
+
+    def _accept(self, f: S.CodecFrames) -> np.ndarray | None:
+        """The frames' codes, checked against the protocol and counted (credit, timers); None: dropped."""
         if self.done:
-            return  # sent before our cancel reached the talker: dropped unread (its slots went back too)
+            return None  # sent before our cancel reached the talker: dropped unread (its slots went back too)
         if not self.opened.done():
             raise StageFailure("INVALID_ARGUMENT", f"talker {self.address} sent frames before opened")
         n = f.frame_count
@@ -221,7 +240,7 @@ class TalkerRelay:
         except (InvalidShmReference, ShmError) as exc:
             raise StageFailure("INVALID_ARGUMENT", f"frames.codes: {exc}") from exc
         if ref is not None and not self.half_closed:
-            self.queue.put_nowait(S.TalkerStreamRequest(shm_ack=ack_message([ref])))
+            self._send(S.TalkerStreamRequest(shm_ack=ack_message([ref])))
         codes = wire.codes_from_bytes(
             data, n, f.num_groups, field="frames.codes", codebook_size=self.stream.rt.codebook_size
         )
@@ -230,7 +249,7 @@ class TalkerRelay:
         if self._first is not None:
             self._first.cancel()
         self._rearm_stall()
-        await self._deliver(f, codes)
+        return codes
 
     async def _deliver(self, f: S.CodecFrames, codes: np.ndarray) -> None:
         await self.stream.frames_in(codes)

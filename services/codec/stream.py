@@ -9,7 +9,6 @@ leaves, and one ``end_of_stream`` last, relayed from the talker's.
 
 from __future__ import annotations
 
-import asyncio
 import itertools
 import math
 import time
@@ -55,7 +54,6 @@ class CodecStageStream(StageStream):
     peer = "gateway"
     credit_unit = S.CREDIT_UNIT_SAMPLES
     pcm_credit: int
-    outbox: asyncio.Queue[S.CodecStreamResponse]
     relay: TalkerRelay | None
     pieces: deque[Any]
     frames_sent: int

@@ -17,7 +17,6 @@ input has ended.
 
 from __future__ import annotations
 
-import asyncio
 import itertools
 import time
 from collections import deque
@@ -63,7 +62,6 @@ class TalkerStageStream(StageStream):
 
 class TalkerStream(TalkerStageStream):
     refused = {"user_codes": "only duplex streams carry user codes"}
-    outbox: asyncio.Queue[stage_pb2.TalkerStreamResponse]
 
     def __init__(self, servicer: TalkerServicer) -> None:
         super().__init__(f"ts{next(_keys)}")

@@ -10,6 +10,7 @@ agent frame passed on with its text token, transcript and consumed user frame, a
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections import deque
 from typing import TYPE_CHECKING
@@ -18,13 +19,15 @@ import numpy as np
 
 from services.codec.duplex.types import AgentFrame
 from services.codec.relay import TalkerRelay
-from voxstage import wire
+from voxstage import metrics, wire
 from voxstage.internal.v1 import stage_pb2 as S
 from voxstage.stage.errors import StageFailure
 
 if TYPE_CHECKING:
     from services.codec.duplex.stream import DuplexCodecStream
     from services.codec.upstream import TalkerPool
+
+log = logging.getLogger(__name__)
 
 # User frames (one per tick) held for a talker that grants no user-code credit before the session fails: a
 # talker that stopped consuming for 2 s is not coming back in time for a conversation.
@@ -45,6 +48,8 @@ class DuplexTalkerRelay(TalkerRelay):
 
     async def open(self, msg: S.StreamOpen) -> S.StreamOpened:
         opened = await super().open(msg)
+        if self.direct:
+            self.call.take = self.take
         credit = opened.initial_credit
         if credit.unit != S.CREDIT_UNIT_FRAMES or credit.amount < 1:
             raise StageFailure(
@@ -77,7 +82,7 @@ class DuplexTalkerRelay(TalkerRelay):
         if self.done or self.eoi_sent:
             return
         self.held.clear()  # the talker leaves at its next tick: frames it has not got would go unread
-        self.queue.put_nowait(S.TalkerStreamRequest(end_of_input=S.EndOfInput()))
+        self._send(S.TalkerStreamRequest(end_of_input=S.EndOfInput()))
         self.eoi_sent = True
         self._rearm_stall()
 
@@ -85,12 +90,43 @@ class DuplexTalkerRelay(TalkerRelay):
         while self.held and self.user_credit > 0 and not self.done:
             frames = self.held.popleft()
             frames.sent_unix_ns = time.time_ns()
-            self.queue.put_nowait(S.TalkerStreamRequest(user_codes=frames))
+            self._send(S.TalkerStreamRequest(user_codes=frames))
             self.user_credit -= 1
             self.user_sent += 1
 
     # -- talker -> codec -------------------------------------------------------------------------------
+    def take(self, resp: S.TalkerStreamResponse) -> bool:
+        """On a link, an agent frame or a credit handled as it arrives: the link asks only while the reader
+        waits on an empty inbox, so the order is the reader's, without a turn of the event loop per frame.
+        False: the reader takes it."""
+        kind = resp.WhichOneof("response")
+        if kind == "credit":
+            handle = self._on_other
+        elif kind == "frames":
+            handle = self._frames_now
+        else:
+            return False
+        if self.done:
+            return True  # the reader stopped at a failure: what follows is dropped unread, as there
+        try:
+            handle(resp)
+        except StageFailure as exc:
+            self._fail(exc)
+        except Exception as exc:  # noqa: BLE001 - a bug here fails this request, as in the reader
+            log.exception("relay to talker %s failed", self.address)
+            self._fail(StageFailure("INTERNAL", f"codec relay: {type(exc).__name__}: {exc}"))
+        return True
+
+    def _frames_now(self, resp: S.TalkerStreamResponse) -> None:
+        metrics.observe_hop("talker", "codec", resp.frames.sent_unix_ns)
+        codes = self._accept(resp.frames)
+        if codes is not None:
+            self._deliver_now(resp.frames, codes)
+
     async def _deliver(self, f: S.CodecFrames, codes: np.ndarray) -> None:
+        self._deliver_now(f, codes)
+
+    def _deliver_now(self, f: S.CodecFrames, codes: np.ndarray) -> None:
         where = f"talker {self.address}"
         if f.frame_count != 1 or codes.shape[1] != self.num_groups:
             raise StageFailure(

@@ -73,10 +73,14 @@ class DuplexCodecStream(CodecStageStream):
         self.relay: DuplexTalkerRelay | None = None
 
     # -- gateway -> codec ----------------------------------------------------------------------------------
+    def _input_now(self, kind: str, msg: S.CodecStreamRequest) -> bool:
+        if kind != "user_audio":
+            return False
+        self._user_audio(msg.user_audio)
+        return True
+
     async def _input(self, kind: str, msg: S.CodecStreamRequest) -> bool:
-        if kind == "user_audio":
-            self._user_audio(msg.user_audio)
-        elif kind == "end_of_input":
+        if kind == "end_of_input":
             if self.end_of_input:
                 raise StageFailure("INVALID_ARGUMENT", "end_of_input: received twice")
             self.end_of_input = True

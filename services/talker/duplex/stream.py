@@ -54,10 +54,14 @@ class DuplexTalkerStream(TalkerStageStream):
         self.finished_tick = 0
 
     # -- codec -> talker ---------------------------------------------------------------------------------
+    def _input_now(self, kind: str, msg: stage_pb2.TalkerStreamRequest) -> bool:
+        if kind != "user_codes":
+            return False
+        self._user_codes(msg.user_codes)
+        return True
+
     async def _input(self, kind: str, msg: stage_pb2.TalkerStreamRequest) -> bool:
-        if kind == "user_codes":
-            self._user_codes(msg.user_codes)
-        elif kind == "end_of_input":
+        if kind == "end_of_input":
             if self.end_of_input:
                 raise StageFailure("INVALID_ARGUMENT", "end_of_input: received twice")
             self.end_of_input = True

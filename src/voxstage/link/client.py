@@ -46,6 +46,10 @@ class LinkCall:
         self._conn = conn
         self.number = number
         self._inbox: asyncio.Queue[Any] = asyncio.Queue()
+        self._waiting = False  # a reader waits on the inbox
+        # A response the request's code handles at once (e.g. the codec's duplex relay), asked only while
+        # its reader waits on an empty inbox; False: it goes to the inbox.
+        self.take: Callable[[Any], bool] | None = None
         self._done = False
         self._timeout_ms = 0 if timeout is None else max(int(timeout * 1000), 1)
         self._timer = (
@@ -54,6 +58,11 @@ class LinkCall:
 
     # -- downstream -> upstream --------------------------------------------------------------------------
     async def write(self, msg: Any) -> None:
+        self.write_nowait(msg)
+
+    def write_nowait(self, msg: Any) -> None:
+        """``write`` without the await: a request's write on a link never waits (its batch goes on the
+        next turn of the event loop)."""
         if self._done:
             raise asyncio.InvalidStateError("write on a finished link request")
         timeout_ms, self._timeout_ms = self._timeout_ms, 0
@@ -87,7 +96,11 @@ class LinkCall:
 
     # -- upstream -> downstream --------------------------------------------------------------------------
     async def read(self) -> Any:
-        item = await self._inbox.get()
+        self._waiting = True
+        try:
+            item = await self._inbox.get()
+        finally:
+            self._waiting = False
         if item is _EOF or isinstance(item, grpc.aio.AioRpcError):
             self._inbox.put_nowait(item)  # every later read sees the end too
             if item is _EOF:
@@ -104,7 +117,10 @@ class LinkCall:
 
     # -- the link's side ---------------------------------------------------------------------------------
     def deliver(self, msg: Any) -> None:
-        self._inbox.put_nowait(msg)
+        take = self.take
+        # Straight to the request's code only when nothing is before it: its reader waits on an empty inbox.
+        if take is None or not self._waiting or not self._inbox.empty() or not take(msg):
+            self._inbox.put_nowait(msg)
 
     def end(self, code: int, details: str) -> None:
         """The upstream's handler returned (status ``code``)."""

@@ -39,10 +39,15 @@ class Aborted(Exception):
 
 
 class LinkContext:
-    """What a per-request handler uses of its call (``time_remaining``, ``abort``), on a link."""
+    """What a per-request handler uses of its call (``time_remaining``, ``abort``), on a link; and the
+    request's two shortcuts past the event loop (the handler sets ``take``; the link sets ``emit``)."""
 
-    def __init__(self, timeout_ms: int) -> None:
+    def __init__(self, timeout_ms: int, emit: Callable[[Any], None]) -> None:
         self._deadline = time.monotonic() + timeout_ms / 1000 if timeout_ms else None
+        self.emit = emit  # a response straight into the link's next batch (``Outbox.sink``)
+        # A request the handler takes at once (``StageStream.take``), asked only while its reader waits on
+        # an empty inbox; False: it goes to the inbox.
+        self.take: Callable[[Any], bool] | None = None
 
     def time_remaining(self) -> float | None:
         return None if self._deadline is None else max(self._deadline - time.monotonic(), 0.0)
@@ -59,9 +64,15 @@ class _Request:
     inbox: asyncio.Queue[Any] = field(default_factory=asyncio.Queue)
     task: asyncio.Task[None] | None = None
     reset: bool = False
+    waiting: bool = False  # the handler's reader waits on the inbox
 
     async def messages(self) -> AsyncIterator[Any]:
-        while (msg := await self.inbox.get()) is not _HALF_CLOSED:
+        while True:
+            self.waiting = True
+            msg = await self.inbox.get()
+            self.waiting = False
+            if msg is _HALF_CLOSED:
+                return
             yield msg
 
 
@@ -144,7 +155,7 @@ class LinkSession:
             if number <= self.highest or kind in (wire.RESET, wire.HALF_CLOSE, wire.END):
                 return  # a request that already ended: what crossed its end is dropped, as on a call
             self.highest = number
-            req = self.requests[number] = _Request(number, LinkContext(timeout_ms))
+            req = self.requests[number] = _Request(number, LinkContext(timeout_ms, self._emitter(number)))
             req.task = asyncio.ensure_future(self._serve(req))
         if kind == wire.RESET:
             req.reset = True
@@ -154,7 +165,18 @@ class LinkSession:
         elif kind == wire.HALF_CLOSE:
             req.inbox.put_nowait(_HALF_CLOSED)
         elif kind != wire.END:
-            req.inbox.put_nowait(msg)
+            take = req.context.take
+            # Straight to the handler only when nothing is before it: its reader waits on an empty inbox.
+            if take is None or not req.waiting or not req.inbox.empty() or not take(msg):
+                req.inbox.put_nowait(msg)
+
+    def _emitter(self, number: int) -> Callable[[Any], None]:
+        def emit(msg: Any) -> None:
+            req = self.requests.get(number)
+            if req is not None and not req.reset and not self.closed:
+                self.port.add(number, msg)
+
+        return emit
 
     async def _serve(self, req: _Request) -> None:
         code, details = 0, ""

@@ -82,7 +82,10 @@ class StageServicer(Generic[S]):
         self, request_iterator: AsyncIterator[Any], context: grpc.aio.ServicerContext
     ) -> AsyncIterator[Any]:
         stream = self._new_stream(context)
-        stream.on_link = isinstance(context, LinkContext)
+        if isinstance(context, LinkContext):
+            stream.on_link = True
+            context.take = stream.take
+            stream.outbox.sink = context.emit
         self.streams[stream.key] = stream
         self._idle.clear()
         reader = asyncio.ensure_future(stream.read(request_iterator))

@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from voxstage import wire
@@ -57,6 +57,30 @@ class StageIdentity(Protocol):
     def frame_rate_hz(self) -> float: ...
 
 
+class Outbox:
+    """A stream's outgoing messages, in order. The Stream handler drains the queue onto its call. On a link,
+    once ``sink`` is set, a message goes straight into the link's next batch when nothing waits in the queue
+    before it, without a turn of the event loop per message. The terminal always goes through the queue
+    (the handler's cleanup follows it), and nothing goes straight out after it."""
+
+    def __init__(self) -> None:
+        self._queue: asyncio.Queue[Any] = asyncio.Queue()
+        self.sink: Callable[[Any], None] | None = None
+
+    def put_nowait(self, msg: Any) -> None:
+        sink = self.sink
+        if sink is not None:
+            if msg.HasField("end_of_stream"):
+                self.sink = None
+            elif self._queue.empty():
+                sink(msg)
+                return
+        self._queue.put_nowait(msg)
+
+    async def get(self) -> Any:
+        return await self._queue.get()
+
+
 class StageStream:
     role: ClassVar[str]  # "talker" / "codec": this stage, in error messages and as their origin
     peer: ClassVar[str]  # who sends this stream's requests: "codec" / "gateway"
@@ -67,7 +91,7 @@ class StageStream:
     def __init__(self, key: str) -> None:
         self.key = key  # engine id: unique even if two callers reuse a request_id
         self.request_id = ""
-        self.outbox: asyncio.Queue[Any] = asyncio.Queue()
+        self.outbox = Outbox()
         self.opened = self.end_of_input = self.cancel_requested = self.terminal_sent = False
         self.loans = StreamLoans(None)
         self.on_link = False  # set by the servicer: this request rides a stage link (docs/protocol.md §12)
@@ -132,6 +156,37 @@ class StageStream:
         self.outbox.put_nowait(self._response(end_of_stream=eos))
 
     # -- peer -> this stage ------------------------------------------------------------------------------
+    def _input_now(self, kind: str, msg: Any) -> bool:
+        """One of this mode's own requests whose handling never waits (user audio, user codes), handled
+        now; False when ``kind`` is none of them (then ``_input`` gets it)."""
+        return False
+
+    def _handle_now(self, kind: str, msg: Any) -> bool:
+        """A request after ``open`` whose handling never waits (credit, shm acks, ``_input_now``'s), handled
+        now; False when ``kind`` is none of them. Raises ``StageFailure`` for a protocol error."""
+        if kind == "credit":
+            if msg.credit.unit != self.credit_unit:
+                unit = stage_pb2.CreditUnit.Name(self.credit_unit).removeprefix("CREDIT_UNIT_")
+                raise StageFailure("INVALID_ARGUMENT", f"credit.unit: the {self.role} stream counts {unit}")
+            self._grant(msg.credit.amount)
+        elif kind == "shm_ack":
+            self.loans.ack(msg.shm_ack)
+        else:
+            return self._input_now(kind, msg)
+        return True
+
+    def take(self, msg: Any) -> bool:
+        """On a link, a message the read loop would handle next, handled at once when its handling never
+        waits: the link calls this only while the read loop waits on an empty inbox, so the order is the
+        one the loop keeps, without a turn of the event loop per message. False: the loop takes it."""
+        if not self.opened or self.terminal_sent:
+            return False
+        try:
+            return self._handle_now(msg.WhichOneof("request"), msg)
+        except Exception as exc:  # noqa: BLE001 - a protocol error or a bug ends this stream only
+            self._failed(exc)
+            return True
+
     async def _handle(self, msg: Any) -> None:
         """One request message; raises ``StageFailure`` for a protocol error."""
         kind = msg.WhichOneof("request")
@@ -141,13 +196,8 @@ class StageStream:
             await self._open(msg.open)
         elif kind == "open":
             raise StageFailure("INVALID_ARGUMENT", "open: sent twice on one stream")
-        elif kind == "credit":
-            if msg.credit.unit != self.credit_unit:
-                unit = stage_pb2.CreditUnit.Name(self.credit_unit).removeprefix("CREDIT_UNIT_")
-                raise StageFailure("INVALID_ARGUMENT", f"credit.unit: the {self.role} stream counts {unit}")
-            self._grant(msg.credit.amount)
-        elif kind == "shm_ack":
-            self.loans.ack(msg.shm_ack)
+        elif self._handle_now(kind, msg):
+            pass
         elif kind == "cancel":
             self.cancel_requested = True
             self.loans.forfeit()
@@ -177,18 +227,22 @@ class StageStream:
                 continue
             try:
                 await self._handle(msg)
-            except StageFailure as exc:
-                self.fail(exc.code, exc.message)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # noqa: BLE001 - one request's bug must not reach the others
-                # On the stage's own logger (its name is in the log line), not this module's.
-                logging.getLogger(type(self).__module__).exception(
-                    "%s stream %s failed", self.role, self.request_id
-                )
-                self.fail("INTERNAL", f"{self.role}: {type(exc).__name__}: {exc}")
+                self._failed(exc)
         if not self.terminal_sent and not (self.end_of_input or self.cancel_requested):
             self.fail("INVALID_ARGUMENT", "stream half-closed before end_of_input or cancel")
+
+    def _failed(self, exc: Exception) -> None:
+        """Handling a message raised: a protocol error ends the stream in-band as itself, a bug as INTERNAL
+        (logged); either way this stream only."""
+        if isinstance(exc, StageFailure):
+            self.fail(exc.code, exc.message)
+            return
+        # On the stage's own logger (its name is in the log line), not this module's.
+        logging.getLogger(type(self).__module__).exception("%s stream %s failed", self.role, self.request_id)
+        self.fail("INTERNAL", f"{self.role}: {type(exc).__name__}: {exc}")
 
     # -- open ----------------------------------------------------------------------------------------------
     def _admit(
