@@ -9,7 +9,8 @@ null with the reason. Where NVML reports per-process samples, each process's SM 
 
     with Sampler({"talker": [pid], "codec": [pid], "gateway": [pid]}) as s:
         ...  # the level
-    s.summary()  # {"interval_s", "samples", "processes": {name: {cpu_pct: {mean, p50, p95, max}}}, "gpu"}
+    s.summary()  # {"interval_s", "samples", "processes": {name: {cpu_pct: {mean, p50, p95, max},
+    #               cpu_pct_by_thread: {thread: pct over the level} (one-process groups)}}, "gpu"}
 """
 
 from __future__ import annotations
@@ -42,6 +43,26 @@ def cpu_seconds(pid: int) -> float | None:
     if fields is None:
         return None
     return (int(fields[11]) + int(fields[12])) / CLK_TCK  # utime, stime (fields 14 and 15 of stat)
+
+
+def thread_cpu(pid: int) -> dict[str, tuple[float, float]] | None:
+    """(user, system) CPU seconds of each thread of ``pid`` by thread name (the main thread is ``main``);
+    None once the process is gone."""
+    out: dict[str, tuple[float, float]] = {}
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return None
+    for tid in tids:
+        try:
+            raw = Path(f"/proc/{pid}/task/{tid}/stat").read_text()
+            name = "main" if tid == str(pid) else Path(f"/proc/{pid}/task/{tid}/comm").read_text().strip()
+        except OSError:
+            continue  # the thread ended between the listing and the read
+        fields = raw[raw.rindex(")") + 2 :].split()
+        user, system = out.get(name, (0.0, 0.0))
+        out[name] = (user + int(fields[11]) / CLK_TCK, system + int(fields[12]) / CLK_TCK)
+    return out
 
 
 def children(pid: int) -> list[int]:
@@ -145,6 +166,9 @@ class Sampler:
         self._thread = threading.Thread(target=self._run, name="procsample", daemon=True)
         self._last: dict[str, tuple[float, float]] = {}
         self._before_last: dict[str, tuple[float, float]] = {}
+        # Each one-process group's threads at the start and the end: the engine thread ("talker-engine",
+        # "codec-engine", named for the OS by the stages), the event loop ("main") and gRPC's own.
+        self._threads_at: list[dict[str, dict[str, tuple[float, float]]]] = []
         self.wall_s = 0.0
         self._t0 = 0.0
 
@@ -204,13 +228,20 @@ class Sampler:
             self.gpu_error = "not sampled"
         self._t0 = time.monotonic()
         self._sample()
+        self._read_threads()
         self._thread.start()
         return self
+
+    def _read_threads(self) -> None:
+        self._threads_at.append(
+            {name: thread_cpu(pids[0]) or {} for name, pids in self.groups.items() if len(pids) == 1}
+        )
 
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
         self._thread.join()
         self._sample(tail=True)  # the tail since the last tick
+        self._read_threads()
         self.wall_s = time.monotonic() - self._t0
         if self._nvml is not None:
             self._nvml.close()
@@ -221,6 +252,12 @@ class Sampler:
             entry: dict[str, Any] = {"pids": pids, "cpu_pct": _stats(self.cpu[name])}
             sm = [v for p in pids for v in self.gpu_sm_by_pid.get(p, [])]
             entry["gpu_sm_pct"] = _stats(sm) if sm else None
+            if len(self._threads_at) == 2 and self.wall_s > 0 and name in self._threads_at[0]:
+                first, last = self._threads_at[0][name], self._threads_at[1].get(name, {})
+                entry["cpu_pct_by_thread"] = {
+                    thread: round(100.0 * (u + st - sum(first.get(thread, (0.0, 0.0)))) / self.wall_s, 2)
+                    for thread, (u, st) in sorted(last.items())
+                }
             processes[name] = entry
         gpu: dict[str, Any] | None = None
         if self.gpu_busy:

@@ -37,7 +37,6 @@ from __future__ import annotations
 import argparse
 import collections
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -59,7 +58,7 @@ from bench.duplex_levels import (
     SessionRecord,
     level_stack,
 )
-from bench.procsample import CLK_TCK
+from bench.procsample import thread_cpu
 from bench.prom import diff, scrape
 from bench.realtime_loadgen import realtime_session
 from bench.stack import Stack
@@ -70,26 +69,6 @@ TINY = next(p.name for p in DUPLEX.presets if p.name != DUPLEX_MODEL)
 
 
 # -- the gateway's CPU, per thread, on a clock ------------------------------------------------------------
-
-
-def thread_cpu(pid: int) -> dict[str, tuple[float, float]] | None:
-    """(user, system) CPU seconds of each thread of ``pid`` by thread name (the main thread is ``main``);
-    None once the process is gone."""
-    out: dict[str, tuple[float, float]] = {}
-    try:
-        tids = os.listdir(f"/proc/{pid}/task")
-    except OSError:
-        return None
-    for tid in tids:
-        try:
-            raw = Path(f"/proc/{pid}/task/{tid}/stat").read_text()
-            name = "main" if tid == str(pid) else Path(f"/proc/{pid}/task/{tid}/comm").read_text().strip()
-        except OSError:
-            continue  # the thread ended between the listing and the read
-        fields = raw[raw.rindex(")") + 2 :].split()
-        user, system = out.get(name, (0.0, 0.0))
-        out[name] = (user + int(fields[11]) / CLK_TCK, system + int(fields[12]) / CLK_TCK)
-    return out
 
 
 class CpuSeries:

@@ -88,3 +88,29 @@ def test_a_short_tail_is_folded_into_the_interval_before_it() -> None:
         busy.kill()
         busy.wait()
     assert len(values) == 1 and 0 <= values[0] <= 100 + 100 * 0.02 / 0.5 + 5
+
+
+def test_a_stage_engine_thread_is_told_apart_from_the_event_loop() -> None:
+    # The stages name their engine thread for the OS (voxstage.stage.engine_loop.name_os_thread); here it
+    # spins while the main thread sleeps, as an engine busy under an idle event loop would.
+    code = (
+        "import threading, time\n"
+        "from voxstage.stage.engine_loop import name_os_thread\n"
+        "def spin():\n"
+        "    name_os_thread('codec-engine')\n"
+        "    print(flush=True)\n"
+        "    t = time.time()\n"
+        "    while time.time() - t < 30: pass\n"
+        "threading.Thread(target=spin, daemon=True).start()\n"
+        "time.sleep(30)\n"
+    )
+    proc = _started(code)
+    try:
+        with Sampler({"codec": [proc.pid]}, interval_s=0.25, gpu=False) as s:
+            time.sleep(1.0)
+        threads = s.summary()["processes"]["codec"]["cpu_pct_by_thread"]
+    finally:
+        proc.kill()
+        proc.wait()
+    assert set(threads) >= {"main", "codec-engine"}
+    assert threads["codec-engine"] > 5 * (threads["main"] + 1)

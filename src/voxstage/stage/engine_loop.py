@@ -14,6 +14,7 @@ log line, and ``on_error`` then stops the stage for supervision to restart it.
 from __future__ import annotations
 
 import concurrent.futures
+import ctypes
 import logging
 import queue
 import threading
@@ -58,6 +59,16 @@ def log_capture(
 
 
 IDLE_POLL_S = 0.05  # how long an idle engine sleeps on its command queue before looking again
+
+
+def name_os_thread(name: str) -> None:
+    """The calling thread's name as the OS shows it (``top -H``, ``/proc/PID/task/TID/comm``, at most 15
+    bytes): Python's thread names stay inside Python, so an engine thread's CPU could not be told from the
+    event loop's helpers. Best effort: where ``prctl`` is missing the name stays the process's."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(15, name.encode()[:15], 0, 0, 0)  # PR_SET_NAME
+    except (OSError, AttributeError):
+        pass
 
 
 class EngineThread(Generic[O]):
@@ -133,6 +144,7 @@ class EngineThread(Generic[O]):
     def _run(self) -> None:
         profile = torch_profile.CAPTURE  # None unless VOXSTAGE_TORCH_PROFILE armed this process
         name = self._thread.name
+        name_os_thread(name)
         while not self._stopping.is_set():
             try:
                 busy = self.engine.has_work()
