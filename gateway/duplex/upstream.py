@@ -81,15 +81,15 @@ class DuplexCodecStream(CodecStream):
     async def send_user_frame(self, frame: np.ndarray) -> None:
         """One 80 ms frame (float32, 24 kHz); the caller checks ``user_credit`` first."""
         self.user_credit -= FRAME_SAMPLES
-        chunk = stage_pb2.PcmChunk(
-            sample_offset=self.frames_sent * FRAME_SAMPLES,
-            sample_count=FRAME_SAMPLES,
-            format=stage_pb2.PCM_FORMAT_F32LE,
-            data=stage_pb2.Payload(inline=np.ascontiguousarray(frame, dtype="<f4").tobytes()),
-            sent_unix_ns=time.time_ns(),
-        )
+        msg = stage_pb2.CodecStreamRequest()
+        chunk = msg.user_audio  # filled in place: a nested message given to a constructor is copied whole
+        chunk.sample_offset = self.frames_sent * FRAME_SAMPLES
+        chunk.sample_count = FRAME_SAMPLES
+        chunk.format = stage_pb2.PCM_FORMAT_F32LE
+        chunk.data.inline = np.ascontiguousarray(frame, dtype="<f4").tobytes()
+        chunk.sent_unix_ns = time.time_ns()
         self.frames_sent += 1
-        await self._write(stage_pb2.CodecStreamRequest(user_audio=chunk))
+        await self._write(msg)
 
     async def next_event(self) -> Event:
         """The next agent frame (``AgentPcm``) or the terminal; credits and acks are taken on the way."""

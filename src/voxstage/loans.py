@@ -34,14 +34,15 @@ class StreamLoans:
     def lent(self) -> int:
         return self.sender.lent if self.sender is not None else 0
 
-    def payload(self, data: bytes) -> stage_pb2.Payload:
+    def payload(self, data: bytes, into: stage_pb2.Payload | None = None) -> stage_pb2.Payload:
+        """``data`` inline or in a lent slot, as a Payload (``into``: a message's field, filled in place)."""
         placed: bytes | ShmRef = self.sender.place(data) if self.sender is not None else data
         shm = isinstance(placed, ShmRef)
         if shm:
             self._acked.clear()
         if self.counted:
             metrics.TRANSPORT_BYTES.labels(path=PATH_SHM if shm else PATH_INLINE).inc(len(data))
-        return to_payload(placed)
+        return to_payload(placed, into)
 
     def ack(self, ack: stage_pb2.ShmAck) -> None:
         if self._forfeited:

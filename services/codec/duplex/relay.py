@@ -44,7 +44,7 @@ class DuplexTalkerRelay(TalkerRelay):
         self.num_groups: int = stream.rt.num_groups
         self.user_credit = 0
         self.user_sent = 0
-        self.held: deque[S.CodecFrames] = deque()
+        self.held: deque[S.TalkerStreamRequest] = deque()  # user_codes
 
     async def open(self, msg: S.StreamOpen) -> S.StreamOpened:
         opened = await super().open(msg)
@@ -67,10 +67,14 @@ class DuplexTalkerRelay(TalkerRelay):
         """User frame ``index`` (the engine numbers them 0, 1, ... per session, one per tick)."""
         if self.done or self.eoi_sent:
             return
-        frames = S.CodecFrames(first_frame=index, frame_count=1, num_groups=self.num_groups)
+        msg = S.TalkerStreamRequest()
+        frames = msg.user_codes  # filled in place: a nested message given to a constructor is copied whole
+        frames.first_frame = index
+        frames.frame_count = 1
+        frames.num_groups = self.num_groups
         # 16 bytes: always inline (the talker reads no shared memory).
         frames.codes.inline = wire.codes_to_bytes(codes.reshape(1, -1))
-        self.held.append(frames)
+        self.held.append(msg)
         self._flush()
         if len(self.held) > HELD_USER_FRAMES:
             self.stream.fail(
@@ -88,9 +92,9 @@ class DuplexTalkerRelay(TalkerRelay):
 
     def _flush(self) -> None:
         while self.held and self.user_credit > 0 and not self.done:
-            frames = self.held.popleft()
-            frames.sent_unix_ns = time.time_ns()
-            self._send(S.TalkerStreamRequest(user_codes=frames))
+            msg = self.held.popleft()
+            msg.user_codes.sent_unix_ns = time.time_ns()
+            self._send(msg)
             self.user_credit -= 1
             self.user_sent += 1
 

@@ -211,18 +211,19 @@ class DuplexCodecStream(CodecStageStream):
 
     def _send_pcm(self, piece: _Piece) -> None:
         n, out = piece.pcm.size, piece.out
-        chunk = S.PcmChunk(
-            sample_offset=self.samples_sent,
-            sample_count=n,
-            format=self.fmt,
-            data=self.loans.payload(wire.pcm_to_bytes(piece.pcm, self.fmt)),
-            first_frame=out.frame,
-            frame_count=1,
-            transcript_delta=out.transcript,
-            sent_unix_ns=time.time_ns(),
-            user_frame=out.user_frame,
-        )
-        self.outbox.put_nowait(S.CodecStreamResponse(pcm=chunk))
+        msg = S.CodecStreamResponse()
+        chunk = msg.pcm  # filled in place: a nested message given to a constructor is copied whole
+        chunk.sample_offset = self.samples_sent
+        chunk.sample_count = n
+        chunk.format = self.fmt
+        self.loans.payload(wire.pcm_to_bytes(piece.pcm, self.fmt), into=chunk.data)
+        chunk.first_frame = out.frame
+        chunk.frame_count = 1
+        if out.transcript:
+            chunk.transcript_delta = out.transcript
+        chunk.sent_unix_ns = time.time_ns()
+        chunk.user_frame = out.user_frame
+        self.outbox.put_nowait(msg)
         self.pcm_credit -= n
         self.queued -= n
         self.samples_sent += n

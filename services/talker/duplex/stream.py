@@ -46,7 +46,7 @@ class DuplexTalkerStream(TalkerStageStream):
         self.servicer = servicer
         self.worker: DuplexWorker = servicer.worker
         self.credit = 0
-        self.unsent: deque[stage_pb2.CodecFrames] = deque()
+        self.unsent: deque[stage_pb2.TalkerStreamResponse] = deque()  # frames
         self.sent_frames = 0
         self.user_frames = 0
         self.submitted = False
@@ -126,17 +126,17 @@ class DuplexTalkerStream(TalkerStageStream):
             self.finish = out.finish
             self.finished_tick = self.worker.engine.ticks
         else:
-            self.unsent.append(
-                stage_pb2.CodecFrames(
-                    first_frame=out.frame,
-                    frame_count=1,
-                    num_groups=len(out.tokens) - 1,
-                    codes=self.loans.payload(wire.codes_to_bytes(out.tokens[None, 1:])),
-                    text_tokens=np.asarray(out.tokens[:1], "<i4").tobytes(),
-                    transcript_delta=out.transcript,
-                    user_frame=out.user_frame,
-                )
-            )
+            msg = stage_pb2.TalkerStreamResponse()
+            frames = msg.frames  # filled in place: a nested message given to a constructor is copied whole
+            frames.first_frame = out.frame
+            frames.frame_count = 1
+            frames.num_groups = len(out.tokens) - 1
+            self.loans.payload(wire.codes_to_bytes(out.tokens[None, 1:]), into=frames.codes)
+            frames.text_tokens = np.asarray(out.tokens[:1], "<i4").tobytes()
+            if out.transcript:
+                frames.transcript_delta = out.transcript
+            frames.user_frame = out.user_frame
+            self.unsent.append(msg)
         if out.consumed and not self.terminal_sent:
             grant = stage_pb2.Credit(unit=stage_pb2.CREDIT_UNIT_FRAMES, amount=out.consumed)
             self.outbox.put_nowait(stage_pb2.TalkerStreamResponse(credit=grant))
@@ -156,9 +156,9 @@ class DuplexTalkerStream(TalkerStageStream):
         if self.terminal_sent:
             return
         while self.unsent and self.credit > 0:
-            frames = self.unsent.popleft()
-            frames.sent_unix_ns = time.time_ns()
-            self.outbox.put_nowait(stage_pb2.TalkerStreamResponse(frames=frames))
+            msg = self.unsent.popleft()
+            msg.frames.sent_unix_ns = time.time_ns()
+            self.outbox.put_nowait(msg)
             self.credit -= 1
             self.sent_frames += 1
             if self.t_first is None:

@@ -190,46 +190,54 @@ def _cut(body: memoryview, span: Any) -> bytes:
  _TEXT) = range(15)  # fmt: skip
 
 
+def _text(body: memoryview, span: Any) -> str:
+    return _cut(body, span).decode() if span[1] else ""
+
+
 def messages(schema: Schema, records: np.ndarray, body: bytes) -> Iterator[tuple[int, int, Any, int]]:
     """``(request, kind, message, timeout_ms)`` for each record in order: the per-request message for data
-    and ``MESSAGE`` items (of ``schema``), ``(code, details)`` for ``END``, None for the other signals."""
+    and ``MESSAGE`` items (of ``schema``), ``(code, details)`` for ``END``, None for the other signals.
+
+    Messages are filled in place (``msg.pcm.sample_offset = ...``): a nested message passed to a
+    constructor is copied whole, payload included, which cost twice the time per item."""
     view = memoryview(body)
     cls = schema.message
     for r in records.tolist():
         kind = r[_KIND]
         if kind == CREDIT:
-            msg: Any = cls(credit=S.Credit(unit=r[_FMT], amount=r[_FIRST]))
+            msg: Any = cls()
+            c = msg.credit
+            c.unit = r[_FMT]
+            c.amount = r[_FIRST]
         elif kind == FRAMES:
             if schema.frames is None:
                 raise ValueError("LinkBatch: frames item in a direction that carries none")
-            f = S.CodecFrames(
-                first_frame=r[_FIRST],
-                frame_count=r[_COUNT],
-                num_groups=r[_GROUPS],
-                segment_index=r[_SEG],
-                text_tokens=_cut(view, r[_TOKENS]),
-                transcript_delta=_cut(view, r[_TEXT]).decode(),
-                sent_unix_ns=r[_SENT],
-                user_frame=r[_UFRAME],
-            )
+            msg = cls()
+            f = getattr(msg, schema.frames)
+            f.first_frame = r[_FIRST]
+            f.frame_count = r[_COUNT]
+            f.num_groups = r[_GROUPS]
+            f.segment_index = r[_SEG]
+            f.text_tokens = _cut(view, r[_TOKENS])
+            f.transcript_delta = _text(view, r[_TEXT])
+            f.sent_unix_ns = r[_SENT]
+            f.user_frame = r[_UFRAME]
             f.codes.inline = _cut(view, r[_DATA])
-            msg = cls(**{schema.frames: f})
         elif kind == PCM:
             if schema.pcm is None:
                 raise ValueError("LinkBatch: pcm item in a direction that carries none")
-            p = S.PcmChunk(
-                sample_offset=r[_FIRST],
-                sample_count=r[_COUNT],
-                format=r[_FMT],
-                segment_index=r[_SEG],
-                first_frame=r[_FFRAME],
-                frame_count=r[_FCOUNT],
-                transcript_delta=_cut(view, r[_TEXT]).decode(),
-                sent_unix_ns=r[_SENT],
-                user_frame=r[_UFRAME],
-            )
+            msg = cls()
+            p = getattr(msg, schema.pcm)
+            p.sample_offset = r[_FIRST]
+            p.sample_count = r[_COUNT]
+            p.format = r[_FMT]
+            p.segment_index = r[_SEG]
+            p.first_frame = r[_FFRAME]
+            p.frame_count = r[_FCOUNT]
+            p.transcript_delta = _text(view, r[_TEXT])
+            p.sent_unix_ns = r[_SENT]
+            p.user_frame = r[_UFRAME]
             p.data.inline = _cut(view, r[_DATA])
-            msg = cls(**{schema.pcm: p})
         elif kind == MESSAGE:
             msg = cls.FromString(_cut(view, r[_DATA]))
         elif kind == END:

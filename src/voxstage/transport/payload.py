@@ -26,10 +26,14 @@ def ref_from_proto(msg: stage_pb2.ShmRef) -> ShmRef:
     )
 
 
-def to_payload(placed: bytes | ShmRef) -> stage_pb2.Payload:
+def to_payload(placed: bytes | ShmRef, into: stage_pb2.Payload | None = None) -> stage_pb2.Payload:
+    """``placed`` as a Payload: ``into`` (a message's own field, filled in place) or a new one."""
+    msg = stage_pb2.Payload() if into is None else into
     if isinstance(placed, ShmRef):
-        return stage_pb2.Payload(shm=ref_to_proto(placed))
-    return stage_pb2.Payload(inline=placed)
+        msg.shm.CopyFrom(ref_to_proto(placed))
+    else:
+        msg.inline = placed
+    return msg
 
 
 def read_payload(msg: stage_pb2.Payload, reader: ShmReader | None) -> tuple[bytes, ShmRef | None]:
