@@ -7,16 +7,17 @@ tests/unit/codec/test_link.py and the duplex integration tests."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator
 from typing import Any
 
 import grpc
 import pytest
 
+from tests.unit.test_link_calls import Echo
 from voxstage.internal.v1 import stage_pb2 as S
 from voxstage.internal.v1 import stage_pb2_grpc
-from voxstage.link.client import LinkClient
-from voxstage.link.server import LinkSession
+from voxstage.link.client import LinkCall, LinkClient
 from voxstage.link.wire import CODEC_REQUESTS, CODEC_RESPONSES
 from voxstage.stage.stream import Outbox
 
@@ -43,11 +44,12 @@ async def test_the_outbox_goes_straight_out_only_with_nothing_queued_and_never_a
     assert await out.get() == eos and (await out.get()).segment_done.segment_index == 3
 
 
-class Recorder(stage_pb2_grpc.CodecServicer):
+class Recorder(Echo):
     """Takes ``text`` starting with "now" at once when the link offers it (``context.take``); its read loop
-    records the rest, and sleeps on "slow". ``end_of_input`` answers with the order seen."""
+    records the rest, and sleeps on "slow"; ``end_of_input`` ends the request. Served on a link as ``Echo``."""
 
     def __init__(self) -> None:
+        super().__init__()
         self.order: list[tuple[str, str]] = []
 
     def take(self, msg: Any) -> bool:
@@ -71,17 +73,11 @@ class Recorder(stage_pb2_grpc.CodecServicer):
                 yield S.CodecStreamResponse(end_of_stream=S.EndOfStream(reason=S.END_REASON_EOS))
                 return
 
-    async def Link(self, batches: Any, context: Any) -> AsyncIterator[Any]:  # noqa: N802
-        out = LinkSession(self.Stream, CODEC_REQUESTS, CODEC_RESPONSES, writer=None, reader=None).run(batches)
-        try:
-            async for batch in out:
-                yield batch
-        finally:
-            await out.aclose()
 
 
-async def test_a_request_is_taken_at_once_only_while_its_reader_waits_on_an_empty_inbox() -> None:
-    rec = Recorder()
+@contextlib.asynccontextmanager
+async def _opened_request(rec: Recorder) -> AsyncIterator[LinkCall]:
+    """A link to ``rec`` over real gRPC with one request open on it."""
     server = grpc.aio.server()
     stage_pb2_grpc.add_CodecServicer_to_server(rec, server)
     port = server.add_insecure_port("127.0.0.1:0")
@@ -92,6 +88,16 @@ async def test_a_request_is_taken_at_once_only_while_its_reader_waits_on_an_empt
         call = link.stream(10)
         await call.write(S.CodecStreamRequest(open=S.StreamOpen(request_id="r")))
         assert (await call.read()).HasField("opened")
+        yield call
+    finally:
+        link.close()
+        await channel.close()
+        await server.stop(None)
+
+
+async def test_a_request_is_taken_at_once_only_while_its_reader_waits_on_an_empty_inbox() -> None:
+    rec = Recorder()
+    async with _opened_request(rec) as call:
         reader_got: list[str] = []
 
         async def reader() -> None:
@@ -115,24 +121,11 @@ async def test_a_request_is_taken_at_once_only_while_its_reader_waits_on_an_empt
         loop = [("loop", "slow"), ("loop", "nowA"), ("loop", "slow"), ("loop", "nowB")]
         assert rec.order == [("take", "now1"), *loop, ("take", "now4")]
         assert reader_got == ["segment_done"] * 4 + ["end_of_stream"]  # the loop's answers
-    finally:
-        link.close()
-        await channel.close()
-        await server.stop(None)
 
 
 async def test_a_response_is_taken_at_once_by_the_request_and_the_rest_still_reach_its_reader() -> None:
     rec = Recorder()
-    server = grpc.aio.server()
-    stage_pb2_grpc.add_CodecServicer_to_server(rec, server)
-    port = server.add_insecure_port("127.0.0.1:0")
-    await server.start()
-    channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
-    link = LinkClient("codec test", stage_pb2_grpc.CodecStub(channel).Link, CODEC_REQUESTS, CODEC_RESPONSES)
-    try:
-        call = link.stream(10)
-        await call.write(S.CodecStreamRequest(open=S.StreamOpen(request_id="r")))
-        assert (await call.read()).HasField("opened")
+    async with _opened_request(rec) as call:
         taken: list[int] = []
         call.take = lambda resp: resp.WhichOneof("response") == "segment_done" and not taken.append(
             resp.segment_done.segment_index
@@ -152,7 +145,3 @@ async def test_a_response_is_taken_at_once_by_the_request_and_the_rest_still_rea
         await call.done_writing()
         await asyncio.wait_for(reading, 5)
         assert taken == [1, 2] and got == ["end_of_stream"]
-    finally:
-        link.close()
-        await channel.close()
-        await server.stop(None)
