@@ -46,7 +46,7 @@ async def test_the_outbox_goes_straight_out_only_with_nothing_queued_and_never_a
 
 class Recorder(Echo):
     """Takes ``text`` starting with "now" at once when the link offers it (``context.take``); its read loop
-    records the rest, and sleeps on "slow"; ``end_of_input`` ends the request. Served on a link as ``Echo``."""
+    records the rest, and sleeps on "slow"; ``end_of_input`` ends the request. On a link as ``Echo``."""
 
     def __init__(self) -> None:
         super().__init__()
