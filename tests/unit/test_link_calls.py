@@ -64,8 +64,8 @@ class Echo(stage_pb2_grpc.CodecServicer):
             await out.aclose()
 
 
-async def _rig() -> tuple[Echo, grpc.aio.Server, grpc.aio.Channel, LinkClient]:
-    echo = Echo()
+async def _rig(echo: Echo | None = None) -> tuple[Echo, grpc.aio.Server, grpc.aio.Channel, LinkClient]:
+    echo = echo or Echo()
     server = grpc.aio.server()
     stage_pb2_grpc.add_CodecServicer_to_server(echo, server)
     port = server.add_insecure_port("127.0.0.1:0")

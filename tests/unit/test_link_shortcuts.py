@@ -11,14 +11,11 @@ import contextlib
 from collections.abc import AsyncIterator
 from typing import Any
 
-import grpc
 import pytest
 
-from tests.unit.test_link_calls import Echo
+from tests.unit.test_link_calls import Echo, _rig
 from voxstage.internal.v1 import stage_pb2 as S
-from voxstage.internal.v1 import stage_pb2_grpc
-from voxstage.link.client import LinkCall, LinkClient
-from voxstage.link.wire import CODEC_REQUESTS, CODEC_RESPONSES
+from voxstage.link.client import LinkCall
 from voxstage.stage.stream import Outbox
 
 pytestmark = pytest.mark.timeout(30)
@@ -78,12 +75,7 @@ class Recorder(Echo):
 @contextlib.asynccontextmanager
 async def _opened_request(rec: Recorder) -> AsyncIterator[LinkCall]:
     """A link to ``rec`` over real gRPC with one request open on it."""
-    server = grpc.aio.server()
-    stage_pb2_grpc.add_CodecServicer_to_server(rec, server)
-    port = server.add_insecure_port("127.0.0.1:0")
-    await server.start()
-    channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
-    link = LinkClient("codec test", stage_pb2_grpc.CodecStub(channel).Link, CODEC_REQUESTS, CODEC_RESPONSES)
+    _, server, channel, link = await _rig(rec)
     try:
         call = link.stream(10)
         await call.write(S.CodecStreamRequest(open=S.StreamOpen(request_id="r")))
