@@ -80,7 +80,11 @@ def test_a_requests_payload_is_counted_once(writer: ShmWriter, on_link: bool) ->
     stream.loans.close()
 
 
-@pytest.mark.parametrize("context", [None, LinkContext(0)], ids=["call", "link"])
+def _emit(msg: Any) -> None:
+    """A link's emitter (``LinkSession`` gives each request one)."""
+
+
+@pytest.mark.parametrize("context", [None, LinkContext(0, _emit)], ids=["call", "link"])
 async def test_a_stream_knows_whether_it_rides_a_link_from_its_context(context: Any) -> None:
     made: list[_Stream] = []
 
@@ -98,3 +102,7 @@ async def test_a_stream_knows_whether_it_rides_a_link_from_its_context(context: 
     await asyncio.sleep(0.01)
     handler.cancel()
     assert [s.on_link for s in made] == [context is not None]
+    # On a link the stream takes the link's shortcuts both ways (docs/protocol.md §12).
+    assert [s.outbox.sink for s in made] == [_emit if context is not None else None]
+    if context is not None:
+        assert context.take == made[0].take
