@@ -325,13 +325,17 @@ class TalkerEngine(Steppable[TalkerOutput]):
         outputs = []
         finished: list[tuple[_Seq, Finish, str | None]] = []
         limit = self.adapter.codebook_size
+        # Every row's checks in two array ops, not two reductions per row (inactive rows' junk included).
+        n = len(rows)
+        ended = np.asarray(eos[:n], dtype=bool).tolist()
+        out_of_range = ((codes[:n].min(axis=1) < 0) | (codes[:n].max(axis=1) >= limit)).tolist()
         for i, seq in enumerate(rows):
             if seq is None or seq.done:
                 continue  # inactive row, or a request that ended while this step was in flight
-            if eos[i]:
+            if ended[i]:
                 finished.append((seq, Finish.EOS, None))
                 continue
-            if codes[i].min() < 0 or codes[i].max() >= limit:
+            if out_of_range[i]:
                 # Never forwarded: a codec would reject the whole stream anyway. An engine bug, so say where.
                 why = f"frame {seq.frames} has codes outside [0, {limit}): {codes[i].tolist()}"
                 log.error("request %s (slot %d, row %d): %s", seq.request.request_id, seq.slot, i, why)
