@@ -6,9 +6,9 @@ buffer beyond the codec's grant), the one ``Codec.Stream`` on a codec and talker
 whole life, the output conversion, and the clocks (idle timeout, time limit).
 
 Settings are fixed by the first audio: the model session (the codec stream, the talker slot and its
-prompt of voice and persona) starts then. Agent credit goes back to the codec when a frame has been
-handed to the client (the code after ``yield`` in ``events``), so a client that stops reading stops the
-grants and the codec fails the session after one window instead of buffering without end.
+prompt of voice and persona) starts then. Agent credit goes back to the codec as frames are handed to the
+client (the code after ``yield`` in ``events``, a quarter of the window at a time), so a client that stops
+reading stops the grants and the codec fails the session after one window instead of buffering without end.
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ from gateway.upstream import Timeouts
 from gateway.voices.store import encoded_reference
 from voxstage import metrics
 from voxstage.duplex_audio import (
+    AGENT_GRANT_SAMPLES,
     AGENT_WINDOW_SAMPLES,
     FRAME_SAMPLES,
     FRAME_SECONDS,
@@ -207,6 +208,7 @@ class DuplexSession:
     # -- session -> client ------------------------------------------------------------------------------
 
     async def events(self) -> AsyncIterator[SessionEvent]:
+        owed = 0  # agent samples handed to the client and not granted back yet
         while True:
             event = await self._out.get()
             yield event
@@ -215,8 +217,11 @@ class DuplexSession:
             if isinstance(event, AgentAudio):
                 self._answered(event.user_frame)
                 stream = self._stream
-                if stream is not None and stream.terminal is None:
-                    await stream.grant(event.samples)
+                owed += event.samples
+                # A quarter of the window at a time (every 7th frame), not a credit message per frame.
+                if stream is not None and stream.terminal is None and owed >= AGENT_GRANT_SAMPLES:
+                    await stream.grant(owed)
+                    owed = 0
 
     def _answered(self, user_frame: int) -> None:
         if user_frame < 0:

@@ -64,6 +64,8 @@ class DuplexCodecStream(CodecStageStream):
         self.pieces: deque[_Piece] = deque()
         self.queued = 0  # samples in ``pieces``
         self.user_credit = 0  # user-audio samples granted to the gateway and not yet received
+        self.credit_owed = 0  # jitter-buffer samples freed and not granted back yet
+        self.grant_at = 1  # the least owed that goes out as a grant (set at open)
         self.user_received = 0
         self.reader: ShmReader | None = None  # set when the gateway may send user audio through shm
         self.decoded = 0  # agent frames the engine decoded for us
@@ -124,6 +126,7 @@ class DuplexCodecStream(CodecStageStream):
             return
         self.worker.start_session(self.key)
         self.user_credit = self.worker.engine.cfg.jitter_samples
+        self.grant_at = max(self.user_credit // 4, 1)
         grant = S.Credit(unit=S.CREDIT_UNIT_SAMPLES, amount=self.user_credit)
         fmt = {"pcm_format": self.fmt, "sample_rate_hz": self.rate, "channels": 1}
         self._send_opened(op, rt, **fmt, initial_credit=grant, transport=hello)
@@ -169,9 +172,16 @@ class DuplexCodecStream(CodecStageStream):
             return
         if isinstance(out, UserCodes):
             if out.freed_samples and not self.end_of_input:
-                self.user_credit += out.freed_samples
-                grant = S.Credit(unit=S.CREDIT_UNIT_SAMPLES, amount=out.freed_samples)
-                self.outbox.put_nowait(S.CodecStreamResponse(credit=grant))
+                # Granted back in batches of a quarter of the jitter buffer (every 4th tick at the seeds'
+                # 1 s), not a credit message every tick: the gateway still holds three quarters of it.
+                self.credit_owed += out.freed_samples
+                if self.credit_owed >= self.grant_at:
+                    self.user_credit += self.credit_owed
+                    msg = S.CodecStreamResponse()
+                    msg.credit.unit = S.CREDIT_UNIT_SAMPLES
+                    msg.credit.amount = self.credit_owed
+                    self.credit_owed = 0
+                    self.outbox.put_nowait(msg)
             if self.relay is not None:
                 self.relay.send_user_codes(out.index, out.codes)
             return

@@ -52,10 +52,11 @@ async def test_a_session_relays_audio_codes_transcript_and_credits_and_ends_on_e
         assert answered == sorted(set(answered)) and set(answered) <= set(range(5)) and answered[-1] == 4
         assert len(answered) == 5 - rig.unheard
         assert (eos.frame_count, eos.sample_count) == (len(pcm), len(pcm) * SPF)
+        # The jitter buffer's freed samples come back in grants of at least a quarter of it (6,000 of the
+        # 24,000): the 5 frames' 9,600 as one grant of 4 frames (or 5, where a late tick freed two at once).
         credits = [m.credit for m in s.got if m.HasField("credit")]
-        assert sum(c.amount for c in credits) == 5 * SPF and {c.unit for c in credits} == {
-            S.CREDIT_UNIT_SAMPLES
-        }
+        assert [c.unit for c in credits] == [S.CREDIT_UNIT_SAMPLES]
+        assert credits[0].amount in (4 * SPF, 5 * SPF)
         # What the talker got: the forwarded open, then one user frame per tick, then end_of_input.
         (op,) = rig.talker.opens
         assert op.mode == S.STREAM_MODE_DUPLEX and not op.talker_address and not op.sample_rate_hz
