@@ -1,9 +1,9 @@
 """The duplex codec engine's own Python per session-tick (issue 27): what its engine thread spends, with
 the GIL held, around the model on every 80 ms tick of N sessions.
 
-The serving ``DuplexCodecEngine`` (the tiny Mimi preset, for its shapes) runs its real tick and decode
-burst: every session's user audio pushed (``push_audio``, as the worker's batched commands call it), the
-tick gathered and encoded, every session's agent frame pushed (``push_agent``), the burst decoded and
+The serving ``DuplexCodecEngine`` (the duplex family's small preset, for its shapes) runs its real tick
+and decode burst: every session's user audio pushed (``push_audio``, as the worker's batched commands call
+it), the tick gathered and encoded, every session's agent frame pushed (``push_agent``), the burst decoded and
 handed out. Only the two batched model calls are replaced by ones that return ready tensors of the right
 shape at once, so the CPU time left is the engine's Python and array work, which a GPU does not shorten.
 CPU µs per session-tick, best of ``--repeats``; compare two checkouts by running it in each.
@@ -22,18 +22,18 @@ from typing import Any
 import numpy as np
 import torch
 
+from bench.realtime_face import TINY
 from services.codec.duplex.engine import DuplexCodecEngine
 from services.codec.duplex.types import AgentFrame, DuplexCodecConfig, UserCodes
-from services.codec.models.mimi.loader import random_init
-from services.codec.models.mimi.presets import tiny_config
-from services.codec.models.mimi.streaming import MimiStreamingCodec
+from services.codec.models import load_duplex_codec
+from voxstage.presets import resolve_model
 
 
 class ReadyCalls:
     """The engine's two batched calls, answered at once with buffers of the right shape (the model's time
     is the GPU's; what is measured is everything around it)."""
 
-    def __init__(self, codec: MimiStreamingCodec, max_batch: int, max_frames: int) -> None:
+    def __init__(self, codec: Any, max_batch: int, max_frames: int) -> None:
         self.spf = codec.samples_per_frame
         self.codes = torch.zeros(max_batch, codec.num_codebooks, 1, dtype=torch.int64)
         self.wav = torch.zeros(max_batch, max_frames * self.spf)
@@ -54,7 +54,8 @@ class Clock:
 
 
 def measure(sessions: int, ticks: int, repeats: int) -> dict[str, Any]:
-    codec = MimiStreamingCodec(random_init(tiny_config(), seed=1), sessions + 1)
+    # The duplex family's small preset, loaded as the codec stage loads it (its pool's shapes and state).
+    codec = load_duplex_codec(resolve_model(TINY), max_sessions=sessions).codec
     config = DuplexCodecConfig(max_sessions=sessions)
     clock = Clock()
     engine = DuplexCodecEngine(codec, config, calls=ReadyCalls(codec, sessions, 4), clock=clock)
