@@ -1,8 +1,8 @@
-"""The shortcuts past the event loop on a stage link (voxstage.link): a request's message goes straight to its
-handler (``LinkContext.take``, ``LinkCall.take``) and a response straight into the link's batch
-(``Outbox.sink``) only where nothing is queued before it, so each request's order is the one its queue
-keeps. Over real gRPC, as tests/unit/test_link_calls.py; the stages' own handlers take these paths in
-tests/unit/codec/test_link.py and the duplex integration tests."""
+"""The shortcuts past the event loop on a stage link (voxstage.link): a request's message goes straight to
+its handler (``Inbox.take``, set through ``LinkContext.take`` and ``LinkCall.take``) and a response straight
+into the link's batch (``Outbox.sink``) only where nothing is queued before it, so each request's order is
+the one its queue keeps. Over real gRPC, as tests/unit/test_link_calls.py; the stages' own handlers take
+these paths in tests/unit/codec/test_link.py and the duplex integration tests."""
 
 from __future__ import annotations
 

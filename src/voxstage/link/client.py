@@ -24,7 +24,7 @@ import grpc
 
 from voxstage.internal.v1 import stage_pb2 as S
 from voxstage.link import wire
-from voxstage.link.port import Port, hello_of
+from voxstage.link.port import Inbox, Port, hello_of
 from voxstage.transport.host import Hello, verify_peer
 from voxstage.transport.payload import hello_from_proto
 from voxstage.transport.shm import ShmWriter
@@ -45,11 +45,7 @@ class LinkCall:
     def __init__(self, conn: _Conn, number: int, timeout: float | None) -> None:
         self._conn = conn
         self.number = number
-        self._inbox: asyncio.Queue[Any] = asyncio.Queue()
-        self._waiting = False  # a reader waits on the inbox
-        # A response the request's code handles at once (e.g. the codec's duplex relay), asked only while
-        # its reader waits on an empty inbox; False: it goes to the inbox.
-        self.take: Callable[[Any], bool] | None = None
+        self._inbox = Inbox()
         self._done = False
         self._timeout_ms = 0 if timeout is None else max(int(timeout * 1000), 1)
         self._timer = (
@@ -95,12 +91,18 @@ class LinkCall:
         return self._conn.broken is not None
 
     # -- upstream -> downstream --------------------------------------------------------------------------
+    @property
+    def take(self) -> Callable[[Any], bool] | None:
+        """A response the request's code handles as it arrives (the codec's duplex relay, the gateway's
+        stream): ``Inbox.take``."""
+        return self._inbox.take
+
+    @take.setter
+    def take(self, take: Callable[[Any], bool] | None) -> None:
+        self._inbox.take = take
+
     async def read(self) -> Any:
-        self._waiting = True
-        try:
-            item = await self._inbox.get()
-        finally:
-            self._waiting = False
+        item = await self._inbox.get()
         if item is _EOF or isinstance(item, grpc.aio.AioRpcError):
             self._inbox.put_nowait(item)  # every later read sees the end too
             if item is _EOF:
@@ -117,10 +119,7 @@ class LinkCall:
 
     # -- the link's side ---------------------------------------------------------------------------------
     def deliver(self, msg: Any) -> None:
-        take = self.take
-        # Straight to the request's code only when nothing is before it: its reader waits on an empty inbox.
-        if take is None or not self._waiting or not self._inbox.empty() or not take(msg):
-            self._inbox.put_nowait(msg)
+        self._inbox.put(msg)
 
     def end(self, code: int, details: str) -> None:
         """The upstream's handler returned (status ``code``)."""

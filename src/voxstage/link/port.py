@@ -16,6 +16,7 @@ slot in its next batch. Imports no grpc.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import Any
 
 from voxstage import metrics
@@ -28,6 +29,34 @@ from voxstage.transport.shm import ShmRef, ShmSender, ShmWriter
 from voxstage.transport.shm_reader import ShmReader
 
 USER_AUDIO_LINGER_S = 0.005
+
+
+class Inbox:
+    """One request's incoming messages at one end of a link, in order, for its reader (``get``). ``take``,
+    set by the request's code, handles a message at once instead (True: taken), skipping the reader's turn
+    of the event loop; it is asked only while a reader waits on an empty inbox, so the order is the one the
+    reader would keep (docs/protocol.md §12, "Past the event loop, in order")."""
+
+    def __init__(self) -> None:
+        self._queue: asyncio.Queue[Any] = asyncio.Queue()
+        self._waiting = False  # a reader waits in ``get``
+        self.take: Callable[[Any], bool] | None = None
+
+    def put(self, msg: Any) -> None:
+        take = self.take
+        if take is None or not self._waiting or not self._queue.empty() or not take(msg):
+            self._queue.put_nowait(msg)
+
+    def put_nowait(self, item: Any) -> None:
+        """Queue ``item`` for the reader whatever ``take`` would say (the end of the request)."""
+        self._queue.put_nowait(item)
+
+    async def get(self) -> Any:
+        self._waiting = True
+        try:
+            return await self._queue.get()
+        finally:
+            self._waiting = False
 
 
 class Port:

@@ -14,12 +14,12 @@ import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from voxstage.internal.v1 import stage_pb2 as S
 from voxstage.link import wire
-from voxstage.link.port import Port, hello_of
+from voxstage.link.port import Inbox, Port, hello_of
 from voxstage.transport.host import verify_peer
 from voxstage.transport.payload import hello_from_proto
 from voxstage.transport.shm import ShmWriter
@@ -45,9 +45,16 @@ class LinkContext:
     def __init__(self, timeout_ms: int, emit: Callable[[Any], None]) -> None:
         self._deadline = time.monotonic() + timeout_ms / 1000 if timeout_ms else None
         self.emit = emit  # a response straight into the link's next batch (``Outbox.sink``)
-        # A request the handler takes at once (``StageStream.take``), asked only while its reader waits on
-        # an empty inbox; False: it goes to the inbox.
-        self.take: Callable[[Any], bool] | None = None
+        self.inbox = Inbox()  # the request's messages, for its handler
+
+    @property
+    def take(self) -> Callable[[Any], bool] | None:
+        """A request the handler takes as it arrives (``StageStream.take``): ``Inbox.take``."""
+        return self.inbox.take
+
+    @take.setter
+    def take(self, take: Callable[[Any], bool] | None) -> None:
+        self.inbox.take = take
 
     def time_remaining(self) -> float | None:
         return None if self._deadline is None else max(self._deadline - time.monotonic(), 0.0)
@@ -61,18 +68,15 @@ class LinkContext:
 class _Request:
     number: int
     context: LinkContext
-    inbox: asyncio.Queue[Any] = field(default_factory=asyncio.Queue)
     task: asyncio.Task[None] | None = None
     reset: bool = False
-    waiting: bool = False  # the handler's reader waits on the inbox
+
+    @property
+    def inbox(self) -> Inbox:
+        return self.context.inbox
 
     async def messages(self) -> AsyncIterator[Any]:
-        while True:
-            self.waiting = True
-            msg = await self.inbox.get()
-            self.waiting = False
-            if msg is _HALF_CLOSED:
-                return
+        while (msg := await self.inbox.get()) is not _HALF_CLOSED:
             yield msg
 
 
@@ -165,10 +169,7 @@ class LinkSession:
         elif kind == wire.HALF_CLOSE:
             req.inbox.put_nowait(_HALF_CLOSED)
         elif kind != wire.END:
-            take = req.context.take
-            # Straight to the handler only when nothing is before it: its reader waits on an empty inbox.
-            if take is None or not req.waiting or not req.inbox.empty() or not take(msg):
-                req.inbox.put_nowait(msg)
+            req.inbox.put(msg)
 
     def _emitter(self, number: int) -> Callable[[Any], None]:
         def emit(msg: Any) -> None:
