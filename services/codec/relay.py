@@ -199,10 +199,18 @@ class TalkerRelay:
                 return
             reason = f"{exc.code().name}: {exc.details()}"
         except Exception as exc:  # noqa: BLE001 - a bug here must fail this request, not hang it
-            log.exception("relay to talker %s failed", self.address)
-            self._fail(StageFailure("INTERNAL", f"codec relay: {type(exc).__name__}: {exc}"))
+            self._mishandled(exc)
             return
         await self._broken(reason)
+
+    def _mishandled(self, exc: Exception) -> None:
+        """Handling one of the talker's messages raised: a protocol error fails this request as itself, a
+        bug as INTERNAL (logged); the reader and a link's ``take`` alike."""
+        if isinstance(exc, StageFailure):
+            self._fail(exc)
+            return
+        log.exception("relay to talker %s failed", self.address)
+        self._fail(StageFailure("INTERNAL", f"codec relay: {type(exc).__name__}: {exc}"))
 
     def _on_opened(self, opened: S.StreamOpened) -> None:
         if self.opened.done():

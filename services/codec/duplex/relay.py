@@ -10,7 +10,6 @@ agent frame passed on with its text token, transcript and consumed user frame, a
 from __future__ import annotations
 
 import asyncio
-import logging
 import time
 from collections import deque
 from typing import TYPE_CHECKING
@@ -26,8 +25,6 @@ from voxstage.stage.errors import StageFailure
 if TYPE_CHECKING:
     from services.codec.duplex.stream import DuplexCodecStream
     from services.codec.upstream import TalkerPool
-
-log = logging.getLogger(__name__)
 
 # User frames (one per tick) held for a talker that grants no user-code credit before the session fails: a
 # talker that stopped consuming for 2 s is not coming back in time for a conversation.
@@ -114,11 +111,8 @@ class DuplexTalkerRelay(TalkerRelay):
             return True  # the reader stopped at a failure: what follows is dropped unread, as there
         try:
             handle(resp)
-        except StageFailure as exc:
-            self._fail(exc)
-        except Exception as exc:  # noqa: BLE001 - a bug here fails this request, as in the reader
-            log.exception("relay to talker %s failed", self.address)
-            self._fail(StageFailure("INTERNAL", f"codec relay: {type(exc).__name__}: {exc}"))
+        except Exception as exc:  # noqa: BLE001 - a protocol error or a bug fails this request, as in the reader
+            self._mishandled(exc)
         return True
 
     def _frames_now(self, resp: S.TalkerStreamResponse) -> None:
