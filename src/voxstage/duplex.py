@@ -20,6 +20,15 @@ FRAME_SECONDS = FRAME_SAMPLES / SAMPLE_RATE
 # The gateway refuses a longer one before it reaches the codec.
 MAX_RECORDING_SECONDS = 30.0
 
+
+
+def regrant_at(window: int) -> int:
+    """The least a receiver of a session's SAMPLES flow (the codec's user audio, the gateway's agent audio)
+    gives back at once, of a ``window`` it granted: a quarter of it, not a credit message per frame, so the
+    sender keeps three quarters in hand and no frame waits for credit (docs/protocol.md §11)."""
+    return max(window // 4, 1)
+
+
 O_contra = TypeVar("O_contra", contravariant=True)
 
 

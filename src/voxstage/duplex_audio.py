@@ -26,7 +26,7 @@ import numpy as np
 from voxstage import g711
 from voxstage.audio import float_to_s16
 from voxstage.base64_text import decode_base64_text
-from voxstage.duplex import FRAME_SAMPLES, FRAME_SECONDS, SAMPLE_RATE
+from voxstage.duplex import FRAME_SAMPLES, FRAME_SECONDS, SAMPLE_RATE, regrant_at
 from voxstage.v1 import speech_pb2
 
 # The session frame (voxstage.duplex): what the codec takes and gives; one frame per user_audio message.
@@ -37,9 +37,8 @@ INPUT_BUFFER_SECONDS = 2.0
 INPUT_BUFFER_FRAMES = round(INPUT_BUFFER_SECONDS / FRAME_SECONDS)
 # Agent audio the codec may send ahead of delivery (the gateway's initial grant, §11's recommended 2 s).
 AGENT_WINDOW_SAMPLES = 2 * MODEL_RATE
-# What the gateway gives back at a time as agent audio reaches the client: a quarter of the window, so the
-# codec always holds three quarters of it and no frame waits for credit.
-AGENT_GRANT_SAMPLES = AGENT_WINDOW_SAMPLES // 4
+# What the gateway gives back at a time as agent audio reaches the client (voxstage.duplex.regrant_at).
+AGENT_GRANT_SAMPLES = regrant_at(AGENT_WINDOW_SAMPLES)
 # Decoded audio bytes one input_audio_buffer.append may carry (10.9 s of pcm, 65 s of G.711): a client
 # streams in real time, and anything longer than the buffer only turns into dropped audio.
 MAX_APPEND_BYTES = 512 * 1024

@@ -27,6 +27,7 @@ from services.codec.duplex.types import AgentAudio, AgentFrame, DuplexOutput, Us
 from services.codec.stream import CodecStageStream
 from voxstage import wire
 from voxstage.audio import StreamingResampler
+from voxstage.duplex import regrant_at
 from voxstage.internal.v1 import stage_pb2 as S
 from voxstage.stage.errors import StageFailure
 from voxstage.transport.payload import ack_message, read_payload
@@ -65,7 +66,7 @@ class DuplexCodecStream(CodecStageStream):
         self.queued = 0  # samples in ``pieces``
         self.user_credit = 0  # user-audio samples granted to the gateway and not yet received
         self.credit_owed = 0  # jitter-buffer samples freed and not granted back yet
-        self.grant_at = 1  # the least owed that goes out as a grant (set at open)
+        self.grant_at = regrant_at(self.worker.engine.cfg.jitter_samples)  # the least owed that goes back
         self.user_received = 0
         self.reader: ShmReader | None = None  # set when the gateway may send user audio through shm
         self.decoded = 0  # agent frames the engine decoded for us
@@ -126,7 +127,6 @@ class DuplexCodecStream(CodecStageStream):
             return
         self.worker.start_session(self.key)
         self.user_credit = self.worker.engine.cfg.jitter_samples
-        self.grant_at = max(self.user_credit // 4, 1)
         grant = S.Credit(unit=S.CREDIT_UNIT_SAMPLES, amount=self.user_credit)
         fmt = {"pcm_format": self.fmt, "sample_rate_hz": self.rate, "channels": 1}
         self._send_opened(op, rt, **fmt, initial_credit=grant, transport=hello)
@@ -172,8 +172,7 @@ class DuplexCodecStream(CodecStageStream):
             return
         if isinstance(out, UserCodes):
             if out.freed_samples and not self.end_of_input:
-                # Granted back in batches of a quarter of the jitter buffer (every 4th tick at the seeds'
-                # 1 s), not a credit message every tick: the gateway still holds three quarters of it.
+                # A quarter of the jitter buffer at a time (every 4th tick at the seeds' 1 s).
                 self.credit_owed += out.freed_samples
                 if self.credit_owed >= self.grant_at:
                     self.user_credit += self.credit_owed
