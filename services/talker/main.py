@@ -150,7 +150,8 @@ def _build_duplex(config: Any, device: str, adapter: Any, info: Any) -> StagePar
     engine = DuplexEngine(
         adapter,
         DuplexConfig(
-            max_sessions=stage.max_num_seqs, window=window, prefill_budget=stage.batched_token_budget
+            max_sessions=stage.max_num_seqs, window=window, prefill_budget=stage.batched_token_budget,
+            tick_s=1 / info.frame_rate_hz,
         ),
     )
     worker = DuplexWorker(engine, info, TalkerDefaults.from_deploy(stage, info))
