@@ -150,8 +150,7 @@ def _build_duplex(config: Any, device: str, adapter: Any, info: Any) -> StagePar
     engine = DuplexEngine(
         adapter,
         DuplexConfig(
-            max_sessions=stage.max_num_seqs, window=window, prefill_budget=stage.batched_token_budget,
-            tick_s=1 / info.frame_rate_hz,
+            max_sessions=stage.max_num_seqs, window=window, prefill_budget=stage.batched_token_budget
         ),
     )
     worker = DuplexWorker(engine, info, TalkerDefaults.from_deploy(stage, info))

@@ -4,10 +4,9 @@ Model-agnostic; a family plugs in through ``DuplexAdapter`` (PersonaPlex's adapt
 Owned by one thread (``voxstage.stage.engine_loop``); imports no gRPC.
 
 A session joins with a prompt (voice, persona) that is **prefilled** in chunks under the per-tick token
-budget, in the gaps between the live sessions' steps (``services.talker.duplex.window``: a call that cannot
-end before the next tick's frames waits, so a join does not delay the live steps); sessions joining together
-share their calls (one batched prefill per common offset). Then each step consumes one user frame (Mimi
-codes from the codec) and yields one agent frame.
+budget, interleaved with the live sessions' steps, so a join never stalls the others for more than one
+call; sessions joining together share their calls (one batched prefill per common offset). Then each step
+consumes one user frame (Mimi codes from the codec) and yields one agent frame.
 
 The codec owns the 80 ms clock and sends every session's user frame of a tick at once; the engine steps when
 every decoding session has its next frame, or when the oldest waiting frame is ``gather_s`` old (a late
@@ -29,7 +28,6 @@ from typing import Any, Protocol
 import numpy as np
 
 from services.talker.adapter import refuse_kv_cache_dtype
-from services.talker.duplex.window import PrefillWindow
 from services.talker.sampling import SamplingParams
 from voxstage import metrics
 from voxstage.duplex import DuplexAdmissionError
@@ -99,10 +97,7 @@ class DuplexConfig:
     window: int  # positions of each session's attention window (the ring; a call outlives it)
     prefill_budget: int  # prompt positions prefilled per tick, over all joining sessions
     gather_s: float = 0.010
-    prefill_time_s: float = 0.020  # prefill work per engine step with no live session (then commands run)
-    tick_s: float = 0.08  # the codec's tick: every live session's user frame arrives once per tick
-    prefill_after_step_s: float = 0.012  # the codec decodes a step's frames: no prefill call meanwhile
-    prefill_before_tick_s: float = 0.006  # the codec encodes the next tick's audio: calls end this early
+    prefill_time_s: float = 0.020  # prefill work per step before the live sessions' step goes first
     max_backlog: int = 2
     input_queue: int = 25  # user frames a session may have in flight (the codec's credit)
 
@@ -168,9 +163,6 @@ class DuplexEngine(Steppable[DuplexOutput]):
         self._cancelled: list[str] = []
         self._working: list[_Session] = []  # the sessions the adapter call under way works on (recover)
         self._partial: list[DuplexOutput] = []
-        self._window = PrefillWindow(
-            config.tick_s, config.prefill_after_step_s, config.prefill_before_tick_s, config.prefill_time_s
-        )
         self.ticks = 0
         self.steps = 0
         self.dropped_frames = 0
@@ -204,7 +196,6 @@ class DuplexEngine(Steppable[DuplexOutput]):
         if len(s.queue) + len(codes) > self.cfg.input_queue:
             raise ValueError(f"user_codes: more than the granted {self.cfg.input_queue} frames in flight")
         now = self.clock()
-        self._window.user_frames(now)
         for i, row in enumerate(np.asarray(codes, np.int64)):
             s.queue.append((first_index + i, row, now))
         s.user_next += len(codes)
@@ -236,24 +227,16 @@ class DuplexEngine(Steppable[DuplexOutput]):
     def has_work(self) -> bool:
         if self._cancelled or any(s.closing for s in self._slots):
             return True
-        now = self.clock()
-        if self._due(now):
+        if any(not s.decoding for s in self._slots):
             return True
-        return self._joining() and self._window.may_call(now, self._live())
+        return self._due(self.clock())
 
     def idle_timeout(self) -> float | None:
-        """Seconds until a step may be due or a prefill call may start with nothing new arriving."""
-        now = self.clock()
-        waits = [s.queue[0][2] + self.cfg.gather_s - now for s in self._slots if s.decoding and s.queue]
-        if self._joining():
-            waits.append(self._window.opens_in(now, self._live()))
-        return max(0.0, min(waits)) if waits else None
-
-    def _joining(self) -> bool:
-        return any(not s.decoding for s in self._slots)
-
-    def _live(self) -> bool:
-        return any(s.decoding for s in self._slots)
+        """Seconds until a step may be due with nothing new arriving (the gather deadline)."""
+        waiting = [s.queue[0][2] for s in self._slots if s.decoding and s.queue]
+        if not waiting:
+            return None
+        return max(0.0, min(waiting) + self.cfg.gather_s - self.clock())
 
     def _ready(self, s: _Session) -> bool:
         return s.decoding and (s.first_step or bool(s.queue))
@@ -278,31 +261,30 @@ class DuplexEngine(Steppable[DuplexOutput]):
         self._cancelled.clear()
         for s in [s for s in self._slots if s.closing]:
             outputs.append(self._leave(s, Finish.CLOSED))
-        # A due step first; then prefill calls only in the tick's gap (PrefillWindow), and a session whose
-        # prompt ends there takes its first step as soon as it is due, in the same gap.
+        # Prefill before the step, so a session whose prompt ends here speaks in this tick. The other order
+        # (the live sessions' step first) was measured on the H200 and lost: at 64 joining sessions first
+        # audio 0.39 -> 0.67 s p50 and 8 -> 29 late frames, at 128 (fp8) 2,759 -> 3,804 (docs/benchmarks.md).
+        self._prefill()
         if self._due(self.clock()):
-            outputs += self._decode()
-        if self._prefill() and self._due(self.clock()):
             outputs += self._decode()
         self.ticks += 1
         self._gauges()
         metrics.STAGE_TICK.labels(stage="talker").observe(time.perf_counter() - t0)
         return outputs
 
-    def _prefill(self) -> bool:
-        """Prefill calls within the bounds; True when a session's prompt ended (it may step now)."""
-        # Bounds: the deploy file's positions per engine step; with live sessions the tick's gap
-        # (PrefillWindow), else `prefill_time_s`, so commands still run between steps. A call takes every
+    def _prefill(self) -> None:
+        # Two bounds: the deploy file's positions per tick, and time, so that a burst of joins delays the live
+        # sessions' next step by at most about `prefill_time_s` (each prefill call costs a few ms of launches
+        # whatever its length). At least one call always runs, so joins always progress. A call takes every
         # joining session at the oldest one's offset, up to the shortest prompt left among them, as one
         # batch: a burst of joins shares its launches, and what is left stays aligned for the next call.
         budget = self.cfg.prefill_budget
         t0 = time.perf_counter()
-        started = False
         while budget > 0:
             pending = [s for s in self._slots if not s.decoding]
-            if not pending or not self._window.may_call(self.clock(), self._live()):
-                break
-            if budget < self.cfg.prefill_budget and time.perf_counter() - t0 > self.cfg.prefill_time_s:
+            if not pending or (
+                budget < self.cfg.prefill_budget and time.perf_counter() - t0 > self.cfg.prefill_time_s
+            ):
                 break
             start = pending[0].prefilled
             batch = [s for s in pending if s.prefilled == start]
@@ -316,9 +298,7 @@ class DuplexEngine(Steppable[DuplexOutput]):
             batch = batch[: max(1, budget // n)] if n > 0 else batch
             if n > 0:
                 chunks = [(s.slot, s.prompt, start, n) for s in batch]
-                t_call = self.clock()
                 each_alone_on_failure(self.adapter.prefill_many, chunks, batch, self._set_working)
-                self._window.called(self.clock() - t_call)
                 budget -= n * len(batch)
                 metrics.PREFILL_TOKENS.labels(source="computed").inc(n * len(batch))
             for s in batch:
@@ -329,14 +309,7 @@ class DuplexEngine(Steppable[DuplexOutput]):
                     s.decoding = True
                     metrics.DUPLEX_PREFILL_WAIT.observe(self.clock() - s.admitted)
                     s.position = s.prefill_target
-                    started = True
         self._working = []
-        return started
-
-    def _drop(self, frames: int) -> None:
-        self.dropped_frames += frames
-        if frames:
-            metrics.DUPLEX_DROPPED_USER_FRAMES.inc(frames)
 
     def _set_working(self, sessions: list[_Session]) -> None:
         self._working = sessions
@@ -352,17 +325,14 @@ class DuplexEngine(Steppable[DuplexOutput]):
             if not a:
                 continue
             if s.first_step:
-                # The prompt set this step's user frame. What arrived while it prefilled is dropped with this
-                # step, as a tick's frame is taken by a step: kept, it would put the session a frame behind
-                # the others and cost a step of its own right after theirs (the gather deadline).
-                taken[s.slot] = (-1, len(s.queue))
-                self._drop(len(s.queue))
-                s.queue.clear()
+                taken[s.slot] = (-1, 0)  # the prompt set this step's user frame
                 continue
             drop = max(0, len(s.queue) - self.cfg.max_backlog)
             for _ in range(drop):
                 s.queue.popleft()
-            self._drop(drop)
+            self.dropped_frames += drop
+            if drop:
+                metrics.DUPLEX_DROPPED_USER_FRAMES.inc(drop)
             index, codes, _ = s.queue.popleft()
             rows.append(s.slot)
             frames.append(codes)
@@ -372,7 +342,6 @@ class DuplexEngine(Steppable[DuplexOutput]):
         max_position = max(s.position for s, a in zip(self._slots, active, strict=True) if a)
         greedy = all(not (s.request.text.do_sample or s.request.audio.do_sample) for s in self._slots)
         tokens, valid = self.adapter.step(active, max_position, all_greedy=greedy)
-        self._window.stepped(self.clock())
         self.steps += 1
         outputs = []
         for s, a in zip(self._slots[:n], active, strict=True):

@@ -55,11 +55,7 @@ def user_frames(i: int, n: int) -> np.ndarray:
 
 def run(eng: DuplexEngine, plan: dict[str, tuple[int, int]], ticks: int) -> dict[str, list[np.ndarray]]:
     """Sessions join at tick ``plan[id][0]`` and close at ``plan[id][1]``; each tick every decoding
-    session that took its first step gets its next user frame, then the engine steps until nothing is due.
-    Joins prefill in the gap
-    before the tick (30 ms after the last one's step), as the codec's clock leaves it."""
-    assert isinstance(eng.clock, Clock)
-    tick_s = eng.cfg.tick_s
+    session gets its next user frame, then the engine steps until nothing is due."""
     out: dict[str, list[np.ndarray]] = {sid: [] for sid in plan}
     sent = dict.fromkeys(plan, 0)
 
@@ -69,7 +65,6 @@ def run(eng: DuplexEngine, plan: dict[str, tuple[int, int]], ticks: int) -> dict
                 out[o.session_id].append(o.tokens)
 
     for tick in range(ticks):
-        eng.clock.now = tick * tick_s - tick_s + 0.03
         for sid, (join, leave) in plan.items():
             if tick == join:
                 eng.open(request(int(sid[1:])))
@@ -77,10 +72,8 @@ def run(eng: DuplexEngine, plan: dict[str, tuple[int, int]], ticks: int) -> dict
                 eng.close(sid)
         while any(eng.session_state(s) == "prefill" for s in plan):
             step()  # prefill (several ticks' worth, if the budget is small), then the prompt's own step
-            eng.clock.now += 0.002  # the gap passes
-        eng.clock.now = tick * tick_s
         for sid, (join, leave) in plan.items():
-            if join <= tick < leave and out[sid]:  # from the tick after its first step (see the drop test)
+            if join <= tick < leave and eng.session_state(sid) == "decode":
                 frames = user_frames(int(sid[1:]), 200)
                 eng.push_user(sid, sent[sid], frames[sent[sid] : sent[sid] + 1])
                 sent[sid] += 1
