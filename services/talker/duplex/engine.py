@@ -163,7 +163,6 @@ class DuplexEngine(Steppable[DuplexOutput]):
         self._cancelled: list[str] = []
         self._working: list[_Session] = []  # the sessions the adapter call under way works on (recover)
         self._partial: list[DuplexOutput] = []
-        self._call_s = 0.0  # a prefill call's seconds, a moving average (calls are launch-bound: about flat)
         self.ticks = 0
         self.steps = 0
         self.dropped_frames = 0
@@ -239,24 +238,14 @@ class DuplexEngine(Steppable[DuplexOutput]):
             return None
         return max(0.0, min(waiting) + self.cfg.gather_s - self.clock())
 
-    def _ready(self, s: _Session, crowded: bool) -> bool:
-        # A joiner's first step (the prompt's own frame) waits for its first user frame while other sessions
-        # are live or still joining: the step that takes that frame then follows at once, so its first two
-        # frames leave close together and its player holds that much slack against the join burst's jitter
-        # (H200, 71 sessions: the first joiners, whose first step needed no frame, heard 39 ms stalls). A
-        # lone joiner, or a burst whose prompts all ended together, speaks at once.
-        return s.decoding and (bool(s.queue) or (s.first_step and not crowded))
-
-    def _crowded(self) -> bool:
-        return any(not s.decoding or not s.first_step for s in self._slots)
+    def _ready(self, s: _Session) -> bool:
+        return s.decoding and (s.first_step or bool(s.queue))
 
     def _due(self, now: float) -> bool:
         live = [s for s in self._slots if s.decoding]
-        crowded = self._crowded()
-        ready = [self._ready(s, crowded) for s in live]
-        if not any(ready):
+        if not any(self._ready(s) for s in live):
             return False
-        if all(ready):
+        if all(self._ready(s) for s in live):
             return True
         oldest = min((s.queue[0][2] for s in live if s.queue), default=now)
         return now - oldest >= self.cfg.gather_s
@@ -286,8 +275,7 @@ class DuplexEngine(Steppable[DuplexOutput]):
     def _prefill(self) -> None:
         # Two bounds: the deploy file's positions per tick, and time, so that a burst of joins delays the live
         # sessions' next step by at most about `prefill_time_s` (each prefill call costs a few ms of launches
-        # whatever its length): a call starts only if it is expected to end within it. At least one call
-        # always runs, so joins always progress. A call takes every
+        # whatever its length). At least one call always runs, so joins always progress. A call takes every
         # joining session at the oldest one's offset, up to the shortest prompt left among them, as one
         # batch: a burst of joins shares its launches, and what is left stays aligned for the next call.
         budget = self.cfg.prefill_budget
@@ -295,10 +283,9 @@ class DuplexEngine(Steppable[DuplexOutput]):
         while budget > 0:
             pending = [s for s in self._slots if not s.decoding]
             if not pending or (
-                budget < self.cfg.prefill_budget
-                and time.perf_counter() - t0 + self._call_s > self.cfg.prefill_time_s
+                budget < self.cfg.prefill_budget and time.perf_counter() - t0 > self.cfg.prefill_time_s
             ):
-                break  # a call that would end past the bound waits for the next step (the due one first)
+                break
             start = pending[0].prefilled
             batch = [s for s in pending if s.prefilled == start]
             whole = min(s.prefill_target - start for s in batch)
@@ -311,9 +298,7 @@ class DuplexEngine(Steppable[DuplexOutput]):
             batch = batch[: max(1, budget // n)] if n > 0 else batch
             if n > 0:
                 chunks = [(s.slot, s.prompt, start, n) for s in batch]
-                t_call = time.perf_counter()
                 each_alone_on_failure(self.adapter.prefill_many, chunks, batch, self._set_working)
-                self._call_s = 0.7 * self._call_s + 0.3 * (time.perf_counter() - t_call)
                 budget -= n * len(batch)
                 metrics.PREFILL_TOKENS.labels(source="computed").inc(n * len(batch))
             for s in batch:
@@ -331,8 +316,7 @@ class DuplexEngine(Steppable[DuplexOutput]):
 
     def _decode(self) -> list[DuplexOutput]:
         n = len(self._slots)
-        crowded = self._crowded()
-        active = [self._ready(s, crowded) for s in self._slots]
+        active = [self._ready(s) for s in self._slots]
         self._working = [s for s, a in zip(self._slots, active, strict=True) if a]
         rows: list[int] = []
         frames: list[np.ndarray] = []

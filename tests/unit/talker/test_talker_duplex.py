@@ -6,7 +6,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-import services.talker.duplex.engine as engine_module
 from services.talker.duplex.engine import (
     DuplexAdmissionError,
     DuplexConfig,
@@ -233,69 +232,3 @@ def test_a_step_does_not_prefill_a_sliver_of_a_prompt_to_use_up_its_budget(model
         small.step()
         steps += 1
     assert steps == -(-target // (target // 3))
-
-
-def test_a_prefill_call_that_would_end_past_the_time_bound_waits_for_the_next_step(
-    model: PersonaPlexLM, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Each call takes 15 ms here: a step runs one, since a second would end past the 20 ms bound and hold
-    the live sessions' due step behind it (before the bound was checked ahead, a step ran two: 30+ ms)."""
-    probe = engine(model)
-    probe.open(request(1))
-    target = probe._by_id["s1"].prefill_target
-    eng = engine(model, budget=4 * target)
-    fake = [0.0]
-    monkeypatch.setattr(engine_module.time, "perf_counter", lambda: fake[0])
-    calls: list[int] = []
-    real = eng.adapter.prefill_many
-
-    def slow(chunks: list) -> None:
-        calls.append(eng.steps)
-        real(chunks)
-        fake[0] += 0.015
-
-    eng.adapter.prefill_many = slow  # type: ignore[method-assign]
-    eng.open(request(1))
-    eng.step()  # the first call has no measured duration yet
-    for i in (3, 5, 7):
-        eng.open(request(i))  # three prompts of different lengths: their calls do not share an offset
-    before = len(calls)
-    eng.step()
-    assert len(calls) == before + 1
-
-
-def test_a_joiner_first_steps_with_its_first_frame_while_others_are_live_or_joining(
-    model: PersonaPlexLM,
-) -> None:
-    """Its first step (the prompt's frame) waits for a user frame; the step that takes that frame follows
-    once the frame is the gather deadline old, so the first two frames leave together (a frame of slack).
-    Alone, or when the last joiner's prompt ends, it speaks at once."""
-    clock = Clock()
-    probe = engine(model)
-    probe.open(request(1))
-    short = probe._by_id["s1"].prefill_target
-    eng = engine(model, budget=short, clock=clock)
-    eng.open(request(1))  # no voice: its prompt ends in the first call
-    eng.open(request(0))  # a voice: its prompt takes more calls
-    outs = eng.step()
-    assert eng.session_state("s1") == "decode" and not outs  # s0 still joins: s1 waits
-    while eng.session_state("s0") == "prefill":
-        outs = eng.step()
-    assert sorted((o.session_id, o.user_frame) for o in outs) == [("s0", -1), ("s1", -1)]
-    eng.open(request(3))  # joins while s0 and s1 are live
-    while eng.session_state("s3") == "prefill":
-        assert not eng.step()
-    assert not eng.has_work()
-    clock.now = 0.08
-    for sid in ("s0", "s1", "s3"):
-        eng.push_user(sid, 0, user_frames(int(sid[1]), 1))
-    outs = eng.step()
-    assert sorted((o.session_id, o.user_frame) for o in outs) == [("s0", 0), ("s1", 0), ("s3", -1)]
-    assert not eng.has_work()
-    clock.now = 0.08 + 1.5 * eng.cfg.gather_s
-    assert [(o.session_id, o.user_frame) for o in eng.step()] == [("s3", 0)]
-    lone = engine(model, clock=clock)
-    lone.open(request(2))
-    while lone.has_work():
-        outs = lone.step()
-    assert [(o.session_id, o.user_frame) for o in outs] == [("s2", -1)]  # alone: at once, no frame
