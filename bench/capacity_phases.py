@@ -32,6 +32,7 @@ from bench.prom import parse_prom
 from bench.stack import REPO, Stack
 from bench.timeline import compress, render_window, wait_for_traces, write_window
 from voxstage.config.loader import load_deploy_config
+from voxstage.stage.torch_profile import POLL_S
 
 if TYPE_CHECKING:
     from bench.run_gpu import Family
@@ -58,6 +59,10 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
         help="timeline: profiled seconds (a loaded TTS talker traces ~10^5 kernels a second)",
     )  # fmt: skip
     ap.add_argument("--timeline-stack", action="store_true", help="timeline: Python stacks in the traces")
+    ap.add_argument(
+        "--timeline-at-join", action="store_true",
+        help="timeline: the window opens with the load (its join burst), not after the warm-up",
+    )  # fmt: skip
 
 
 def phases_for(model: str, fam: Family, phases: list[str]) -> list[str]:
@@ -114,13 +119,20 @@ def _load_then_window(
             result["error"] = exc
 
     thread = threading.Thread(target=run, name="timeline-load")
-    thread.start()
-    deadline = time.monotonic() + START_TIMEOUT_S
-    while started is not None and not started() and thread.is_alive() and time.monotonic() < deadline:
-        time.sleep(0.2)
-    time.sleep(a.timeline_warmup_s)
-    start = time.time() + 0.5
-    write_window(folder, start, a.timeline_window_s, 1, a.timeline_stack)
+    if a.timeline_at_join:
+        # The join burst (the first second of a duplex level) is what this window is for: it opens as the
+        # load starts; the stages look for it every POLL_S.
+        start = time.time() + 2 * POLL_S
+        write_window(folder, start, a.timeline_window_s, 1, a.timeline_stack)
+        thread.start()
+    else:
+        thread.start()
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while started is not None and not started() and thread.is_alive() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        time.sleep(a.timeline_warmup_s)
+        start = time.time() + 0.5
+        write_window(folder, start, a.timeline_window_s, 1, a.timeline_stack)
     thread.join()
     if "error" in result:
         raise result["error"]

@@ -5,7 +5,9 @@ graph vs eager kernels, and the time one process's kernels queued behind the oth
 
 from __future__ import annotations
 
+import argparse
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -108,3 +110,25 @@ def test_window_file_is_written_whole(tmp_path: Path) -> None:
     }  # fmt: skip
     assert [p.name for p in tmp_path.iterdir()] == ["window.json"]
     assert trace_files(tmp_path, 7) == []
+
+
+@pytest.mark.parametrize("at_join", [False, True])
+def test_the_window_opens_after_the_warm_up_or_with_the_load(tmp_path: Path, at_join: bool) -> None:
+    """``--timeline-at-join`` asks for the window before the load starts (a duplex level's join burst is its
+    first second); otherwise it comes once the load has started and run the warm-up."""
+    from bench.capacity_phases import _load_then_window
+
+    a = argparse.Namespace(timeline_at_join=at_join, timeline_warmup_s=0.05, timeline_window_s=2.0,
+                           timeline_stack=False)  # fmt: skip
+    seen: dict[str, float] = {}
+
+    def load() -> str:
+        seen["load"] = time.time()
+        seen["window_then"] = float((tmp_path / "window.json").exists())
+        return "done"
+
+    value, start = _load_then_window(load, tmp_path, a)
+    spec = json.loads((tmp_path / "window.json").read_text())
+    assert value == "done" and spec["start_unix_s"] == start and spec["duration_s"] == 2.0
+    assert seen["window_then"] == float(at_join)
+    assert (start < seen["load"] + 1.0) if at_join else (start > seen["load"])
