@@ -26,13 +26,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib
 import json
 import time
 import weakref
 from typing import Any, cast
 
+import anyio
 from openai import AsyncOpenAI
-from openai.resources.realtime.realtime import AsyncRealtimeConnection
+from openai._utils import async_maybe_transform
+from openai.resources.realtime.realtime import AsyncRealtimeConnection, ResponseCreateEventWithReferencesParam
+from openai.types.realtime import RealtimeClientEventParam
 from websockets.exceptions import ConnectionClosed
 
 from bench.duplex_levels import (
@@ -144,12 +148,29 @@ _WARM_EVENTS = tuple(
 )  # fmt: skip
 
 
+_WARM_SENDS = (
+    {"type": "session.update", "session": {"type": "realtime", "instructions": "warm",
+                                           "audio": {"output": {"voice": "warm"}}}},
+    {"type": "input_audio_buffer.append", "audio": ""},
+)  # fmt: skip
+# What `AsyncRealtimeConnection.send` transforms a plain event against (openai 3.57).
+_CLIENT_EVENT = RealtimeClientEventParam | ResponseCreateEventWithReferencesParam
+
+
 async def warm_client(target: str) -> None:
     """Before a level's clock, in each client process: its one client and the ``openai`` package's lazy
     first uses (the realtime resource, the first parse of each event kind). Left to the first session they
     blocked a client process's loop for 0.25 s (the 2-core box) to 0.6 s (H200) while all of its sessions
     were joining, so the first level's first audio carried them and the next level's did not."""
     shared_client(target).realtime  # noqa: B018 - built on first access
+    # Two imports the first session of a process made on its loop, in every process at once as the level
+    # joined (profiled on the CI box: 14 and 18 ms, the first level's largest loop blocks): `connect`'s
+    # WebSocket module, and anyio's asyncio backend, which the first `send` loads to name its task.
+    importlib.import_module("openai.lib._websocket")
+    anyio.get_current_task()
+    # The first `send` of each event kind resolves its TypedDicts' type hints (3-6 ms there).
+    for event in _WARM_SENDS:
+        await async_maybe_transform(event, _CLIENT_EVENT)
     for raw in _WARM_EVENTS:
         AsyncRealtimeConnection.parse_event(cast(Any, None), raw)  # it uses no connection state
 
