@@ -40,7 +40,7 @@ import numpy as np
 from bench.levels import LagProbe
 from bench.playback import percentile, simulate_playback, stalls_in_client_stalls
 from bench.procsample import Sampler
-from bench.prom import counter, diff, hist_quantiles, scrape
+from bench.prom import counter, diff, hist_quantiles, loop_lag, scrape
 from bench.stack import Stack, StackSpec
 from voxstage import families, heap
 
@@ -303,6 +303,8 @@ def level_row(
         "join_open": hist_quantiles(gateway, "voxstage_duplex_join_seconds", 'phase="open"'),
         "join_first_audio": hist_quantiles(gateway, "voxstage_duplex_join_seconds", 'phase="first_audio"'),
         "talker_prefill_wait": hist_quantiles(talker, "voxstage_duplex_prefill_wait_seconds"),
+        # Each process's event loop: a block of it delays all its sessions' messages (voxstage.loop_lag).
+        "loop_lag": {"gateway": loop_lag(gateway), "codec": loop_lag(codec), "talker": loop_lag(talker)},
         "client": {
             "processes": len(parts),
             "send_lag_ms": {

@@ -51,6 +51,35 @@ def hist_quantiles(d: dict[str, float], name: str, labels: str = "") -> dict[str
     return result
 
 
+def hist_over(d: dict[str, float], name: str, bound: float, labels: str = "") -> float:
+    """Observations of a histogram's bucket diffs above ``bound``, which must be one of its bucket edges."""
+    total = below = 0.0
+    for key, count in d.items():
+        if key.startswith(name + "_bucket{") and labels in key:
+            le = key.split('le="')[1].split('"')[0]
+            if le == "+Inf":
+                total += count
+            elif float(le) == bound:
+                below += count
+    return total - below
+
+
+LOOP_LAG = "voxstage_event_loop_lag_seconds"
+
+
+def loop_lag(d: dict[str, float]) -> dict[str, float | None]:
+    """A process's event-loop probes (voxstage.loop_lag) in ``d``: p50/p99, and how many woke over 20 and
+    over 80 ms late (80 ms: a whole duplex frame)."""
+    q = hist_quantiles(d, LOOP_LAG)
+    return {
+        "probes": q["count"],
+        "p50": q["p50"],
+        "p99": q["p99"],
+        "over_20ms": hist_over(d, LOOP_LAG, 0.02),
+        "over_80ms": hist_over(d, LOOP_LAG, 0.08),
+    }
+
+
 def counter(d: dict[str, float], name: str) -> float:
     """A counter's total over all its label sets."""
     return sum(v for k, v in d.items() if k == name + "_total" or k.startswith(name + "_total{"))

@@ -228,3 +228,11 @@ GC_PAUSE = Histogram(
     buckets=HOP_BUCKETS,
     registry=REGISTRY,
 )
+EVENT_LOOP_LAG = Histogram(
+    "voxstage_event_loop_lag_seconds",
+    "Every process: how much later than asked its event loop's probe woke from a 20 ms sleep; a block of "
+    "the loop (a long callback, a GC pass, another thread holding the GIL) delays every session's next "
+    "message by as much (voxstage.loop_lag).",
+    buckets=(0.001, 0.002, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 1.0),
+    registry=REGISTRY,
+)

@@ -25,6 +25,7 @@ from grpc_reflection.v1alpha import reflection
 from prometheus_client import make_wsgi_app
 
 from voxstage.heap import watch_gc_pauses
+from voxstage.loop_lag import watch_loop_lag
 from voxstage.metrics import REGISTRY
 
 log = logging.getLogger(__name__)
@@ -129,6 +130,7 @@ async def start_stage_server(
     public port adds its API-key ``interceptors``, TLS ``credentials``, may turn reflection off, and
     receives no message larger than its largest valid request (``max_receive_bytes``)."""
     watch_gc_pauses()
+    watch_loop_lag()
     options = list(SERVER_OPTIONS)
     if max_receive_bytes is not None:
         options = [o for o in options if o[0] != "grpc.max_receive_message_length"]
