@@ -30,6 +30,7 @@ import numpy as np
 from services.talker.adapter import refuse_kv_cache_dtype
 from services.talker.sampling import SamplingParams
 from voxstage import metrics
+from voxstage.config import DuplexSessionConfig
 from voxstage.duplex import DuplexAdmissionError
 from voxstage.stage.engine_loop import Steppable
 from voxstage.stage.faults import each_alone_on_failure, one_line
@@ -97,7 +98,8 @@ class DuplexConfig:
     window: int  # positions of each session's attention window (the ring; a call outlives it)
     prefill_budget: int  # prompt positions prefilled per tick, over all joining sessions
     gather_s: float = 0.010
-    prefill_time_s: float = 0.020  # prefill work per step before the live sessions' step goes first
+    # Prefill work per step before the live sessions' step goes first: duplex_session.join_prefill_ms.
+    prefill_time_s: float = DuplexSessionConfig.model_fields["join_prefill_ms"].default / 1e3
     max_backlog: int = 2
     input_queue: int = 25  # user frames a session may have in flight (the codec's credit)
 

@@ -12,9 +12,12 @@ from voxstage.config.base import StrictModel
 
 
 class DuplexSessionConfig(StrictModel):
-    """Full-duplex sessions (``session_mode: duplex`` only): the gateway's admission cap and the codec's
-    per-session jitter buffer."""
+    """Full-duplex sessions (``session_mode: duplex`` only): the gateway's admission cap, the codec's
+    per-session jitter buffer and the talker's time for joins per tick."""
 
     max_sessions: int = Field(default=1, ge=1)
     # User audio the codec buffers per session ahead of its 80 ms ticks (and grants the gateway as credit).
     jitter_buffer_s: float = Field(default=1.0, ge=0.08, le=10.0)
+    # Prompt prefill a talker tick runs for joining sessions before the live sessions' step; one call
+    # always runs, so a join always progresses (services/talker/duplex/engine.py).
+    join_prefill_ms: float = Field(default=20.0, gt=0.0, le=1000.0)
