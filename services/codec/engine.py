@@ -295,12 +295,13 @@ class CodecEngine(Steppable[CodecOutput]):
                 self._inflight = launched[i + 1 :]  # should this collect fail, the others are still owed
                 self._collect(group, outputs)
             launched = []
-        # Streams with a decode still in flight wait for it: their counts are not final yet.
+        # Streams with a decode still in flight wait for it: their counts are not final yet. A ramp chunk may
+        # follow one decode in flight (``_follows``).
         idle = [s for s in self._streams.values() if not s.in_flight]
         self._settle(idle, outputs)
         now = time.perf_counter()
         rows = []
-        for s in idle:
+        for s in [*idle, *self._followers()]:
             if s.stream_id in self._streams and (n := self._ready_frames(s)):
                 if s.ready_since is None:
                     s.ready_since = now
@@ -377,6 +378,25 @@ class CodecEngine(Steppable[CodecOutput]):
             )
             self._release(self._streams.pop(stream.stream_id))
 
+    def _followers(self) -> list[StreamState]:
+        """Streams whose next ramp chunk launches behind their decode in flight (``deadline`` with async
+        scheduling only). That policy launches a tick before it collects the previous one, so a stream
+        launched in tick k is still in flight when tick k+1 is planned: its next chunk went in tick k+2, two
+        ticks after its first, and a young stream's second chunk is due 80 ms after its first audio (on
+        the H200 every underrun of the closed search fell there). The device runs a slot's decodes in launch
+        order and each ramp chunk still decodes alone, so the audio is the same. Not for a stream whose
+        collect still changes what comes next: a reference prefix (its voice state is stored then), a
+        segment mark, the end of input, or overlap+crop's history."""
+        if self.tick_policy != "deadline" or not self.async_scheduling:
+            return []
+        return [
+            s
+            for s in self._streams.values()
+            if s.in_flight == 1
+            and not (s.prefix_frames or s.marks or s.ended or s.voice is not None or self.left_context)
+            and 0 < self._ready_frames(s) < self.schedule.steady_frames
+        ]
+
     def _plan(self, rows: list[Row[StreamState]]) -> list[Call[StreamState]]:
         if self.tick_policy == "fifo" or not rows or self.cost is None:
             # No cost model yet (the warm-up's own stream decodes before calibrate): nothing to bound with.
@@ -393,7 +413,7 @@ class CodecEngine(Steppable[CodecOutput]):
         the gateway's 3 s stall timeout (55 of 128 streams on the H200, docs/benchmarks.md)."""
         if s.first_audio_at is None:
             return s.opened_at
-        dry = s.first_audio_at + s.sample_offset / self.sample_rate
+        dry = s.first_audio_at + (s.sample_offset + s.flight_frames * self.spf) / self.sample_rate
         return dry if s.ready_since is None else min(dry, s.ready_since + self.max_wait_s)
 
     def recover(self, exc: Exception) -> tuple[list[str], list[CodecOutput]]:
@@ -442,8 +462,9 @@ class CodecEngine(Steppable[CodecOutput]):
             slots_t,
             torch.from_numpy(lengths).to(self.device, non_blocking=True),
         )
-        for stream, _ in work:
-            stream.in_flight = True
+        for stream, n in work:
+            stream.in_flight += 1
+            stream.flight_frames += n
             stream.ready_since = None
         launched = Launched(work, contexts, *read_back(wav[:b_real]))
         self._working = []
@@ -456,7 +477,8 @@ class CodecEngine(Steppable[CodecOutput]):
         wav_np = launched.pcm.numpy()
         now = time.perf_counter()
         for i, ((stream, n), ctx) in enumerate(zip(launched.work, launched.contexts, strict=True)):
-            stream.in_flight = False
+            stream.in_flight -= 1
+            stream.flight_frames -= n
             if self._streams.get(stream.stream_id) is not stream:
                 continue  # cancelled while its decode was in flight
             pcm = wav_np[i, ctx * self.spf : (ctx + n) * self.spf]
@@ -495,7 +517,9 @@ class CodecEngine(Steppable[CodecOutput]):
         if s.marks:  # the segment's frames are all in: decode up to the mark as if the input had ended
             left = s.marks[0] - s.emitted_frames
             return self.schedule.take(s.segment_emitted, left, True, s.initial_frames) if left > 0 else 0
-        return self.schedule.take(s.segment_emitted, s.pending_frames, s.ended, s.initial_frames)
+        # Frames in flight count as out: the chunk after them is the one a follower decodes (``_follows``).
+        emitted = s.segment_emitted + s.flight_frames
+        return self.schedule.take(emitted, s.pending_frames, s.ended, s.initial_frames)
 
     @staticmethod
     def _mark_due(s: StreamState) -> bool:
@@ -508,7 +532,7 @@ class CodecEngine(Steppable[CodecOutput]):
 
     @staticmethod
     def _drained(s: StreamState) -> bool:
-        return s.ended and s.pending_frames == 0 and not s.marks
+        return s.ended and s.pending_frames == 0 and not s.marks and not s.in_flight
 
     def _snapshots(self) -> SnapshotCodec:
         # voice_states is only given with a pool that has snapshot/restore (build_engine asks the runtime).

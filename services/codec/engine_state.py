@@ -64,7 +64,8 @@ class StreamState:
     voice: tuple[str, np.ndarray] | None = None  # (voice key, prefix): its state is kept once decoded
     sample_offset: int = 0
     ended: bool = False
-    in_flight: bool = False  # a launched decode of this stream is not collected yet
+    in_flight: int = 0  # launched decodes of this stream not collected yet
+    flight_frames: int = 0  # the frames in them
     opened_at: float = field(default_factory=time.perf_counter)
     first_audio_at: float | None = None  # when its first audio was read back (perf_counter s)
     ready_since: float | None = None  # when its ready frames began to wait for a decode (deadline policy)

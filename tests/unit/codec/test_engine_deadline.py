@@ -225,3 +225,51 @@ def test_a_chunk_far_ahead_of_its_player_waits_no_longer_than_the_bound(
     with pytest.raises(ValueError, match="max_wait_s"):
         CodecEngine(StreamingDecoder(model, 4), max_streams=2, schedule=ChunkSchedule(1, 25),
                     num_groups=GROUPS, max_wait_s=0)  # fmt: skip
+
+
+@pytest.mark.parametrize("policy", ["deadline", "fifo"])
+def test_a_ramp_chunk_follows_its_streams_decode_in_flight(model: Qwen3TokenizerDecoder, policy: str) -> None:
+    # Async deadline ticks launch before they collect, so a stream is still in flight when the next tick is
+    # planned; its next ramp chunk goes in that tick anyway, one tick after the last (it went two ticks after
+    # before: a young stream's second chunk is due 80 ms after its first audio). fifo collects first.
+    engine = deadline_engine(model, streams=2, budget_ms=1000, async_scheduling=True)
+    if policy == "fifo":
+        engine.tick_policy = "fifo"
+    codes = codes_for(93, 40)
+    engine.open("a")
+    engine.push("a", codes[:8])  # the ramp's first chunks: 1, 1, 2, 4 frames
+    got: dict[str, list[CodecOutput]] = {}
+    per_step = []
+    for _ in range(5):
+        outs = engine.step()
+        per_step.append([o.frames for o in outs])
+        collect(outs, got)
+    assert per_step == [[], [1], [1], [2], [4]]
+    engine.push("a", codes[8:])
+    engine.finish("a")
+    while engine.has_work():
+        collect(engine.step(), got)
+    outs = got["a"]
+    assert outs[-1].final and sum(o.frames for o in outs) == 40 and engine.active() == 0
+    assert [o.frames for o in outs[:5]] == [1, 1, 2, 4, 8]
+    np.testing.assert_allclose(np.concatenate([o.pcm for o in outs]), offline(model, codes), atol=TOL, rtol=0)
+
+
+def test_end_and_cancel_with_two_decodes_in_flight(model: Qwen3TokenizerDecoder) -> None:
+    engine = deadline_engine(model, streams=2, budget_ms=1000, async_scheduling=True)
+    codes = {"a": codes_for(94, 2), "b": codes_for(95, 8)}
+    got: dict[str, list[CodecOutput]] = {}
+    for sid, c in codes.items():
+        engine.open(sid)
+        engine.push(sid, c)
+    collect(engine.step(), got)  # both first chunks launch
+    collect(engine.step(), got)  # both second chunks follow them; the first ones come back
+    engine.finish("a")  # its last frame is in flight: only the decode that carries it may be final
+    engine.cancel("b")  # two decodes in flight: neither may hand out audio
+    while engine.has_work():
+        collect(engine.step(), got)
+    assert [(o.frames, o.final) for o in got["a"]] == [(1, False), (1, True)]
+    np.testing.assert_allclose(np.concatenate([o.pcm for o in got["a"]]), offline(model, codes["a"]), atol=TOL)
+    assert [o.frames for o in got["b"]] == [1] and engine.active() == 0
+    engine.open("c")  # both slots are free again
+    engine.open("d")
