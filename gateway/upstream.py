@@ -169,11 +169,14 @@ class CodecStream:
         self._owe()
         await self._write(stage_pb2.CodecStreamRequest(flush=stage_pb2.Flush()))
 
-    async def end_of_input(self, *, owes_segment: bool) -> None:
+    async def end_of_input(self, *, owes_segment: bool, sent: bool = False) -> None:
+        """``sent``: the open carried it (``StreamOpen.initial_end_of_input``): accounting only."""
         if owes_segment:
             self._owe()
         self._input_ended = True
         self._wake()
+        if sent:
+            return
         # No half-close yet: §2.3 lets credit, shm_ack and cancel follow end_of_input, and a take longer than
         # the window needs them. The call ends with the codec's terminal.
         await self._write(stage_pb2.CodecStreamRequest(end_of_input=stage_pb2.EndOfInput()))

@@ -25,6 +25,7 @@ from gateway.admission import Admission
 from gateway.errors import GatewayError, invalid
 from gateway.routing import Replica, ReplicaPool, open_on_pair
 from gateway.text_budget import TakeBudget
+from gateway.tts.first_input import FirstInput
 from gateway.tts.request import SynthesisJob, check_text
 from gateway.upstream import CodecStream, Pcm, Timeouts
 from gateway.voices.store import encoded_reference
@@ -226,10 +227,11 @@ class Synthesizer:
         return msg, smallest * samples_per_frame
 
     async def _open(
-        self, job: SynthesisJob, deadline: float | None, text_deltas: bool = False
+        self, job: SynthesisJob, deadline: float | None, text_deltas: bool, first: FirstInput[InputItem]
     ) -> tuple[Replica, Replica, CodecStream, stage_pb2.StreamOpened]:
         async def attempt(codec: Replica, talker: Replica) -> tuple[CodecStream, stage_pb2.StreamOpened]:
             msg, min_chunk = self._open_msg(job, codec, talker, text_deltas)
+            msg.initial_text, msg.initial_end_of_input = first.for_open()
             rate = codec.status.frame_rate_hz if codec.status is not None else 0.0
             stream = CodecStream(
                 self.codecs,
@@ -246,6 +248,7 @@ class Synthesizer:
                 raise
 
         codec, talker, (stream, opened) = await open_on_pair(self.codecs, self.talkers, attempt)
+        first.opened()
         return codec, talker, stream, opened
 
     # -- streaming --------------------------------------------------------------------------------------
@@ -253,7 +256,7 @@ class Synthesizer:
     async def _pump(
         self,
         job: SynthesisJob,
-        inputs: AsyncIterable[InputItem],
+        first: FirstInput[InputItem],
         stream: CodecStream,
         acct: RequestAccounting,
         segment_starts: list[float],
@@ -261,12 +264,13 @@ class Synthesizer:
         flusher: SentenceFlusher | None = None,
     ) -> None:
         """Forward client input to the codec; a client error ends the request through ``stream.fail``.
-        With ``flusher`` (``auto_flush: sentence``) a flush also goes wherever a sentence ends."""
+        With ``flusher`` (``auto_flush: sentence``) a flush also goes wherever a sentence ends. The text the
+        open carried (``first.sent``) is counted and checked here like any other, but not sent again."""
         total = 0
         pending = False
         take = TakeBudget(job, text_field)
         try:
-            async for item in inputs:
+            async for item in first.items():
                 if not item:
                     continue
                 if not isinstance(item, Flush):
@@ -283,14 +287,18 @@ class Synthesizer:
                             await stream.flush()
                         continue
                     take.add(piece)
+                    early = piece is first.sent
                     if piece.strip() and not pending:
                         pending = True
-                        segment_starts.append(time.monotonic())
+                        segment_starts.append(first.sent_at if early else time.monotonic())
                         acct.start_work(segment_starts[-1])
+                    if early:
+                        first.sent = None  # it rode in the open
+                        continue
                     await stream.send_text(piece)
             if not segment_starts:
                 raise invalid(text_field, "no text was sent before the end of input", reason="empty_text")
-            await stream.end_of_input(owes_segment=pending)
+            await stream.end_of_input(owes_segment=pending, sent=first.ended_in_open)
         except GatewayError as exc:
             stream.fail(exc)
         except Exception as exc:  # a broken client iterator must end this request only
@@ -306,12 +314,23 @@ class Synthesizer:
         watch: RunWatch | None = None,
         text_deltas: bool = False,
     ) -> AsyncGenerator[Event, None]:
-        codec, talker, stream, opened = await self._open(job, deadline, text_deltas)
+        flusher = SentenceFlusher() if text_deltas and self.config.gateway.auto_flush == "sentence" else None
+
+        def passes(text: str) -> None:  # what the pump checks of a first text
+            check_text(text, text_field, self.max_text_chars, delta=True)
+            TakeBudget(job, text_field).add(text)
+
+        first = FirstInput(inputs, passes, enabled=flusher is None)  # a flusher splits texts: no early one
+        await asyncio.sleep(0)  # the first input's read gets a turn before the open is written
+        try:
+            codec, talker, stream, opened = await self._open(job, deadline, text_deltas, first)
+        except BaseException:
+            first.close()
+            raise
         if watch is not None:
             watch.attach(stream)
         segment_starts: list[float] = []
-        flusher = SentenceFlusher() if text_deltas and self.config.gateway.auto_flush == "sentence" else None
-        pump = asyncio.create_task(self._pump(job, inputs, stream, acct, segment_starts, text_field, flusher))
+        pump = asyncio.create_task(self._pump(job, first, stream, acct, segment_starts, text_field, flusher))
         try:
             yield Started(job.request_id, job.sample_rate, job.model.name, job.voice_label or job.voice)
             relay = self._relay(job, stream, opened, acct, segment_starts, watch)
@@ -320,6 +339,7 @@ class Synthesizer:
                     yield event
         finally:
             pump.cancel()
+            first.close()
             codec.in_flight -= 1
             talker.in_flight -= 1
             if stream.terminal is None:

@@ -117,8 +117,13 @@ class TalkerRelay:
         else:
             self._send(S.TalkerStreamRequest(end_of_input=S.EndOfInput()))
             self.eoi_sent = True
+        self.input_given()
+
+    def input_given(self, *, ended: bool = False) -> None:
+        """The talker has something to work on from here (docs/protocol.md §8): the first-frame timeout
+        runs. ``ended``: the end of input went too (inside the talker's open)."""
+        self.eoi_sent = self.eoi_sent or ended
         if self._first is None and not self.received:
-            # The talker has something to work on from here (docs/protocol.md §8).
             self._first = asyncio.get_running_loop().call_later(self.first_timeout, self._expired, "first")
         self._rearm_stall()
 

@@ -240,6 +240,10 @@ class CodecStream(CodecStageStream):
         )
         if not await self._open_talker(talker_open, op.talker_address, rt.num_groups):
             return
+        if op.initial_text:  # it went to the talker inside its open (talker_open is a copy of ours)
+            assert self.relay is not None
+            self.end_of_input = op.initial_end_of_input
+            self.relay.input_given(ended=op.initial_end_of_input)
         fmt = {"pcm_format": self.fmt, "sample_rate_hz": self.rate, "channels": 1}
         self._send_opened(op, rt, **fmt, chunk_schedule=sched, transport=self._hello(writer, op))
 

@@ -93,12 +93,7 @@ class TalkerStream(TalkerStageStream):
             self._no_input_after_end("flush")
             await self._close_segment()
         elif kind == "end_of_input":
-            self._no_input_after_end("end_of_input")
-            self.end_of_input = True
-            await self._close_segment()
-            if not self.by_key and not self.segments:
-                raise StageFailure("INVALID_ARGUMENT", "text: no text to speak before end_of_input")
-            self.pump()
+            await self._end_of_input()
         else:
             return False
         return True
@@ -136,6 +131,19 @@ class TalkerStream(TalkerStageStream):
         writer = srv.shm_writer
         self._lend_shm(writer, op)
         self._send_opened(op, srv, chunk_schedule=sched, transport=self._hello(writer, op))
+        # The first text (and the end of input) may come with the open: handled as their messages would be.
+        if op.initial_text:
+            await self._text(op.initial_text)
+        if op.initial_end_of_input:
+            await self._end_of_input()
+
+    async def _end_of_input(self) -> None:
+        self._no_input_after_end("end_of_input")
+        self.end_of_input = True
+        await self._close_segment()
+        if not self.by_key and not self.segments:
+            raise StageFailure("INVALID_ARGUMENT", "text: no text to speak before end_of_input")
+        self.pump()
 
     async def _text(self, text: str) -> None:
         self._no_input_after_end("text")

@@ -206,10 +206,12 @@ async def synthesize(
     on_pcm: OnPcm | None = None,
     deadline_s: float = 60.0,
     shm: ShmReader | None = None,
+    in_open: bool = False,
 ) -> Result:
     """One request through ``Codec.Stream``. ``on_pcm`` runs after each chunk; returning False stops reading
     (the caller has cancelled or is about to kill something). With ``shm`` the client verifies the codec's
-    probe at ``open`` (§9), so the codec may lend it chunks in shared memory: each is read and acked."""
+    probe at ``open`` (§9), so the codec may lend it chunks in shared memory: each is read and acked. With
+    ``in_open`` the text (and, without ``stream_text``, the end of input) ride in the open (§2)."""
     verified = ""
     if shm is not None:
         verified = verify_peer(hello_from_proto((await codec_status(codec, requests=False)).transport))
@@ -246,12 +248,15 @@ async def synthesize(
             # Streaming input: deltas, so the talker starts the segment early (early_start_chars) in its
             # streaming-text mode and takes the rest as it comes.
             op.text_deltas = True
+        if in_open:
+            op.initial_text, op.initial_end_of_input = text, not stream_text
         outbox.put_nowait(S.CodecStreamRequest(open=op))
-        outbox.put_nowait(S.CodecStreamRequest(text=text))
-        if stream_text:
-            for delta in stream_text:
-                outbox.put_nowait(S.CodecStreamRequest(text=delta))
-        outbox.put_nowait(S.CodecStreamRequest(end_of_input=S.EndOfInput()))
+        if not in_open:
+            outbox.put_nowait(S.CodecStreamRequest(text=text))
+        for delta in stream_text:
+            outbox.put_nowait(S.CodecStreamRequest(text=delta))
+        if not op.initial_end_of_input:
+            outbox.put_nowait(S.CodecStreamRequest(end_of_input=S.EndOfInput()))
         res = Result()
         t0 = time.monotonic()
         try:

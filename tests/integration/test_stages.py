@@ -193,6 +193,19 @@ async def test_a_streamed_text_equals_in_process_engines(pair_a: Pair, cache: Pa
     assert not np.allclose(whole, expected, atol=1e-3)  # a different prompt mode than the unary request
 
 
+async def test_a_text_in_the_open_equals_text_after_it(pair_a: Pair, cache: Path) -> None:
+    # The gateway puts a text it already holds (and the end of input after it) inside the open (§2): the
+    # talker handles them as the messages they stand for, so the audio is the same.
+    whole = await synthesize(pair_a.codec.address, pair_a.talker_address, TEXT, in_open=True)
+    assert whole.eos is not None and whole.eos.reason == S.END_REASON_MAX_FRAMES, whole.eos
+    np.testing.assert_allclose(whole.audio, in_process_reference(cache, FRAMES, seed=42), atol=1e-5, rtol=0)
+    streamed = await synthesize(
+        pair_a.codec.address, pair_a.talker_address, TEXT_HEAD, stream_text=TEXT_TAIL, in_open=True
+    )
+    expected = in_process_reference(cache, FRAMES, seed=42, stream_text=TEXT_TAIL)
+    np.testing.assert_allclose(streamed.audio, expected, atol=1e-5, rtol=0)
+
+
 async def test_b_client_cancel_frees_talker_slot_and_codec_stream(pair_a: Pair) -> None:
     seen: dict[str, float] = {}
 
@@ -335,6 +348,10 @@ async def test_bad_requests_fail_in_band_naming_the_field(pair_a: Pair) -> None:
         ([S.CodecStreamRequest(open=open_msg(talker, initial_credit=tiny))], 3, "initial_credit", "codec"),
         ([S.CodecStreamRequest(open=open_msg(talker, initial_credit=frames))], 3, "initial_credit", "codec"),
         ([S.CodecStreamRequest(open=open_msg(dead))], 14, dead, "codec"),
+        ([S.CodecStreamRequest(open=open_msg(talker, initial_end_of_input=True))], 3, "initial_end_of_input",
+         "codec"),
+        ([S.CodecStreamRequest(open=open_msg(talker, initial_text="   ", initial_end_of_input=True))], 3,
+         "initial_end_of_input", "codec"),
     ]  # fmt: skip
     for messages, code, needle, origin in cases:
         t0 = time.monotonic()

@@ -262,6 +262,10 @@ class StageStream:
             raise StageFailure("FAILED_PRECONDITION", f"mode: {family} serves duplex streams only")
         if not duplex and op.mode not in (stage_pb2.STREAM_MODE_UNSPECIFIED, stage_pb2.STREAM_MODE_TTS):
             raise StageFailure("FAILED_PRECONDITION", f"mode: {family} serves text-to-speech streams only")
+        if duplex and (op.initial_text or op.initial_end_of_input):
+            raise StageFailure("INVALID_ARGUMENT", "initial_text: duplex streams carry no text")
+        if op.initial_end_of_input and not op.initial_text.strip():
+            raise StageFailure("INVALID_ARGUMENT", "initial_end_of_input: needs the text (initial_text)")
         if op.model and op.model != model:
             why = f"model: this {self.role} serves {model!r}, not {quoted(op.model)}"
             raise StageFailure("NOT_FOUND", why)

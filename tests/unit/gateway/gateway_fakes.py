@@ -169,9 +169,12 @@ class _Session:
         self.credit = op.initial_credit.amount
         self.inbox: asyncio.Queue[Any] = asyncio.Queue()
         self.reader = asyncio.ensure_future(self._read(it))
-        self.buffer = ""
+        self.buffer = op.initial_text  # the first text may ride in the open (docs/protocol.md §2)
         self.segments: deque[str] = deque()
         self.ended = False
+        if op.initial_end_of_input:  # and the end of input with it
+            self.segments.append(self.buffer)
+            self.buffer, self.ended = "", True
         self.cancelled = False
         self.protocol_error = ""
 
