@@ -90,6 +90,8 @@ async def test_agent_audio_is_resampled_to_the_requested_rate(model: MimiModel) 
     [
         ({"language": "en"}, "INVALID_ARGUMENT", "language:"),
         ({"non_streaming_mode": True}, "INVALID_ARGUMENT", "non_streaming_mode:"),
+        ({"initial_text": "hi"}, "INVALID_ARGUMENT", "initial_text:"),
+        ({"initial_end_of_input": True}, "INVALID_ARGUMENT", "initial_text:"),
         ({"chunk_schedule": S.ChunkSchedule(initial_chunk_frames=1)}, "INVALID_ARGUMENT", "chunk_schedule:"),
         ({"mode": S.STREAM_MODE_TTS}, "FAILED_PRECONDITION", "mode:"),
         ({"model": "qwen3-tts-tiny"}, "NOT_FOUND", "model:"),
