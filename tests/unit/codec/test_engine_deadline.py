@@ -269,7 +269,8 @@ def test_end_and_cancel_with_two_decodes_in_flight(model: Qwen3TokenizerDecoder)
     while engine.has_work():
         collect(engine.step(), got)
     assert [(o.frames, o.final) for o in got["a"]] == [(1, False), (1, True)]
-    np.testing.assert_allclose(np.concatenate([o.pcm for o in got["a"]]), offline(model, codes["a"]), atol=TOL)
+    audio_a = np.concatenate([o.pcm for o in got["a"]])
+    np.testing.assert_allclose(audio_a, offline(model, codes["a"]), atol=TOL)
     assert [o.frames for o in got["b"]] == [1] and engine.active() == 0
     engine.open("c")  # both slots are free again
     engine.open("d")
