@@ -248,7 +248,6 @@ def _build_duplex(
     from services.codec.servicer import SERVICE_NAME, CodecServicer
     from services.codec.upstream import TalkerPool
     from voxstage import duplex as duplex_frame
-    from voxstage.config import DuplexSessionConfig
     from voxstage.internal.v1 import stage_pb2_grpc
     from voxstage.server import ServiceBinding
     from voxstage.stage.process import device_budget
@@ -284,8 +283,7 @@ def _build_duplex(
 
         # Captured for every batch bucket by the warm-up, before the stage reports SERVING.
         calls = GraphedDuplexCalls(runtime.codec, max_batch=sessions, device=device)
-    duplex = config.duplex_session or DuplexSessionConfig()
-    jitter = max(runtime.samples_per_frame, round(duplex.jitter_buffer_s * runtime.sample_rate))
+    jitter = max(runtime.samples_per_frame, round(config.duplex.jitter_buffer_s * runtime.sample_rate))
     engine = DuplexCodecEngine(
         runtime.codec,
         DuplexCodecConfig(max_sessions=sessions, jitter_samples=jitter),

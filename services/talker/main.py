@@ -118,7 +118,6 @@ def _build_duplex(config: Any, device: str, adapter: Any, info: Any) -> StagePar
     from services.talker.servicer import SERVICE_NAME, TalkerServicer
     from services.talker.voice_cache import VoiceCache
     from services.talker.worker import TalkerDefaults
-    from voxstage.config import DuplexSessionConfig
     from voxstage.internal.v1 import stage_pb2_grpc
     from voxstage.server import ServiceBinding
     from voxstage.stage.process import device_budget
@@ -154,7 +153,7 @@ def _build_duplex(config: Any, device: str, adapter: Any, info: Any) -> StagePar
             max_sessions=stage.max_num_seqs,
             window=window,
             prefill_budget=stage.batched_token_budget,
-            prefill_time_s=(config.duplex_session or DuplexSessionConfig()).join_prefill_ms / 1e3,
+            prefill_time_s=config.duplex.join_prefill_ms / 1e3,
         ),
     )
     worker = DuplexWorker(engine, info, TalkerDefaults.from_deploy(stage, info))

@@ -141,11 +141,16 @@ class DeployConfig(StrictModel):
     # -- gateway-facing limits ----------------------------------------------------------------------------
 
     @property
+    def duplex(self) -> DuplexSessionConfig:
+        """The ``duplex_session`` block, or its defaults where the deploy file omits it."""
+        return self.duplex_session or DuplexSessionConfig()
+
+    @property
     def duplex_max_sessions(self) -> int | None:
         """Cap on live duplex sessions; None in turn mode."""
         if self.session_mode != "duplex":
             return None
-        return (self.duplex_session or DuplexSessionConfig()).max_sessions
+        return self.duplex.max_sessions
 
     @property
     def admission_limit(self) -> int:
