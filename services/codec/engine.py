@@ -297,12 +297,14 @@ class CodecEngine(Steppable[CodecOutput]):
             launched = []
         # Streams with a decode still in flight wait for it: their counts are not final yet. A ramp chunk may
         # follow one decode in flight (``_follows``).
-        idle = [s for s in self._streams.values() if not s.in_flight]
-        self._settle(idle, outputs)
+        self._settle([s for s in self._streams.values() if not s.in_flight], outputs)
         now = time.perf_counter()
         rows = []
-        for s in [*idle, *self._followers()]:
-            if s.stream_id in self._streams and (n := self._ready_frames(s)):
+        for s in list(self._streams.values()):
+            if s.in_flight and not self._follows(s):
+                continue
+            n = self._ready_frames(s)
+            if n and (not s.in_flight or n < self.schedule.steady_frames):
                 if s.ready_since is None:
                     s.ready_since = now
                 rows.append(Row(s, n, self._context(s), self._deadline(s)))
@@ -378,24 +380,21 @@ class CodecEngine(Steppable[CodecOutput]):
             )
             self._release(self._streams.pop(stream.stream_id))
 
-    def _followers(self) -> list[StreamState]:
-        """Streams whose next ramp chunk launches behind their decode in flight (``deadline`` with async
-        scheduling only). That policy launches a tick before it collects the previous one, so a stream
-        launched in tick k is still in flight when tick k+1 is planned: its next chunk went in tick k+2, two
-        ticks after its first, and a young stream's second chunk is due 80 ms after its first audio (on
-        the H200 every underrun of the closed search fell there). The device runs a slot's decodes in launch
-        order and each ramp chunk still decodes alone, so the audio is the same. Not for a stream whose
-        collect still changes what comes next: a reference prefix (its voice state is stored then), a
-        segment mark, the end of input, or overlap+crop's history."""
-        if self.tick_policy != "deadline" or not self.async_scheduling:
-            return []
-        return [
-            s
-            for s in self._streams.values()
-            if s.in_flight == 1
+    def _follows(self, s: StreamState) -> bool:
+        """Whether ``s``, in flight, may take its next ramp chunk now, behind its decode in flight
+        (``deadline`` with async scheduling only). That policy launches a tick before it collects the
+        previous one, so a stream launched in tick k is still in flight when tick k+1 is planned: its next
+        chunk went in tick k+2, two ticks after its first, and a young stream's second chunk is due 80 ms
+        after its first audio (on the H200 every underrun of the closed search fell there). The device runs
+        a slot's decodes in launch order and each ramp chunk still decodes alone, so the audio is the same.
+        Not for a stream whose collect still changes what comes next: a reference prefix (its voice state is
+        stored then), a segment mark, the end of input, or overlap+crop's history; steady chunks wait."""
+        return (
+            self.tick_policy == "deadline"
+            and self.async_scheduling
+            and s.in_flight == 1
             and not (s.prefix_frames or s.marks or s.ended or s.voice is not None or self.left_context)
-            and 0 < self._ready_frames(s) < self.schedule.steady_frames
-        ]
+        )
 
     def _plan(self, rows: list[Row[StreamState]]) -> list[Call[StreamState]]:
         if self.tick_policy == "fifo" or not rows or self.cost is None:
