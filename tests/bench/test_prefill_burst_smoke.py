@@ -38,8 +38,11 @@ def test_prefill_burst_bench_runs_on_cpu(tmp_path: Path) -> None:
         ("served", 3, 3 * n),
         ("host_voice", 1, n),
         ("host_voice", 3, 3 * n),
+        ("graphed", 1, n),
+        ("graphed", 3, 3 * n),
     ]
+    assert result["prefill_graphs_captured"] == 0  # CPU: the padded path runs eagerly, nothing captured
     for r in result["results"]:
         assert all(r[part]["median_ms"] > 0 for part in ("call", "rows", "transformer"))
-    for arm in ("served", "host_voice"):
+    for arm in ("served", "host_voice", "graphed"):
         assert result[f"profile_{arm}"]["top_ops"], arm

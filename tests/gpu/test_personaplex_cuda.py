@@ -27,16 +27,22 @@ def test_fp32_cuda_stream_equals_moshi() -> None:
 
 @pytest.mark.parametrize("capture_all", [False, True])
 def test_graphed_sessions_equal_eager(capture_all: bool) -> None:
-    """Sampled sessions joining and leaving: every session's tokens equal under graphs and eager."""
+    """Sampled sessions joining and leaving: every session's tokens equal under graphs and eager. The eager
+    arm prefills padded too (``pad_prefill``), so both run the same shapes; the padded prefill against the
+    unpadded one is ``test_replayed_prefill_writes_the_eager_cache``'s, within a tolerance."""
     model = fixture_model(load_case("prompt_voice"), device="cuda")
     results = []
     for graphs in (False, True):
         adapter = PersonaPlexAdapter(model)
         adapter.allocate(4, model.config.context)
+        if not graphs:
+            adapter.pad_prefill()
         if graphs:
             adapter.enable_cuda_graphs()
             if capture_all:
-                assert adapter.capture_all_graphs() == len(adapter.graph_keys())
+                assert adapter.prefill_graphs is not None
+                want = len(adapter.graph_keys()) + len(adapter.prefill_graphs.keys())
+                assert adapter.capture_all_graphs() == want
         sessions: list[Session] = _sessions(model)
         results.append(drive(adapter, sessions, ticks=20))
     for name in results[0]:
@@ -104,6 +110,27 @@ def test_a_batched_prefill_writes_the_cache_of_solo_prefills(dtype: torch.dtype,
         chunks = [(slot, p, 0, n) for slot, p in enumerate(prompts)]
         for call in [chunks] if batched else [[c] for c in chunks]:
             adapter.prefill_many(call)
+        caches.append([t[:, :, :, :n].float() for t in (adapter.kv.k, adapter.kv.v)])
+    for got, want in zip(caches[0], caches[1], strict=True):
+        torch.testing.assert_close(got, want, rtol=0.07 if kv == "fp8" else 1e-4, atol=1e-3)
+
+
+@pytest.mark.parametrize("dtype,kv", [(torch.float32, "auto"), (torch.bfloat16, "fp8")])
+def test_replayed_prefill_writes_the_eager_cache(dtype: torch.dtype, kv: str) -> None:
+    """Whole prompts replayed from the prefill graphs (padded to a bucket, batches split into replays of 8)
+    write the K/V the eager batched prefill writes at the prompts' positions."""
+    model = fixture_model(load_case("prompt_voice"), device="cuda", dtype=dtype)
+    prompts = [s.prompt for s in _sessions(model)] * 3  # more prompts than a replay takes
+    n = min(p.length for p in prompts) - 1
+    caches = []
+    for graphed in (True, False):
+        adapter = PersonaPlexAdapter(model)
+        adapter.use_kv_cache_dtype(kv)
+        adapter.allocate(len(prompts), model.config.context)
+        if graphed:
+            adapter.enable_cuda_graphs()
+            assert adapter.prefill_graphs is not None and adapter.prefill_graphs.capture_all() > 0
+        adapter.prefill_many([(slot, p, 0, n) for slot, p in enumerate(prompts)])
         caches.append([t[:, :, :, :n].float() for t in (adapter.kv.k, adapter.kv.v)])
     for got, want in zip(caches[0], caches[1], strict=True):
         torch.testing.assert_close(got, want, rtol=0.07 if kv == "fp8" else 1e-4, atol=1e-3)

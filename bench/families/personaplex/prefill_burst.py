@@ -10,7 +10,9 @@ prefill over the rings). Arms:
 
 * ``served``: the prompt as the adapter serves it (a stored voice's rows kept on the device since the H200
   profile of this bench counted 130 synchronizing copies in a 64-session call);
-* ``host_voice``: the same rows in host memory, copied per session as before that change.
+* ``host_voice``: the same rows in host memory, copied per session as before that change;
+* ``graphed``: ``served`` with the whole prompts replayed from CUDA graphs (``PrefillGraphs``: padded to a
+  length bucket, up to 8 prompts a replay, captured before timing); on CPU the same padded path, eager.
 
 For the largest B a torch.profiler table (top device kernels; host-to-device copies and synchronizations
 counted) says where the time goes.
@@ -87,7 +89,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "voice_rows": stored.num_embedded,
         "results": [],
     }
-    for arm, prompt in (("served", stored), ("host_voice", on_host)):
+    for arm, prompt in (("served", stored), ("host_voice", on_host), ("graphed", stored)):
+        if arm == "graphed":
+            if args.device == "cuda":
+                adapter.enable_cuda_graphs()
+            else:
+                adapter.pad_prefill()
+            assert adapter.prefill_graphs is not None
+            out["prefill_graphs_captured"] = adapter.prefill_graphs.capture_all()
         for b in batches:
             row: dict[str, Any] = {"arm": arm, "batch": b, "positions": b * (prompt.length - 1)}
             for name, fn in burst(adapter, prompt, b).items():

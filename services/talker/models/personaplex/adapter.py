@@ -30,6 +30,7 @@ from ...sampling import SamplingParams
 from .config import AGENT_STREAMS, LMConfig
 from .frame import OUT_ROWS, DepformerScratch, DuplexState, frame_step
 from .model import PersonaPlexLM, RingKV
+from .prefill_graphs import PrefillGraphs
 from .prompt import Prompt, PromptError, VoiceEmbeddings, build_prompt
 from .tokenizer import PersonaTokenizer
 from .voices import VoiceLibrary
@@ -53,6 +54,8 @@ class PersonaPlexAdapter(DuplexAdapter):
         self.num_groups = AGENT_STREAMS
         self.codebook_size = self.config.card
         self.graphs: GraphCache | None = None
+        self.prefill_graphs: PrefillGraphs | None = None  # whole prompts padded and replayed (CUDA graphs)
+        self._padded_prefill = False
         self.kv_fp8 = False
         # Stored voices as prompts use them: on the device in the model's dtype, made on first use. A join
         # burst copied each session's voice rows from host memory, a synchronizing copy per session (on the
@@ -84,6 +87,17 @@ class PersonaPlexAdapter(DuplexAdapter):
         self.scratch = DepformerScratch.allocate(self.model, num_slots)
         # Pinned host buffers: the active mask up, each step's tokens [n, 9] and valid flags [n] down.
         self.host = HostRing(num_slots, OUT_ROWS, self.device)
+        self._make_prefill_graphs()
+
+    def pad_prefill(self) -> None:
+        """Prefill whole prompts through ``PrefillGraphs`` (padded, static shapes) even without CUDA graphs:
+        what a graphed stage replays, run eagerly (the CPU tests)."""
+        self._padded_prefill = True
+        self._make_prefill_graphs()
+
+    def _make_prefill_graphs(self) -> None:
+        if (self._padded_prefill or self.graphs is not None) and hasattr(self, "kv"):
+            self.prefill_graphs = PrefillGraphs(self.model, self.kv, graphs=self.graphs is not None)
 
     def prepare(
         self, *, persona: str = "", voice: str | None = None, voice_codes: np.ndarray | None = None
@@ -146,7 +160,12 @@ class PersonaPlexAdapter(DuplexAdapter):
             rows = self._prompt_rows([prompt for _, prompt in members], start, n)
             slots = [slot for slot, _ in members]
             index = upload(slots, self.device)
-            self.model.transformer.prefill(rows, slots, start, self.kv, index)
+            pad = self.prefill_graphs.pad_for(start, n) if self.prefill_graphs is not None else None
+            if pad is not None:
+                assert self.prefill_graphs is not None
+                self.prefill_graphs.run(rows, index, n, pad)
+            else:
+                self.model.transformer.prefill(rows, slots, start, self.kv, index)
             # Parking position: a masked decode row writes its junk K/V here, which the next chunk overwrites.
             self.state.steps.index_fill_(0, index, start + n)
 
@@ -239,6 +258,7 @@ class PersonaPlexAdapter(DuplexAdapter):
         self.graphs = GraphCache(
             self.decode_core, enabled=True, quiesce=lambda key: all_inactive(self.state.active)
         )
+        self._make_prefill_graphs()
         return True
 
     def graph_keys(self) -> list[tuple[int, int, int]]:
@@ -251,4 +271,5 @@ class PersonaPlexAdapter(DuplexAdapter):
         every live session for the capture."""
         if self.graphs is None:
             return 0
-        return sum(self.graphs.capture(*key) for key in self.graph_keys())
+        prefill = self.prefill_graphs.capture_all() if self.prefill_graphs is not None else 0
+        return prefill + sum(self.graphs.capture(*key) for key in self.graph_keys())

@@ -161,15 +161,17 @@ class Temporal(nn.Module):
     def prefill(
         self,
         x: torch.Tensor,
-        slots: Sequence[int],
+        slots: Sequence[int] | int,
         start: int,
         kv: RingKV,
         index: torch.Tensor | None = None,
     ) -> None:
         """Write K/V of positions ``[start, start + T)`` of each of ``slots`` from inputs ``x [B * T, D]``
         (slot after slot; the prompt never wraps the ring: ``start + T <= window``). Only the cache matters:
-        prompt outputs are forced. ``index``: ``slots`` as a device tensor, when the caller has it."""
-        b = len(slots)
+        prompt outputs are forced. ``index``: ``slots`` as a device tensor, when the caller has it. With
+        ``slots`` a count, ``index`` names them: no host value of a slot is read (a CUDA graph replays it
+        for whichever slots the index holds then)."""
+        b = slots if isinstance(slots, int) else len(slots)
         t = x.shape[0] // b
         end = start + t
         if end > kv.window or t * b != x.shape[0]:
@@ -182,8 +184,13 @@ class Temporal(nn.Module):
         cos, sin = rope_tables(positions.repeat(b), c.head_dim, c.max_period)
         mask = (torch.arange(end, device=x.device).unsqueeze(0) <= positions.unsqueeze(1))[None, None]
         # One slot is a plain slice of the ring; several are one gather/scatter over the slot dimension.
-        rows: slice | torch.Tensor = slice(slots[0], slots[0] + 1)
-        if b > 1:
+        rows: slice | torch.Tensor
+        if isinstance(slots, int):
+            assert index is not None, "a slot count needs the slots' index"
+            rows = index
+        elif b == 1:
+            rows = slice(slots[0], slots[0] + 1)
+        else:
             rows = index if index is not None else torch.as_tensor(list(slots), device=x.device)
         last = len(self.layers) - 1
 
