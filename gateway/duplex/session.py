@@ -61,6 +61,7 @@ class SessionLimits:
     max_duration_s: float
     timeouts: Timeouts
     max_text_chars: int
+    first_audio_samples: int = 0  # agent audio gathered before the first goes out (duplex_session)
 
 
 @dataclass(frozen=True)
@@ -300,6 +301,7 @@ class DuplexSession:
 
     async def _run(self) -> None:
         sender: asyncio.Task[None] | None = None
+        gathering: list[AgentAudio] = []
         try:
             t0 = time.monotonic()
             stream = await self._open()
@@ -310,26 +312,37 @@ class DuplexSession:
             while True:
                 event = await stream.next_event()
                 if isinstance(event, AgentPcm):
+                    data = encoder.encode(event.to_float())
+                    gathering.append(AgentAudio(data, event.transcript, event.sample_count, event.user_frame))
+                    if opened and sum(a.samples for a in gathering) < self.limits.first_audio_samples:
+                        continue  # the first audio goes out once there is enough of it to play with slack
                     if opened:
                         metrics.DUPLEX_JOIN.labels(phase="first_audio").observe(time.monotonic() - opened)
                         opened = 0.0
-                    data = encoder.encode(event.to_float())
-                    audio = AgentAudio(data, event.transcript, event.sample_count, event.user_frame)
-                    self._out.put_nowait(audio)
+                    self._flush(gathering)
                     continue
                 assert isinstance(event, stage_pb2.EndOfStream)
                 if event.reason not in (stage_pb2.END_REASON_EOS, stage_pb2.END_REASON_MAX_FRAMES):
                     raise stream.error_of(event)
                 status, error = self._closing or ("completed", None)
+                self._flush(gathering)
                 self._end(status, error)
                 return
         except GatewayError as err:
+            self._flush(gathering)
             self._end("failed", err)
         except Exception as exc:  # a bug ends this session only, with its cause
+            self._flush(gathering)
             self._end("failed", GatewayError(grpc.StatusCode.INTERNAL, f"internal error: {exc!r}"))
         finally:
             if sender is not None:
                 sender.cancel()
+
+    def _flush(self, gathering: list[AgentAudio]) -> None:
+        """The agent audio gathered for the first audio (or the one frame since) to the client, in order."""
+        for audio in gathering:
+            self._out.put_nowait(audio)
+        gathering.clear()
 
     async def _send(self, stream: DuplexCodecStream) -> None:
         """User frames to the codec within its grant; ``end_of_input`` once a clean close has flushed."""

@@ -24,6 +24,7 @@ from gateway.upstream import Timeouts
 from gateway.voices.library import VoiceLibrary
 from voxstage import metrics
 from voxstage.config import DeployConfig
+from voxstage.duplex import SAMPLE_RATE
 from voxstage.transport.shm_reader import ShmReader
 
 log = logging.getLogger(__name__)
@@ -56,6 +57,7 @@ class SessionManager:
             max_duration_s=gw.duplex_max_session_s,
             timeouts=Timeouts(first_chunk_s=extra.first_chunk_timeout_s, stall_s=extra.stall_timeout_s),
             max_text_chars=gw.max_text_chars,
+            first_audio_samples=round(config.duplex.first_audio_gather_s * SAMPLE_RATE),
         )
         self.live: set[DuplexSession] = set()
         self.draining = False

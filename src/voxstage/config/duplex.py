@@ -12,8 +12,8 @@ from voxstage.config.base import StrictModel
 
 
 class DuplexSessionConfig(StrictModel):
-    """Full-duplex sessions (``session_mode: duplex`` only): the gateway's admission cap, the codec's
-    per-session jitter buffer and the talker's time for joins per tick."""
+    """Full-duplex sessions (``session_mode: duplex`` only): the gateway's admission cap and first-audio
+    gathering, the codec's per-session jitter buffer and the talker's time for joins per tick."""
 
     max_sessions: int = Field(default=1, ge=1)
     # User audio the codec buffers per session ahead of its 80 ms ticks (and grants the gateway as credit).
@@ -21,3 +21,7 @@ class DuplexSessionConfig(StrictModel):
     # Prompt prefill a talker tick runs for joining sessions before the live sessions' step; one call
     # always runs, so a join always progresses (services/talker/duplex/engine.py).
     join_prefill_ms: float = Field(default=20.0, gt=0.0, le=1000.0)
+    # Agent audio the gateway gathers before a session's first audio goes out, all of it together: the
+    # client's player then starts with slack against later jitter (a burst of joins shifts the live
+    # sessions' steps). 0 sends each frame as it comes (gateway/duplex/session.py).
+    first_audio_gather_s: float = Field(default=0.0, ge=0.0, le=2.0)
