@@ -3,6 +3,9 @@ Skipped without a GPU."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import numpy as np
 import pytest
 import torch
@@ -95,24 +98,40 @@ def test_mimi_graphed_streaming_equals_eager() -> None:
         torch.testing.assert_close(p0, p1, rtol=0, atol=1e-6)
 
 
+Chunk = tuple[int, Any, int, int]
+
+
+def _cache_after(
+    model: Any, prompts: list[Any], kv: str, prefill: Callable[[PersonaPlexAdapter, list[Chunk]], None]
+) -> list[torch.Tensor]:
+    """The K/V of every slot's first ``n`` positions (``n``: one short of the shortest prompt) after
+    ``prefill`` took the prompts' chunks on a fresh adapter."""
+    n = min(p.length for p in prompts) - 1
+    adapter = PersonaPlexAdapter(model)
+    adapter.use_kv_cache_dtype(kv)
+    adapter.allocate(len(prompts), model.config.context)
+    prefill(adapter, [(slot, p, 0, n) for slot, p in enumerate(prompts)])
+    return [t[:, :, :, :n].float() for t in (adapter.kv.k, adapter.kv.v)]
+
+
+def _assert_same_cache(got: list[torch.Tensor], want: list[torch.Tensor], kv: str) -> None:
+    for g, w in zip(got, want, strict=True):
+        torch.testing.assert_close(g, w, rtol=0.07 if kv == "fp8" else 1e-4, atol=1e-3)
+
+
 @pytest.mark.parametrize("dtype,kv", [(torch.float32, "auto"), (torch.bfloat16, "fp8")])
 def test_a_batched_prefill_writes_the_cache_of_solo_prefills(dtype: torch.dtype, kv: str) -> None:
     """A join burst's prompts prefilled as one call (``prefill_many``, one batched SDPA over the slots) write
     the K/V that each prompt prefilled alone writes."""
     model = fixture_model(load_case("prompt_voice"), device="cuda", dtype=dtype)
     prompts = [s.prompt for s in _sessions(model)]
-    n = min(p.length for p in prompts) - 1
-    caches = []
-    for batched in (True, False):
-        adapter = PersonaPlexAdapter(model)
-        adapter.use_kv_cache_dtype(kv)
-        adapter.allocate(len(prompts), model.config.context)
-        chunks = [(slot, p, 0, n) for slot, p in enumerate(prompts)]
-        for call in [chunks] if batched else [[c] for c in chunks]:
-            adapter.prefill_many(call)
-        caches.append([t[:, :, :, :n].float() for t in (adapter.kv.k, adapter.kv.v)])
-    for got, want in zip(caches[0], caches[1], strict=True):
-        torch.testing.assert_close(got, want, rtol=0.07 if kv == "fp8" else 1e-4, atol=1e-3)
+
+    def solo(adapter: PersonaPlexAdapter, chunks: list[Chunk]) -> None:
+        for chunk in chunks:
+            adapter.prefill_many([chunk])
+
+    batched = _cache_after(model, prompts, kv, lambda adapter, chunks: adapter.prefill_many(chunks))
+    _assert_same_cache(batched, _cache_after(model, prompts, kv, solo), kv)
 
 
 @pytest.mark.parametrize("dtype,kv", [(torch.float32, "auto"), (torch.bfloat16, "fp8")])
@@ -121,16 +140,11 @@ def test_replayed_prefill_writes_the_eager_cache(dtype: torch.dtype, kv: str) ->
     write the K/V the eager batched prefill writes at the prompts' positions."""
     model = fixture_model(load_case("prompt_voice"), device="cuda", dtype=dtype)
     prompts = [s.prompt for s in _sessions(model)] * 3  # more prompts than a replay takes
-    n = min(p.length for p in prompts) - 1
-    caches = []
-    for graphed in (True, False):
-        adapter = PersonaPlexAdapter(model)
-        adapter.use_kv_cache_dtype(kv)
-        adapter.allocate(len(prompts), model.config.context)
-        if graphed:
-            adapter.enable_cuda_graphs()
-            assert adapter.prefill_graphs is not None and adapter.prefill_graphs.capture_all() > 0
-        adapter.prefill_many([(slot, p, 0, n) for slot, p in enumerate(prompts)])
-        caches.append([t[:, :, :, :n].float() for t in (adapter.kv.k, adapter.kv.v)])
-    for got, want in zip(caches[0], caches[1], strict=True):
-        torch.testing.assert_close(got, want, rtol=0.07 if kv == "fp8" else 1e-4, atol=1e-3)
+
+    def replayed(adapter: PersonaPlexAdapter, chunks: list[Chunk]) -> None:
+        adapter.enable_cuda_graphs()
+        assert adapter.prefill_graphs is not None and adapter.prefill_graphs.capture_all() > 0
+        adapter.prefill_many(chunks)
+
+    eager = _cache_after(model, prompts, kv, lambda adapter, chunks: adapter.prefill_many(chunks))
+    _assert_same_cache(_cache_after(model, prompts, kv, replayed), eager, kv)
