@@ -1,5 +1,5 @@
 """CPU smoke test of ``bench/voice_library.py`` (issue 30's H200 measurement): tiny presets, a short clip,
-a few seconds per arm. It checks the harness end to end (stacks, upload, the three arms, the summary's
+a few seconds per arm. It checks the harness end to end (stacks, uploads, the four arms, the summary's
 shape); CPU timing is not a benchmark, so only sanity is asserted."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from bench import voice_library
 pytestmark = pytest.mark.timeout(400)
 
 
-def test_the_voice_library_bench_runs_its_three_arms(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_voice_library_bench_runs_its_four_arms(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("VOXSTAGE_CACHE", str(tmp_path / "cache"))
     out = tmp_path / "out"
     argv = ["--out", str(out), "--model", "qwen3-tts-tiny-base", "--builtin-model", "qwen3-tts-tiny",
@@ -23,10 +23,11 @@ def test_the_voice_library_bench_runs_its_three_arms(tmp_path: Path, monkeypatch
     assert voice_library.main(argv) == 0
     doc = json.loads((out / "voice_library_tiny-base.json").read_text())
     assert doc["upload"]["id"].startswith("voice_")
-    assert set(doc["arms"]) == {"uploaded", "inline", "builtin"}
+    assert set(doc["arms"]) == {"uploaded", "uploaded_xvector", "inline", "builtin"}
     for arm in doc["arms"].values():
         assert arm["requests"] >= 1 and arm["ok"] == arm["requests"], arm
         ttfa = arm["ttfa_ms"]
         assert 0 < ttfa["min"] <= ttfa["p50"] <= ttfa["p95"] <= ttfa["max"]
         assert (out / arm["file"]).exists()
-    assert {"uploaded-builtin_p50", "inline-uploaded_p50"} <= set(doc["diff_ms"])
+    diffs = {"uploaded-builtin_p50", "uploaded_xvector-builtin_p50", "inline-uploaded_p50"}
+    assert diffs <= set(doc["diff_ms"])
