@@ -23,5 +23,7 @@ class DuplexSessionConfig(StrictModel):
     join_prefill_ms: float = Field(default=20.0, gt=0.0, le=1000.0)
     # Agent audio the gateway gathers before a session's first audio goes out, all of it together: the
     # client's player then starts with slack against later jitter (a burst of joins shifts the live
-    # sessions' steps). 0 sends each frame as it comes (gateway/duplex/session.py).
-    first_audio_gather_s: float = Field(default=0.0, ge=0.0, le=2.0)
+    # sessions' steps). 0 sends each frame as it comes (gateway/duplex/session.py). At most half of the 2 s of
+    # agent audio the codec may send ahead of the client (voxstage.duplex_audio.AGENT_WINDOW_SAMPLES), which
+    # gathered audio holds back: at the whole window the codec would wait for credit that never comes.
+    first_audio_gather_s: float = Field(default=0.0, ge=0.0, le=1.0)
