@@ -160,10 +160,10 @@ class PersonaPlexAdapter(DuplexAdapter):
             rows = self._prompt_rows([prompt for _, prompt in members], start, n)
             slots = [slot for slot, _ in members]
             index = upload(slots, self.device)
-            pad = self.prefill_graphs.pad_for(start, n) if self.prefill_graphs is not None else None
-            if pad is not None:
-                assert self.prefill_graphs is not None
-                self.prefill_graphs.run(rows, index, n, pad)
+            graphs = self.prefill_graphs
+            pad = graphs.pad_for(start, n) if graphs is not None else None
+            if graphs is not None and pad is not None:
+                graphs.run(rows, index, n, pad)
             else:
                 self.model.transformer.prefill(rows, slots, start, self.kv, index)
             # Parking position: a masked decode row writes its junk K/V here, which the next chunk overwrites.

@@ -63,9 +63,10 @@ class PrefillGraphs:
     def capture_all(self) -> int:
         """Every (batch, bucket) graph, before serving: the warm-up runs write K/V into the slots the index
         holds, so no session may be live."""
-        return sum(self.cache.capture(b, p) for b in range(1, self.max_batch + 1) for p in self.pads)
+        return sum(self.cache.capture(b, p) for b, p in self.keys())
 
     def keys(self) -> list[tuple[int, int]]:
+        """Every (batch, bucket) a replay may take."""
         return [(b, p) for b in range(1, self.max_batch + 1) for p in self.pads]
 
     def _core(self, b: int, pad: int) -> None:
