@@ -179,3 +179,44 @@ def profile_call(fn: Callable[[], object], device: str, top: int = 15, host: boo
         ],
         "ops_timed_by": attr,
     }
+
+
+PHASE = "phase:"
+
+
+def phase(name: str) -> Any:
+    """A profiler range that ``phase_stats`` reads: wrap each part of a call in one, and synchronize the
+    device before it closes, so every kernel the part launched runs inside it."""
+    return torch.profiler.record_function(PHASE + name)
+
+
+def phase_stats(prof: Any, cuda: bool, top: int = 5) -> dict[str, dict[str, Any]]:
+    """Per ``phase`` name of a finished profile: its ranges' wall ms, and the kernels (leaf ops on CPU)
+    that started inside them: count, busy ms, the ``top`` families by time. Parts that synchronize at their
+    end own exactly their device work, so two calls' phases compare kernel for kernel."""
+    events = raw_events(prof)
+    ranges: dict[str, list[tuple[int, int]]] = {}
+    for name, _, start, end in events:
+        if name.startswith(PHASE):
+            ranges.setdefault(name.removeprefix(PHASE), []).append((start, end))
+    device = torch.autograd.DeviceType.CUDA if cuda else torch.autograd.DeviceType.CPU
+    work = sorted((e for e in events if e[1] == device and not e[0].startswith(PHASE)), key=lambda e: e[2])
+    leaves = [
+        (name, start, end)
+        for i, (name, _, start, end) in enumerate(work)
+        if cuda or i + 1 == len(work) or work[i + 1][2] >= end
+    ]
+    out: dict[str, dict[str, Any]] = {}
+    for name, spans in ranges.items():
+        inside = [k for k in leaves if any(s <= k[1] < e for s, e in spans)]
+        fams: Counter[str] = Counter()
+        for kname, start, end in inside:
+            fams[family(kname)] += end - start
+        out[name] = {
+            "ranges": len(spans),
+            "wall_ms": round(sum(e - s for s, e in spans) / 1e6, 4),
+            "kernels": len(inside),
+            "busy_ms": round(sum(end - start for _, start, end in inside) / 1e6, 4),
+            "top": [{"family": f, "ms": round(ns / 1e6, 4)} for f, ns in fams.most_common(top)],
+        }
+    return out

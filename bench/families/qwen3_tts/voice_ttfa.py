@@ -11,10 +11,14 @@ each request's first audio:
 * ``codec_open_ms``: ``CodecEngine.open`` (a clone restores its voice's decoder state there);
 * ``first_pcm_ms``: from the first frame pushed to the codec's first PCM.
 
-Arms: ``builtin`` (a CustomVoice preset and its bench voice) and ``clone`` (the Base preset, a 10 s
+Arms: ``builtin`` (a CustomVoice preset and its bench voice), ``clone`` (the Base preset, a 10 s
 reference's codes, x-vector and transcript, as a voice-library voice reaches the stages: the codec gets the
-codes as its prefix under a voice key). For each arm one request is also profiled (host-to-device copies,
-synchronizations, top ops), and its prompt build alone by host time (``prompt_profile``).
+codes as its prefix under a voice key) and ``xvector`` (the Base preset with the x-vector alone: what a voice
+uploaded without a transcript becomes). For each arm one request is also profiled (host-to-device copies,
+synchronizations, top ops), its prompt build alone by host time (``prompt_profile``), and one request with
+a device sync after each part (``phases``: kernels and device time of the codec's open, the submit, the
+talker's steps to the first frame, the codec's to the first PCM), which says on which side, and in which
+kernels, a clone's extra time goes.
 
     python bench/families/qwen3_tts/voice_ttfa.py --out voice_ttfa.json
     python bench/families/qwen3_tts/voice_ttfa.py --out voice_ttfa.json --device cpu --size tiny --requests 2
@@ -23,10 +27,12 @@ synchronizations, top ops), and its prompt build alone by host time (``prompt_pr
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import statistics
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +40,7 @@ import numpy as np
 import torch
 
 from bench.codec_schedule import warm_up as warm_up_codec
-from bench.kernel_stats import profile_call
+from bench.kernel_stats import phase, phase_stats, profile_call
 from services.codec.engine import CodecEngine
 from services.codec.main import build_engine
 from services.codec.models import load_codec
@@ -86,31 +92,50 @@ class Pair:
         if self.device == "cuda":
             torch.cuda.synchronize()
 
-    def request(self, spec: SpeechSpec, frames: int, prefix: np.ndarray | None, key: str) -> dict[str, float]:
-        """One request, served order: the codec opens first, then the talker's submit; times in ms."""
+    def request(
+        self, spec: SpeechSpec, frames: int, prefix: np.ndarray | None, key: str, phased: bool = False
+    ) -> dict[str, float]:
+        """One request, served order: the codec opens first, then the talker's submit; times in ms. With
+        ``phased`` each part runs in a profiler range (``kernel_stats.phase``) and ends with a device sync, so
+        a profile of the call splits its device work by part (the times then include the syncs)."""
         self.n += 1
         rid = f"r{self.n}"
         self.sync()
+
+        @contextlib.contextmanager
+        def part(name: str) -> Iterator[None]:
+            if not phased:
+                yield
+                return
+            with phase(name):
+                yield
+                self.sync()
+
         t0 = time.perf_counter()
-        self.codec.open(rid, prefix=prefix, prefix_key=key)
+        with part("codec_open"):
+            self.codec.open(rid, prefix=prefix, prefix_key=key)
         t_open = time.perf_counter()
         req = TalkerRequest(rid, spec, seed=self.n, sampling=SAMPLING, subtalker=SAMPLING,
                             max_frames=frames, min_frames=frames)  # fmt: skip
-        self.talker.submit(req)
+        with part("submit"):
+            self.talker.submit(req)
         t_submit = time.perf_counter()
         t_frame = t_pcm = None
         done = False
         while not done:
-            for o in self.talker.step():
-                if o.codes.shape[0]:
-                    t_frame = t_frame or time.perf_counter()
-                    self.codec.push(rid, o.codes)
-                if o.finish is not None:
-                    self.codec.finish(rid)
-            for c in self.codec.step():
-                if c.pcm.size and t_pcm is None:
-                    t_pcm = time.perf_counter()
-                done = done or c.final
+            with part("talker_to_first_frame" if t_frame is None else "rest"):
+                outs = self.talker.step()
+            with part("codec_to_first_pcm" if t_pcm is None else "rest"):
+                for o in outs:
+                    if o.codes.shape[0]:
+                        t_frame = t_frame or time.perf_counter()
+                        self.codec.push(rid, o.codes)
+                    if o.finish is not None:
+                        self.codec.finish(rid)
+                for c in self.codec.step():
+                    if c.pcm.size and t_pcm is None:
+                        t_pcm = time.perf_counter()
+                    done = done or c.final
         assert t_frame is not None and t_pcm is not None, "the request produced no audio"
         return {
             "codec_open_ms": 1e3 * (t_open - t0),
@@ -119,6 +144,18 @@ class Pair:
             "first_pcm_ms": 1e3 * (t_pcm - t_frame),
             "ttfa_ms": 1e3 * (t_pcm - t0),
         }
+
+
+def phased_profile(
+    pair: Pair, spec: SpeechSpec, frames: int, prefix: np.ndarray | None, key: str
+) -> dict[str, dict[str, Any]]:
+    """One request with a sync after each part, profiled: kernels and device time per part."""
+    acts = [torch.profiler.ProfilerActivity.CPU]
+    if pair.device == "cuda":
+        acts.append(torch.profiler.ProfilerActivity.CUDA)
+    with torch.profiler.profile(activities=acts) as prof:
+        pair.request(spec, frames, prefix, key, phased=True)
+    return phase_stats(prof, pair.device == "cuda")
 
 
 def summary(rows: list[dict[str, float]]) -> dict[str, dict[str, float]]:
@@ -139,6 +176,9 @@ def run_arm(a: argparse.Namespace, arm: str, model: str) -> dict[str, Any]:
         fam = families.preset(model)
         voice = fam[0].bench.voice if fam is not None and fam[0].bench is not None else None
         spec = SpeechSpec(text=TEXT, voice=voice, language="english")
+    elif arm == "xvector":  # an x-vector alone: no transcript, no reference codes
+        xvec = rng.standard_normal(pair.hidden).astype(np.float32)
+        spec = SpeechSpec(text=TEXT, language="english", speaker_embedding=xvec)
     else:
         frames = round(a.clip_seconds * 12.5)
         prefix = rng.integers(0, pair.codebook, (frames, pair.groups), dtype=np.int64)
@@ -152,12 +192,14 @@ def run_arm(a: argparse.Namespace, arm: str, model: str) -> dict[str, Any]:
     prof = profile_call(lambda: pair.request(spec, a.frames, prefix, key), a.device)
     adapter = pair.talker.adapter
     prompt_prof = profile_call(lambda: adapter.prepare(spec), a.device, top=25, host=True)
+    out_phases = phased_profile(pair, spec, a.frames, prefix, key)
     out = {"arm": arm, "model": model, "codec_warm_up_s": round(pair.codec_warm_s, 2), **summary(rows)}
     states = pair.codec.voice_states
     out["codec_voice_states"] = None if states is None else len(states)  # 1: the clone's state was reused
     out["requests"] = rows
     out["profile"] = prof
     out["prompt_profile"] = prompt_prof  # the prompt build alone (``submit``'s work), by host time
+    out["phases"] = out_phases  # one synced request's device work per part, kernel for kernel
     print(json.dumps({"arm": arm, **{k: v["median"] for k, v in summary(rows).items()}}), flush=True)
     return out
 
@@ -192,16 +234,18 @@ def main(argv: list[str] | None = None) -> int:
     }
     # No inference_mode around the engines: the codec's warm-up runs on its own engine thread, as served, and
     # must update the pool that loading made; the engines enter it themselves where they compute.
-    for arm, model in (("builtin", f"qwen3-tts-{a.size}"), ("clone", f"qwen3-tts-{a.size}-base")):
+    base = f"qwen3-tts-{a.size}-base"
+    for arm, model in (("builtin", f"qwen3-tts-{a.size}"), ("clone", base), ("xvector", base)):
         out["arms"].append(run_arm(a, arm, model))
         if a.device == "cuda":
             torch.cuda.empty_cache()
-    b, c = out["arms"]
-    out["clone_minus_builtin_ms"] = {
-        k: round(c[k]["median"] - b[k]["median"], 3) for k in summary(b["requests"])
-    }
+    b, c, x = out["arms"]
+    for name, arm in (("clone", c), ("xvector", x)):
+        out[f"{name}_minus_builtin_ms"] = {
+            k: round(arm[k]["median"] - b[k]["median"], 3) for k in summary(b["requests"])
+        }
     a.out.write_text(json.dumps(out, indent=1) + "\n")
-    print(json.dumps(out["clone_minus_builtin_ms"]), flush=True)
+    print(json.dumps({k: out[k] for k in ("clone_minus_builtin_ms", "xvector_minus_builtin_ms")}), flush=True)
     return 0
 
 
