@@ -17,6 +17,7 @@ from bench.clients import Client, Synthesis
 from bench.llm_stream import llm_tokens, segment_budget, sentence_count
 from bench.playback import percentile, poisson_arrivals
 from bench.procsample import Sampler
+from bench.prom import fetch, tts_stages
 from bench.records import (
     FRAME_RATE_HZ,
     Gate,
@@ -53,6 +54,8 @@ class RunConfig:
     segment_frames: int = 0  # LLM mode: per-segment max_frames; 0 = ceil(frames / sentences)
     # Process groups whose CPU (and the GPU's busy share) each level samples (bench/procsample.py).
     sample: dict[str, list[int]] | None = None
+    # Stage processes' /metrics (name -> URL) read before and after each level (bench/prom.py, tts_stages).
+    stage_metrics: dict[str, str] | None = None
     reference_wav: bytes = b""  # gRPC: a voice-clone clip (WAV bytes) and its transcript on every request
     reference_text: str = ""
 
@@ -211,6 +214,8 @@ async def run_level(
 ) -> dict[str, Any]:
     level = Level(client, cfg, kind, value)
     sampler = Sampler(cfg.sample) if cfg.sample is not None else None
+    urls = cfg.stage_metrics or {}
+    before = await asyncio.to_thread(fetch, urls) if urls else {}
     with LagProbe() as lag, sampler or contextlib.nullcontext():
         if kind == "poisson":
             await level.open_loop(value, duration_s, max_requests)
@@ -219,6 +224,8 @@ async def run_level(
     report = level.report(lag, duration_s)
     if sampler is not None:
         report["processes"] = sampler.summary()
+    if urls:  # the level's own counts, its warm-up included
+        report["stages"] = tts_stages(before, await asyncio.to_thread(fetch, urls))
     _print_level(report)
     return report
 
@@ -235,10 +242,19 @@ def _print_level(rep: dict[str, Any]) -> None:
         f"{rep['kind']:>7} {rep['level']:>7g} {unit}: n={a['requests']} ok={a['ok']} "
         f"TTFA p50/p95/p99 {_ms(a['ttfa_s']['p50'])}/{_ms(a['ttfa_s']['p95'])}/{_ms(a['ttfa_s']['p99'])} ms "
         f"RTF p50 {'-' if rtf is None else f'{rtf:.3f}'} underrun {a['underrun_requests']}/{a['ok']} "
-        f"errors {a['errors_by_code'] or 0} -> {'PASS' if rep['verdict']['pass'] else 'FAIL'}"
-        f" ({rep['verdict']['reason']})",
+        f"errors {a['errors_by_code'] or 0}{_late_chunks(rep)} "
+        f"-> {'PASS' if rep['verdict']['pass'] else 'FAIL'} ({rep['verdict']['reason']})",
         flush=True,
     )
+
+
+def _late_chunks(rep: dict[str, Any]) -> str:
+    """" late chunks frames/codec N/M" over the level's codecs, when it read the stages' metrics."""
+    codecs = [row["late_chunks"] for name, row in rep.get("stages", {}).items() if "late_chunks" in row]
+    if not codecs:
+        return ""
+    n = {c: sum(int(row[c]["count"] or 0) for row in codecs) for c in ("frames", "codec")}
+    return f" late chunks frames/codec {n['frames']}/{n['codec']}"
 
 
 def _midpoint(lo: float, hi: float, integer: bool) -> float | None:

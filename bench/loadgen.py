@@ -41,6 +41,7 @@ from bench.clients import Client, GrpcStreamClient, GrpcUnaryClient, HttpStreamC
 from bench.levels import RunConfig, run_level, search
 from bench.llm_stream import ANSWERS, GrpcLlmClient
 from bench.procsample import parse_groups
+from bench.prom import parse_urls
 from bench.records import Gate
 
 PROMPTS = Path(__file__).resolve().parent / "prompts" / "en_sentences.txt"
@@ -135,6 +136,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="per level: these processes' CPU %% and the GPU's busy %%, sampled every second (the level's "
         "'processes'), e.g. talker=11,codec=12,gateway=13",
     )  # fmt: skip
+    ap.add_argument(
+        "--stage-metrics", type=parse_urls, default=None, metavar="NAME=URL,...",
+        help="per level: these stages' /metrics diffed over it (the level's 'stages': codec late chunks by "
+        "cause, chunk waits, tick times), e.g. codec=http://127.0.0.1:9101/metrics",
+    )  # fmt: skip
     ap.add_argument("--out", type=Path, required=True, help="JSON output file")
     ap.add_argument("--plots", type=Path, default=None, help="directory for PNG plots")
     return ap
@@ -183,6 +189,7 @@ async def amain(args: argparse.Namespace) -> dict[str, Any]:
         text_mode=args.text_mode,
         segment_frames=args.segment_frames,
         sample=args.sample_pids,
+        stage_metrics=args.stage_metrics,
         reference_wav=args.ref_audio.read_bytes() if args.ref_audio is not None else b"",
         reference_text=args.ref_text,
     )

@@ -8,8 +8,10 @@ p99 of 0.06 means "at most 60 ms", to the resolution of ``voxstage.metrics``' bu
 from __future__ import annotations
 
 import math
+import urllib.error
+import urllib.request
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from bench.stack import Stack
@@ -92,3 +94,56 @@ def scrape(stack: Stack, tag: str, folder: Path) -> dict[str, dict[str, float]]:
         path.name.removeprefix(f"{tag}_").removesuffix(".prom"): parse_prom(path.read_text())
         for path in sorted(folder.glob(f"{tag}_*.prom"))
     }
+
+
+def parse_urls(text: str) -> dict[str, str]:
+    """``codec=http://h:p/metrics,talker=...`` -> ``{name: url}`` (the form ``format_urls`` writes)."""
+    out: dict[str, str] = {}
+    for item in (x for x in text.split(",") if x.strip()):
+        name, sep, url = item.partition("=")
+        if not sep or not name.strip() or not url.startswith("http"):
+            raise ValueError(f"{item!r}: expected NAME=http://HOST:PORT/metrics")
+        out[name.strip()] = url.strip()
+    return out
+
+
+def format_urls(urls: dict[str, str]) -> str:
+    return ",".join(f"{name}={url}" for name, url in urls.items())
+
+
+def fetch(urls: dict[str, str]) -> dict[str, dict[str, float]]:
+    """Each named process's /metrics now, parsed (empty where the scrape failed)."""
+    out: dict[str, dict[str, float]] = {}
+    for name, url in urls.items():
+        try:
+            with urllib.request.urlopen(url, timeout=5.0) as r:
+                out[name] = parse_prom(r.read().decode())
+        except (urllib.error.URLError, OSError):
+            out[name] = {}
+    return out
+
+
+CHUNK_WAIT = "voxstage_codec_chunk_wait_seconds"
+LATE_CHUNK = "voxstage_codec_late_chunk_seconds"
+TICK = "voxstage_stage_tick_seconds"
+
+
+def tts_stages(before: dict[str, dict[str, float]], after: dict[str, dict[str, float]]) -> dict[str, Any]:
+    """A text-to-speech level's stage numbers from two ``fetch`` snapshots: the codec's late chunks by cause
+    (and how late, p50/p95), its chunks' wait by kind, and each stage's tick p50/p99 (bucket bounds)."""
+    out: dict[str, Any] = {}
+    for name in after:
+        d = diff(after[name], before.get(name, {}))
+        row: dict[str, Any] = {}
+        stage = "codec" if name.startswith("codec") else "talker" if name.startswith("talker") else None
+        if stage is not None:
+            q = hist_quantiles(d, TICK, f'stage="{stage}"')
+            row["tick_s"] = {"ticks": q["count"], "p50": q["p50"], "p99": q["p99"]}
+        if stage == "codec":
+            late = {cause: hist_quantiles(d, LATE_CHUNK, f'cause="{cause}"') for cause in ("frames", "codec")}
+            row["late_chunks"] = {c: {k: q[k] for k in ("count", "p50", "p95")} for c, q in late.items()}
+            kinds = ("first", "short", "steady")
+            row["chunk_wait_s"] = {kind: hist_quantiles(d, CHUNK_WAIT, f'chunk="{kind}"') for kind in kinds}
+        if row:
+            out[name] = row
+    return out

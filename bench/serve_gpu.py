@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING
 
 from bench import loadgen
 from bench.procsample import format_groups
+from bench.prom import format_urls
 from bench.stack import Stack, StackSpec
 
 if TYPE_CHECKING:
@@ -99,6 +100,8 @@ def serve_phases(
     common += ["--ttfa-slo-ms", str(a.ttfa_slo_ms), "--settle", "1" if a.profile == "smoke" else "3"]
     # Every level samples the stack's processes' CPU and the GPU's busy share (bench/procsample.py).
     common += ["--sample-pids", format_groups({**stack.process_groups(), "client": [os.getpid()]})]
+    # ... and diffs the stages' metrics over it: the codec's late chunks by cause, chunk waits, ticks.
+    common += ["--stage-metrics", format_urls(stack.stage_metrics_urls())]
     level = ["--duration", str(prof.level_s), "--warmup", str(prof.level_warmup_s)]
     level += ["--search-refine", str(prof.refine)]
     top = min(prof.conc_max, float(slots)) if slots else prof.conc_max

@@ -163,16 +163,19 @@ class Stack:
                 self.proc.wait()
         return self.proc.returncode
 
-    def scrape(self, prefix: Path) -> None:
-        """Snapshot every process's Prometheus text to ``<prefix>_<process>.prom`` (counters are cumulative:
-        diff two snapshots for a phase's tick times and counts)."""
+    def stage_metrics_urls(self) -> dict[str, str]:
+        """Each stage process's /metrics (``talker``, ``codec``; replicas ``talker-1``...)."""
         urls = {}
         for role, port in self.metrics.items():
             for k in range(self.spec.pairs):
                 name = role if self.spec.pairs == 1 else f"{role}-{k}"
                 urls[name] = f"http://127.0.0.1:{port + k}/metrics"
-        urls["gateway"] = f"http://{self.http}/metrics"
-        for name, url in urls.items():
+        return urls
+
+    def scrape(self, prefix: Path) -> None:
+        """Snapshot every process's Prometheus text to ``<prefix>_<process>.prom`` (counters are cumulative:
+        diff two snapshots for a phase's tick times and counts)."""
+        for name, url in {**self.stage_metrics_urls(), "gateway": f"http://{self.http}/metrics"}.items():
             try:
                 with urllib.request.urlopen(url, timeout=5.0) as r:
                     Path(f"{prefix}_{name}.prom").write_bytes(r.read())

@@ -228,8 +228,8 @@ class CodecEngine(Steppable[CodecOutput]):
             if self.left_context:  # no state to build: the prefix is context for the first chunks
                 stream.history = prefix[-self.left_context :].astype(np.int64)
             else:
-                stream.pending.append(prefix.astype(np.int64, copy=False))
-                stream.pending_frames = stream.prefix_frames = prefix.shape[0]
+                stream.add(prefix.astype(np.int64, copy=False), stream.opened_at)
+                stream.prefix_frames = prefix.shape[0]
                 if prefix_key and self.voice_states is not None:
                     stream.voice = (prefix_key, prefix)  # its state after the prefix goes to voice_states
         self._update_gauges()
@@ -241,8 +241,7 @@ class CodecEngine(Steppable[CodecOutput]):
             raise ValueError(f"stream {stream_id!r} already ended")
         self._check_codes(codes)
         if codes.shape[0]:
-            stream.pending.append(codes.astype(np.int64, copy=False))
-            stream.pending_frames += codes.shape[0]
+            stream.add(codes.astype(np.int64, copy=False), time.perf_counter())
             stream.received += codes.shape[0]
 
     def end_segment(self, stream_id: str) -> None:
@@ -441,8 +440,10 @@ class CodecEngine(Steppable[CodecOutput]):
         lengths = np.zeros(b_bucket, dtype=np.int64)
         slots = np.empty(b_bucket, dtype=np.int64)
         contexts = [row.context for row in call.rows]
+        ready = []
         for i, ((stream, n), ctx) in enumerate(zip(work, contexts, strict=True)):
-            new = stream.take(n)
+            new, frames_in = stream.take(n)
+            ready.append(frames_in)
             if ctx:
                 assert stream.history is not None
                 codes[i, :, :ctx] = stream.history[-ctx:].T
@@ -465,7 +466,7 @@ class CodecEngine(Steppable[CodecOutput]):
             stream.in_flight += 1
             stream.flight_frames += n
             stream.ready_since = None
-        launched = Launched(work, contexts, *read_back(wav[:b_real]))
+        launched = Launched(work, contexts, *read_back(wav[:b_real]), ready)
         self._working = []
         return launched
 
@@ -490,6 +491,8 @@ class CodecEngine(Steppable[CodecOutput]):
             real = n - drop
             stream.emitted_frames += real
             stream.segment_emitted += real
+            if pcm.size:
+                self._observe_chunk(stream, real, pcm.size, launched.ready[i], now)
             seg_end = self._mark_due(stream)
             if seg_end:
                 self._pass_mark(stream)
@@ -502,6 +505,19 @@ class CodecEngine(Steppable[CodecOutput]):
             if final:
                 self._release(self._streams.pop(stream.stream_id))
         self._working = []
+
+    def _observe_chunk(self, s: StreamState, frames: int, samples: int, ready: float, now: float) -> None:
+        """The chunk metrics (docs/api.md, Metrics): how long its frames waited in the codec, and whether the
+        stream's player ran dry before it and why: its frames came after that, or the codec held them."""
+        if s.dry_at is None:
+            kind, s.dry_at = "first", now
+        else:
+            kind = "steady" if frames >= self.schedule.steady_frames else "short"
+            if now > s.dry_at:
+                cause = "frames" if ready > s.dry_at else "codec"
+                metrics.CODEC_LATE_CHUNKS.labels(cause=cause).observe(now - s.dry_at)
+        s.dry_at = max(s.dry_at, now) + samples / self.sample_rate
+        metrics.CODEC_CHUNK_WAIT.labels(chunk=kind).observe(now - ready)
 
     def _context(self, s: StreamState) -> int:
         """Frames decoded again in front of ``s``'s next chunk (overlap+crop only)."""
@@ -528,6 +544,7 @@ class CodecEngine(Steppable[CodecOutput]):
     def _pass_mark(s: StreamState) -> None:
         s.marks.popleft()
         s.segment_emitted = 0
+        s.dry_at = None  # the gateway's player restarts with the next segment
 
     @staticmethod
     def _drained(s: StreamState) -> bool:

@@ -69,13 +69,35 @@ class StreamState:
     opened_at: float = field(default_factory=time.perf_counter)
     first_audio_at: float | None = None  # when its first audio was read back (perf_counter s)
     ready_since: float | None = None  # when its ready frames began to wait for a decode (deadline policy)
+    # (frames put in so far, reference prefix included, when): one per push, until its frames are taken
+    arrivals: deque[tuple[int, float]] = field(default_factory=deque)
+    # When a no-prebuffer player of the stream's audio runs dry (it starts at the first chunk and, like a
+    # real one, resumes where a late chunk finds it); None before the first chunk and after a segment's end.
+    dry_at: float | None = None
+    put: int = 0  # frames put in (prefix included)
+    taken: int = 0  # frames taken for decodes (prefix included)
 
-    def take(self, n: int) -> np.ndarray:
+    def add(self, codes: np.ndarray, now: float) -> None:
+        """Buffer ``codes`` (frames the talker sent, or the reference prefix), arrived at ``now``."""
+        self.pending.append(codes)
+        self.pending_frames += codes.shape[0]
+        self.put += codes.shape[0]
+        self.arrivals.append((self.put, now))
+
+    def take(self, n: int) -> tuple[np.ndarray, float]:
+        """The next ``n`` buffered frames, and when the last of them arrived (the chunk's frames all in)."""
         buf = np.concatenate(self.pending, axis=0) if len(self.pending) > 1 else self.pending[0]
         out, rest = buf[:n], buf[n:]
         self.pending = [rest] if rest.shape[0] else []
         self.pending_frames -= n
-        return out
+        self.taken += n
+        while self.arrivals[0][0] < self.taken:
+            self.arrivals.popleft()
+        # The first push that reaches the chunk's last frame brought it; gone once all its frames are taken.
+        put, ready = self.arrivals[0]
+        if put == self.taken:
+            self.arrivals.popleft()
+        return out, ready
 
 
 @dataclass
@@ -86,6 +108,7 @@ class Launched:
     contexts: list[int]
     pcm: torch.Tensor  # [b_real, samples] float32
     event: torch.cuda.Event | None
+    ready: list[float]  # per row: when its frames were all in (perf_counter s), for the chunk metrics
 
     def done(self) -> bool:
         """Whether the audio is on the host (never blocks)."""

@@ -131,6 +131,22 @@ CODEC_VOICE_STATES = Counter(
     ["result"],
     registry=REGISTRY,
 )  # result="hit" | "miss"
+CODEC_CHUNK_WAIT = Histogram(
+    "voxstage_codec_chunk_wait_seconds",
+    "Codec (text to speech): from a chunk's frames all being in to its audio handed out (queue and decode).",
+    ["chunk"],
+    buckets=TICK_BUCKETS,
+    registry=REGISTRY,
+)  # chunk="first" | "short" (the ramp's, a stream's remainder) | "steady"
+CODEC_LATE_CHUNKS = Histogram(
+    "voxstage_codec_late_chunk_seconds",
+    "Codec (text to speech): how long after a no-prebuffer player (started at the stream's first audio) ran "
+    "dry a chunk's audio was handed out, by cause: its frames came after that moment, or the codec held "
+    "them.",
+    ["cause"],
+    buckets=UNDERRUN_BUCKETS,
+    registry=REGISTRY,
+)  # cause="frames" | "codec"
 INPUT_STARVED = Counter(
     "voxstage_input_starved_frames",
     "Frame steps a talker slot skipped because streamed text had not arrived yet.",

@@ -108,6 +108,14 @@ def test_closed_search_against_two_pairs_sharing_the_device(tmp_path: Path, cach
         assert level["aggregate"]["errors"] == 0
         for r in level["records"]:
             assert r["ok"] and r["frames"] == FRAMES and r["length_ok"] is True
+        # ... and diffs each stage's metrics over it: every request's first chunk went through one codec.
+        stages = level["stages"]
+        assert set(stages) == {"talker-0", "talker-1", "codec-0", "codec-1"}
+        assert all(stages[n]["tick_s"]["ticks"] > 0 for n in stages)
+        firsts = sum(stages[f"codec-{k}"]["chunk_wait_s"]["first"]["count"] for k in (0, 1))
+        assert firsts >= len(level["records"]) > 0
+        for k in (0, 1):
+            assert set(stages[f"codec-{k}"]["late_chunks"]) == {"frames", "codec"}
     # Both talker replicas served requests: the gateway spread the load over the two pairs.
     for k in (0, 1):
         prom = (tmp_path / f"metrics_tiny_2pairs_3closed_talker-{k}.prom").read_text()
