@@ -95,6 +95,7 @@ class TalkerEngine(Steppable[TalkerOutput]):
         self._inflight: tuple[object, list[_Seq | None]] | None = None
         self._working: list[_Seq] = []  # the requests the adapter call under way works on (see recover)
         self._partial: list[TalkerOutput] = []
+        self._last_launch = -1e9  # perf_counter of the last frame step launched (pacing)
         self.prefix_hits = 0
         self.prefill_tokens_saved = 0
         self.ticks = 0
@@ -156,8 +157,21 @@ class TalkerEngine(Steppable[TalkerOutput]):
     # -- introspection ---------------------------------------------------------------------------------
     def has_work(self) -> bool:
         admissible = len(self._slots) < self.cfg.max_num_seqs and any(s.prepared.ready for s in self._waiting)
-        runnable = any(self._runnable(s) for s in self._slots)
+        runnable = any(self._runnable(s) for s in self._slots) and self._pace_wait() == 0.0
         return bool(admissible or self._cancelled or runnable or self._inflight)
+
+    def idle_timeout(self) -> float | None:
+        """While a paced frame step waits for its time (``EngineConfig.min_step_interval_s``), that wait: the
+        engine thread sleeps on its command queue until then instead of spinning."""
+        wait = self._pace_wait()
+        return wait if wait > 0.0 and any(self._runnable(s) for s in self._slots) else None
+
+    def _pace_wait(self) -> float:
+        """Seconds until the next frame step may start under load (0: now, or not under load)."""
+        cfg = self.cfg
+        if cfg.min_step_interval_s <= 0.0 or len(self._slots) < cfg.pace_from_streams:
+            return 0.0
+        return max(0.0, self._last_launch + cfg.min_step_interval_s - time.perf_counter())
 
     def slots_in_use(self) -> int:
         return len(self._slots)
@@ -295,6 +309,13 @@ class TalkerEngine(Steppable[TalkerOutput]):
         )
 
     def _decode(self) -> list[TalkerOutput]:
+        if self._pace_wait() > 0.0:
+            # Too soon under load: collect the step in flight (its frames are due) and launch none, so the
+            # device is free for the other stage until the pace allows the next step.
+            if any(self._launchable(s) for s in self._slots):
+                metrics.TALKER_PACED.inc()
+            previous, self._inflight = self._inflight, None
+            return self._collect(previous) if previous else []
         launched = self._launch()
         if not self.cfg.async_scheduling:
             return self._collect(launched) if launched else []
@@ -313,6 +334,7 @@ class TalkerEngine(Steppable[TalkerOutput]):
         self._working = [s for s in rows if s is not None]
         max_pos = max(s.position for s in rows if s is not None)
         handle = self.adapter.launch(active[:n], max_pos + 1)
+        self._last_launch = time.perf_counter()
         for seq in rows:
             if seq is not None:
                 seq.launched += 1

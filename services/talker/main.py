@@ -77,6 +77,8 @@ def build(args: argparse.Namespace) -> StageParts:
             enable_prefix_caching=stage.enable_prefix_caching,
             prefix_cache_bytes=prefix_bytes,
             async_scheduling=stage.async_scheduling,
+            min_step_interval_s=pace_interval_s(stage.pace_realtime_x, info.frame_rate_hz),
+            pace_from_streams=stage.pace_from_streams,
         ),
     )
     defaults = TalkerDefaults.from_deploy(stage, info)
@@ -100,6 +102,12 @@ def build(args: argparse.Namespace) -> StageParts:
 
     binding = ServiceBinding(SERVICE_NAME, servicer, stage_pb2_grpc.add_TalkerServicer_to_server)
     return stage_parts("talker", binding, servicer, worker, lambda: worker.warm_up(info.warm_up), writer)
+
+
+def pace_interval_s(realtime_x: float | None, frame_rate_hz: float) -> float:
+    """The least time between two frame steps under load (``pace_realtime_x``): one frame period divided by
+    the speed-up allowed; 0 when the key is unset (no pacing)."""
+    return 0.0 if not realtime_x else 1.0 / (frame_rate_hz * realtime_x)
 
 
 def use_kv_cache_dtype(adapter: Any, name: str) -> None:

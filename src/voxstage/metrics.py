@@ -147,6 +147,11 @@ CODEC_LATE_CHUNKS = Histogram(
     buckets=UNDERRUN_BUCKETS,
     registry=REGISTRY,
 )  # cause="frames" | "codec"
+TALKER_PACED = Counter(
+    "voxstage_talker_paced_steps",
+    "Text-to-speech frame steps the talker put off to keep its pace under load (pace_realtime_x).",
+    registry=REGISTRY,
+)
 INPUT_STARVED = Counter(
     "voxstage_input_starved_frames",
     "Frame steps a talker slot skipped because streamed text had not arrived yet.",

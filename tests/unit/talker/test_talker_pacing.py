@@ -1,0 +1,78 @@
+"""Pacing under load (``pace_realtime_x``, ``EngineConfig.min_step_interval_s``): with enough requests in
+slots, frame steps start at least the interval apart, the engine thread has nothing to do in between (it
+sleeps on ``idle_timeout``), the frames are the same as unpaced, and below ``pace_from_streams`` nothing
+waits. The interval is a floor the engine must keep, so a slow machine cannot break these assertions."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from services.talker.engine import EngineConfig, TalkerEngine, TalkerOutput
+from services.talker.models.qwen3_tts.adapter import Qwen3TTSAdapter
+from services.talker.models.qwen3_tts.model import Qwen3TTSTalker
+from services.talker.models.qwen3_tts.tokenizer import QwenTextTokenizer
+from tests.unit.talker.talker_kit import frames_of
+from tests.unit.talker.test_talker_engine import request
+from voxstage import metrics
+
+INTERVAL_S = 0.05
+
+
+def engine(model: Qwen3TTSTalker, tok: QwenTextTokenizer, interval: float, from_streams: int) -> TalkerEngine:
+    cfg = EngineConfig(
+        max_num_seqs=4, max_model_len=192, max_num_batched_tokens=64, async_scheduling=True,
+        min_step_interval_s=interval, pace_from_streams=from_streams,
+    )  # fmt: skip
+    return TalkerEngine(Qwen3TTSAdapter(model, tok), cfg)
+
+
+def run(eng: TalkerEngine, n: int, frames: int) -> tuple[dict[str, list[TalkerOutput]], list[float]]:
+    """All ``n`` requests at once, driven as the engine thread does: a step while there is work, else a
+    sleep for ``idle_timeout``. Returns the outputs and the times of the frame steps' launches."""
+    launches: list[float] = []
+    launch = eng.adapter.launch
+
+    def timed(*a: object, **k: object) -> object:
+        launches.append(time.perf_counter())
+        return launch(*a, **k)
+
+    eng.adapter.launch = timed  # type: ignore[method-assign]
+    for i in range(n):
+        eng.submit(request(i, frames=frames))
+    out: dict[str, list[TalkerOutput]] = {}
+    for _ in range(10_000):
+        if eng.has_work():
+            for o in eng.step():
+                out.setdefault(o.request_id, []).append(o)
+            continue
+        wait = eng.idle_timeout()
+        if wait is None:
+            break
+        assert 0 < wait <= INTERVAL_S
+        time.sleep(wait)
+    return out, launches
+
+
+def test_steps_keep_the_pace_under_load_and_the_frames_are_the_same(
+    tiny_custom_voice: Qwen3TTSTalker, tiny_tokenizer: QwenTextTokenizer
+) -> None:
+    paced_before = metrics.REGISTRY.get_sample_value("voxstage_talker_paced_steps_total") or 0.0
+    paced, launches = run(engine(tiny_custom_voice, tiny_tokenizer, INTERVAL_S, 3), 3, 6)
+    free, _ = run(engine(tiny_custom_voice, tiny_tokenizer, 0.0, 3), 3, 6)
+    assert set(paced) == set(free) == {"r0", "r1", "r2"}
+    for rid in paced:
+        assert np.array_equal(frames_of(paced[rid]), frames_of(free[rid])), rid
+    gaps = np.diff(launches)
+    assert len(launches) >= 6 and gaps.min() >= INTERVAL_S
+    assert (metrics.REGISTRY.get_sample_value("voxstage_talker_paced_steps_total") or 0.0) > paced_before
+
+
+def test_below_the_load_threshold_nothing_waits(
+    tiny_custom_voice: Qwen3TTSTalker, tiny_tokenizer: QwenTextTokenizer
+) -> None:
+    eng = engine(tiny_custom_voice, tiny_tokenizer, 10.0, 3)  # a 10 s pace, were it ever applied
+    out, launches = run(eng, 2, 6)
+    assert sorted(out) == ["r0", "r1"] and len(launches) >= 6
+    assert eng.idle_timeout() is None and not eng.has_work()
