@@ -231,8 +231,14 @@ class TalkerWorker(StageWorker[TalkerOutput, OutputListener]):
             self.budget = RequestBudget.of(self.engine.adapter, self.info, max_len, reserve)
             req = TalkerRequest("__warmup__", spec, 0, d.sampling, d.subtalker, max_frames=2, min_frames=0)
             self.engine.submit(req)
-            while self.engine.has_work():
-                self.engine.step()
+            while True:  # to the end: a paced step (pace_from_streams: 1) leaves has_work() false a while
+                if self.engine.has_work():
+                    self.engine.step()
+                    continue
+                wait = self.engine.idle_timeout()
+                if wait is None:
+                    break
+                time.sleep(wait)
             adapter = self.engine.adapter
             variants = adapter.graph_variants(d.sampling, d.subtalker)  # families with sampler variants
             log_capture(log, "talker", lambda: adapter.capture_all_graphs(variants))
