@@ -5,17 +5,22 @@ waits. The interval is a floor the engine must keep, so a slow machine cannot br
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 import numpy as np
 
-from services.talker.engine import EngineConfig, TalkerEngine, TalkerOutput
+from services.talker.engine import EngineConfig, Finish, TalkerEngine, TalkerOutput
 from services.talker.models.qwen3_tts.adapter import Qwen3TTSAdapter
 from services.talker.models.qwen3_tts.model import Qwen3TTSTalker
 from services.talker.models.qwen3_tts.tokenizer import QwenTextTokenizer
+from services.talker.spec import SpeechSpec
+from services.talker.worker import TalkerDefaults, TalkerWorker
 from tests.unit.talker.talker_kit import frames_of
 from tests.unit.talker.test_talker_engine import request
+from tests.unit.talker.test_talker_request_failures import INFO
 from voxstage import metrics
+from voxstage.config import StageConfig
 
 INTERVAL_S = 0.05
 
@@ -76,3 +81,42 @@ def test_below_the_load_threshold_nothing_waits(
     out, launches = run(eng, 2, 6)
     assert sorted(out) == ["r0", "r1"] and len(launches) >= 6
     assert eng.idle_timeout() is None and not eng.has_work()
+
+
+def test_the_worker_warms_up_and_serves_with_every_step_paced(
+    tiny_custom_voice: Qwen3TTSTalker, tiny_tokenizer: QwenTextTokenizer
+) -> None:
+    """``pace_from_streams: 1``: even a lone request waits for its pace, so ``has_work()`` is false between
+    steps; the warm-up still runs its request to the end, and the engine thread wakes for each step."""
+    eng = engine(tiny_custom_voice, tiny_tokenizer, INTERVAL_S, 1)
+    worker = TalkerWorker(eng, INFO, TalkerDefaults.from_deploy(StageConfig(stage_id=0), INFO))
+    outputs: list[TalkerOutput] = []
+
+    class Listener:
+        def __init__(self) -> None:
+            self.done = asyncio.Event()
+
+        def on_output(self, output: TalkerOutput) -> None:
+            outputs.append(output)
+            if output.finish is not None:
+                self.done.set()
+
+        def on_engine_failed(self, message: str) -> None:
+            raise AssertionError(message)
+
+        def on_request_failed(self, message: str) -> None:
+            raise AssertionError(message)
+
+    async def main() -> list[str]:
+        fatal: list[str] = []
+        worker.start(asyncio.get_running_loop(), fatal.append)
+        await worker.warm_up(SpeechSpec(text="hello there", voice="ryan", language="english"))
+        assert eng.slots_in_use() == 0 and not eng.has_work()
+        listener = Listener()
+        await worker.submit(request(0, frames=5), listener)
+        await asyncio.wait_for(listener.done.wait(), 60)
+        worker.stop()
+        return fatal
+
+    assert asyncio.run(main()) == []
+    assert outputs[-1].finish is Finish.MAX_FRAMES and frames_of(outputs).shape[0] == 5
