@@ -63,6 +63,7 @@ class _Seq:
     done: bool = False
     text_queued: int = 0  # trailing text tokens handed to the adapter
     submitted_at: float = field(default_factory=time.perf_counter)
+    first_frame_at: float | None = None  # when its first frame was collected (pacing's real-time clock)
 
     @property
     def prefill_target(self) -> int:
@@ -157,21 +158,25 @@ class TalkerEngine(Steppable[TalkerOutput]):
     # -- introspection ---------------------------------------------------------------------------------
     def has_work(self) -> bool:
         admissible = len(self._slots) < self.cfg.max_num_seqs and any(s.prepared.ready for s in self._waiting)
-        runnable = any(self._runnable(s) for s in self._slots) and self._pace_wait() == 0.0
+        if self.cfg.pacing.on:
+            prefilling = any(s.phase is _Phase.PREFILL for s in self._slots)
+            runnable = prefilling or self._decode_wait() == 0.0
+        else:
+            runnable = any(self._runnable(s) for s in self._slots)
         return bool(admissible or self._cancelled or runnable or self._inflight)
 
     def idle_timeout(self) -> float | None:
-        """While a paced frame step waits for its time (``EngineConfig.min_step_interval_s``), that wait: the
-        engine thread sleeps on its command queue until then instead of spinning."""
-        wait = self._pace_wait()
-        return wait if wait > 0.0 and any(self._runnable(s) for s in self._slots) else None
+        """While paced frame steps wait for their time (``EngineConfig.pacing``), that wait: the engine thread
+        sleeps on its command queue until then instead of spinning."""
+        wait = self._decode_wait() if self.cfg.pacing.on else None
+        return wait or None
 
-    def _pace_wait(self) -> float:
-        """Seconds until the next frame step may start under load (0: now, or not under load)."""
-        cfg = self.cfg
-        if cfg.min_step_interval_s <= 0.0 or len(self._slots) < cfg.pace_from_streams:
-            return 0.0
-        return max(0.0, self._last_launch + cfg.min_step_interval_s - time.perf_counter())
+    def _decode_wait(self) -> float | None:
+        """Seconds until a frame step may launch under pacing (0: now); None when no slot could step."""
+        p, n, now = self.cfg.pacing, len(self._slots), time.perf_counter()
+        steppable = [s for s in self._slots if self._launchable(s)]
+        holds = [p.hold_left(n, s.first_frame_at, s.launched, now) for s in steppable]
+        return max(min(holds), p.step_wait(n, self._last_launch, now)) if holds else None
 
     def slots_in_use(self) -> int:
         return len(self._slots)
@@ -309,11 +314,11 @@ class TalkerEngine(Steppable[TalkerOutput]):
         )
 
     def _decode(self) -> list[TalkerOutput]:
-        if self._pace_wait() > 0.0:
+        if self.cfg.pacing.step_wait(len(self._slots), self._last_launch, time.perf_counter()) > 0.0:
             # Too soon under load: collect the step in flight (its frames are due) and launch none, so the
             # device is free for the other stage until the pace allows the next step.
             if any(self._launchable(s) for s in self._slots):
-                metrics.TALKER_PACED.inc()
+                metrics.TALKER_PACED.labels(by="interval").inc()
             previous, self._inflight = self._inflight, None
             return self._collect(previous) if previous else []
         launched = self._launch()
@@ -324,6 +329,13 @@ class TalkerEngine(Steppable[TalkerOutput]):
 
     def _launch(self) -> tuple[object, list[_Seq | None]] | None:
         active = [self._launchable(s) for s in self._slots]
+        if self.cfg.pacing.ahead_s > 0.0:  # streams far ahead of real time sit this step out (pacing.py)
+            p, n, now = self.cfg.pacing, len(self._slots), time.perf_counter()
+            held = [a and p.hold_left(n, s.first_frame_at, s.launched, now) > 0.0 for s, a in zip(
+                self._slots, active, strict=True)]  # fmt: skip
+            if any(held):
+                metrics.TALKER_PACED.labels(by="ahead").inc(sum(held))
+                active = [a and not h for a, h in zip(active, held, strict=True)]
         starved = sum(1 for s in self._slots if s.phase is _Phase.DECODE and not self._runnable(s))
         if starved:
             metrics.INPUT_STARVED.inc(starved)
@@ -364,6 +376,8 @@ class TalkerEngine(Steppable[TalkerOutput]):
                 finished.append((seq, Finish.ERROR, why))
                 continue
             seq.frames += 1
+            if seq.first_frame_at is None:
+                seq.first_frame_at = time.perf_counter()  # the real-time clock a held stream is paced by
             outputs.append(TalkerOutput(seq.request.request_id, codes[i : i + 1], seq.frames - 1))
             if seq.frames >= seq.request.max_frames:
                 finished.append((seq, Finish.MAX_FRAMES, None))

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
+from services.talker.pacing import Pacing
 from services.talker.sampling import SamplingParams
 
 
@@ -30,10 +31,8 @@ class EngineConfig:
     # Launch tick n+1 before reading tick n's results, so host work overlaps the device step. A request that
     # hit EOS at tick n then runs one wasted step at n+1 whose output is dropped.
     async_scheduling: bool = False
-    # Pacing under load: with at least ``pace_from_streams`` requests in slots, a frame step starts at least
-    # ``min_step_interval_s`` after the one before (0: off), so the GPU the step would take goes elsewhere.
-    min_step_interval_s: float = 0.0
-    pace_from_streams: int = 1
+    # Pacing under load (services/talker/pacing.py): off unless the deploy file's pace_* keys set it.
+    pacing: Pacing = field(default_factory=Pacing)
 
 
 @dataclass

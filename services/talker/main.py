@@ -77,8 +77,7 @@ def build(args: argparse.Namespace) -> StageParts:
             enable_prefix_caching=stage.enable_prefix_caching,
             prefix_cache_bytes=prefix_bytes,
             async_scheduling=stage.async_scheduling,
-            min_step_interval_s=pace_interval_s(stage.pace_realtime_x, info.frame_rate_hz),
-            pace_from_streams=stage.pace_from_streams,
+            pacing=pacing_of(stage, info.frame_rate_hz),
         ),
     )
     defaults = TalkerDefaults.from_deploy(stage, info)
@@ -104,10 +103,17 @@ def build(args: argparse.Namespace) -> StageParts:
     return stage_parts("talker", binding, servicer, worker, lambda: worker.warm_up(info.warm_up), writer)
 
 
-def pace_interval_s(realtime_x: float | None, frame_rate_hz: float) -> float:
-    """The least time between two frame steps under load (``pace_realtime_x``): one frame period divided by
-    the speed-up allowed; 0 when the key is unset (no pacing)."""
-    return 0.0 if not realtime_x else 1.0 / (frame_rate_hz * realtime_x)
+def pacing_of(stage: Any, frame_rate_hz: float) -> Any:
+    """The engine's ``Pacing`` from the talker stage's ``pace_*`` keys (all off when they are unset)."""
+    from services.talker.pacing import Pacing
+
+    x = stage.pace_realtime_x
+    return Pacing(
+        min_step_interval_s=1.0 / (frame_rate_hz * x) if x else 0.0,
+        ahead_s=stage.pace_ahead_s or 0.0,
+        from_streams=stage.pace_from_streams,
+        frame_s=1.0 / frame_rate_hz,
+    )
 
 
 def use_kv_cache_dtype(adapter: Any, name: str) -> None:

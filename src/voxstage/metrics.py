@@ -149,9 +149,11 @@ CODEC_LATE_CHUNKS = Histogram(
 )  # cause="frames" | "codec"
 TALKER_PACED = Counter(
     "voxstage_talker_paced_steps",
-    "Text-to-speech frame steps the talker put off to keep its pace under load (pace_realtime_x).",
+    "Text-to-speech frame steps the talker put off under load: whole steps, for the step interval "
+    "(pace_realtime_x), and streams' steps, for being far ahead of real time (pace_ahead_s).",
+    ["by"],
     registry=REGISTRY,
-)
+)  # by="interval" | "ahead"
 INPUT_STARVED = Counter(
     "voxstage_input_starved_frames",
     "Frame steps a talker slot skipped because streamed text had not arrived yet.",

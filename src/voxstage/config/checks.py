@@ -79,6 +79,7 @@ CODEC_ONLY_KEYS: Mapping[str, str] = {
 }
 TALKER_ONLY_KEYS: Mapping[str, str] = {
     "pace_realtime_x": "it paces the talker's frame steps",
+    "pace_ahead_s": "it paces the talker's frame steps",
     "pace_from_streams": "it paces the talker's frame steps",
     "voice_cache_bytes": "it bounds the talker's cache of voice prompts; the codec's decoder states are "
     "codec_voice_state_*",
@@ -248,7 +249,7 @@ def check_stage_settings(cfg: DeployView) -> list[Issue]:
     for i, stage in enumerate(cfg.stages):
         if stage.stage_id == TALKER_STAGE_ID:
             out += _owned_elsewhere(stage, i, CODEC_ONLY_KEYS, f"the codec stage (stage_id {CODEC_STAGE_ID})")
-            for key in ("pace_realtime_x", "pace_from_streams"):
+            for key in ("pace_realtime_x", "pace_ahead_s", "pace_from_streams"):
                 if cfg.session_mode == "duplex" and key in stage.model_fields_set:
                     out.append(
                         _warning(

@@ -136,10 +136,12 @@ class StageConfig(StrictModel):
     max_num_batched_tokens: int | None = Field(default=None, ge=1)
     # Talker only: the KV cache's storage, "auto" (the model dtype) or "fp8" (e4m3, per-head scales).
     kv_cache_dtype: str = "auto"
-    # Talker only, text to speech: under load (at least pace_from_streams streams decoding) the talker
-    # generates at most pace_realtime_x times real time: one frame step per frame period / x at the most,
-    # which leaves the rest of a shared GPU to the codec (docs/configuration.md). None: as fast as it can.
+    # Talker only, text to speech (services/talker/pacing.py): under load (at least pace_from_streams
+    # requests in slots) a frame step starts at most once per frame period / pace_realtime_x, and a stream
+    # more than pace_ahead_s of audio ahead of real time sits steps out, which leaves the rest of a shared
+    # GPU to the codec (docs/configuration.md). Unset: as fast as it can.
     pace_realtime_x: float | None = Field(default=None, ge=1.0, le=1000.0)
+    pace_ahead_s: float | None = Field(default=None, gt=0.0, le=3600.0)
     pace_from_streams: int = Field(default=16, ge=1)
     # Talker only: ready voice prompts of voice-library voices (services/talker/voice_cache.py), bounded
     # by bytes and by entries; 0 in either turns the cache off (every request rebuilds its voice's prompt).

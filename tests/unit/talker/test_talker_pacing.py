@@ -1,7 +1,8 @@
-"""Pacing under load (``pace_realtime_x``, ``EngineConfig.min_step_interval_s``): with enough requests in
-slots, frame steps start at least the interval apart, the engine thread has nothing to do in between (it
-sleeps on ``idle_timeout``), the frames are the same as unpaced, and below ``pace_from_streams`` nothing
-waits. The interval is a floor the engine must keep, so a slow machine cannot break these assertions."""
+"""Pacing under load (services/talker/pacing.py): with enough requests in slots, frame steps start at least
+the interval apart and a stream far ahead of real time sits steps out; the engine thread has nothing to do
+meanwhile (it sleeps on ``idle_timeout``), the frames are the same as unpaced, and below the load threshold
+nothing waits. The interval and the hold are floors the engine must keep, so a slow machine cannot break
+these assertions."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from services.talker.engine import EngineConfig, Finish, TalkerEngine, TalkerOut
 from services.talker.models.qwen3_tts.adapter import Qwen3TTSAdapter
 from services.talker.models.qwen3_tts.model import Qwen3TTSTalker
 from services.talker.models.qwen3_tts.tokenizer import QwenTextTokenizer
+from services.talker.pacing import Pacing
 from services.talker.spec import SpeechSpec
 from services.talker.worker import TalkerDefaults, TalkerWorker
 from tests.unit.talker.talker_kit import frames_of
@@ -25,15 +27,23 @@ from voxstage.config import StageConfig
 INTERVAL_S = 0.05
 
 
-def engine(model: Qwen3TTSTalker, tok: QwenTextTokenizer, interval: float, from_streams: int) -> TalkerEngine:
+def paced(by: str) -> float:
+    return metrics.REGISTRY.get_sample_value("voxstage_talker_paced_steps_total", {"by": by}) or 0.0
+
+
+def engine(
+    model: Qwen3TTSTalker, tok: QwenTextTokenizer, interval: float, from_streams: int, ahead_s: float = 0.0
+) -> TalkerEngine:
+    pacing = Pacing(min_step_interval_s=interval, ahead_s=ahead_s, from_streams=from_streams)
     cfg = EngineConfig(
-        max_num_seqs=4, max_model_len=192, max_num_batched_tokens=64, async_scheduling=True,
-        min_step_interval_s=interval, pace_from_streams=from_streams,
-    )  # fmt: skip
+        max_num_seqs=4, max_model_len=192, max_num_batched_tokens=64, async_scheduling=True, pacing=pacing
+    )
     return TalkerEngine(Qwen3TTSAdapter(model, tok), cfg)
 
 
-def run(eng: TalkerEngine, n: int, frames: int) -> tuple[dict[str, list[TalkerOutput]], list[float]]:
+def run(
+    eng: TalkerEngine, n: int, frames: int, max_wait: float = INTERVAL_S
+) -> tuple[dict[str, list[TalkerOutput]], list[float]]:
     """All ``n`` requests at once, driven as the engine thread does: a step while there is work, else a
     sleep for ``idle_timeout``. Returns the outputs and the times of the frame steps' launches."""
     launches: list[float] = []
@@ -55,7 +65,7 @@ def run(eng: TalkerEngine, n: int, frames: int) -> tuple[dict[str, list[TalkerOu
         wait = eng.idle_timeout()
         if wait is None:
             break
-        assert 0 < wait <= INTERVAL_S
+        assert 0 < wait <= max_wait
         time.sleep(wait)
     return out, launches
 
@@ -63,15 +73,15 @@ def run(eng: TalkerEngine, n: int, frames: int) -> tuple[dict[str, list[TalkerOu
 def test_steps_keep_the_pace_under_load_and_the_frames_are_the_same(
     tiny_custom_voice: Qwen3TTSTalker, tiny_tokenizer: QwenTextTokenizer
 ) -> None:
-    paced_before = metrics.REGISTRY.get_sample_value("voxstage_talker_paced_steps_total") or 0.0
-    paced, launches = run(engine(tiny_custom_voice, tiny_tokenizer, INTERVAL_S, 3), 3, 6)
+    paced_before = paced("interval")
+    slow, launches = run(engine(tiny_custom_voice, tiny_tokenizer, INTERVAL_S, 3), 3, 6)
     free, _ = run(engine(tiny_custom_voice, tiny_tokenizer, 0.0, 3), 3, 6)
-    assert set(paced) == set(free) == {"r0", "r1", "r2"}
-    for rid in paced:
-        assert np.array_equal(frames_of(paced[rid]), frames_of(free[rid])), rid
+    assert set(slow) == set(free) == {"r0", "r1", "r2"}
+    for rid in slow:
+        assert np.array_equal(frames_of(slow[rid]), frames_of(free[rid])), rid
     gaps = np.diff(launches)
     assert len(launches) >= 6 and gaps.min() >= INTERVAL_S
-    assert (metrics.REGISTRY.get_sample_value("voxstage_talker_paced_steps_total") or 0.0) > paced_before
+    assert paced("interval") > paced_before
 
 
 def test_below_the_load_threshold_nothing_waits(
@@ -120,3 +130,19 @@ def test_the_worker_warms_up_and_serves_with_every_step_paced(
 
     assert asyncio.run(main()) == []
     assert outputs[-1].finish is Finish.MAX_FRAMES and frames_of(outputs).shape[0] == 5
+
+
+def test_streams_far_ahead_of_real_time_are_held(
+    tiny_custom_voice: Qwen3TTSTalker, tiny_tokenizer: QwenTextTokenizer
+) -> None:
+    """``ahead_s`` 0.1 at 80 ms a frame: a stream's k-th frame launches no earlier than (k - 1) x 80 ms
+    - 100 ms after its first was collected, so 8 frames take at least 0.46 s, and the frames do not change."""
+    held_before = paced("ahead")
+    eng = engine(tiny_custom_voice, tiny_tokenizer, 0.0, 2, ahead_s=0.1)
+    t0 = time.perf_counter()
+    out, launches = run(eng, 2, 8, max_wait=0.08)
+    elapsed = time.perf_counter() - t0
+    free, _ = run(engine(tiny_custom_voice, tiny_tokenizer, 0.0, 2), 2, 8)
+    for rid in ("r0", "r1"):
+        assert np.array_equal(frames_of(out[rid]), frames_of(free[rid])), rid
+    assert elapsed >= 7 * 0.08 - 0.1 and paced("ahead") > held_before
