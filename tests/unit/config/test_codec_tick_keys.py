@@ -1,13 +1,11 @@
-"""``codec_tick_policy`` / ``codec_tick_budget_ms``: the codec stage's keys, refused on the talker, checked in
-range, inert (with a warning) on duplex sessions; and the codec builds its engine from them."""
+"""``codec_tick_policy`` / ``codec_tick_budget_ms``: defaults and overrides, and the codec builds its engine
+from them (refusals and the duplex warning: test_stage_owned_keys.py)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
-
-from voxstage.config import ConfigError, load_deploy_config
+from voxstage.config import load_deploy_config
 
 REPO = Path(__file__).resolve().parents[3]
 QWEN = REPO / "deploy" / "qwen3_tts.yaml"
@@ -19,31 +17,6 @@ def test_defaults_and_overrides() -> None:
     sets = ["stages.1.codec_tick_policy=fifo", "stages.1.codec_tick_budget_ms=12.5"]
     codec = load_deploy_config(QWEN, platform="cuda", overrides=sets).codec
     assert (codec.codec_tick_policy, codec.codec_tick_budget_ms) == ("fifo", 12.5)
-
-
-@pytest.mark.parametrize(
-    ("override", "expected"),
-    [
-        (
-            "stages.0.codec_tick_policy=fifo",
-            "stages[0].codec_tick_policy: belongs to the codec stage (stage_id 1)",
-        ),
-        ("stages.0.codec_tick_budget_ms=10", "stages[0].codec_tick_budget_ms: belongs to the codec stage"),
-        ("stages.1.codec_tick_policy=edf", "stages[1].codec_tick_policy"),
-        ("stages.1.codec_tick_budget_ms=0", "stages[1].codec_tick_budget_ms"),
-    ],
-)
-def test_misplaced_or_bad_values_are_refused_naming_the_key(override: str, expected: str) -> None:
-    with pytest.raises(ConfigError) as info:
-        load_deploy_config(QWEN, platform="cuda", overrides=[override])
-    assert any(expected in str(issue) for issue in info.value.issues), info.value.issues
-
-
-def test_duplex_sessions_warn_that_the_keys_do_nothing() -> None:
-    path = REPO / "deploy" / "personaplex.yaml"
-    assert not any("codec_tick" in str(w) for w in load_deploy_config(path, platform="cuda").warnings)
-    cfg = load_deploy_config(path, platform="cuda", overrides=["stages.1.codec_tick_budget_ms=10"])
-    assert any("codec_tick_budget_ms" in str(w) and "duplex" in str(w) for w in cfg.warnings), cfg.warnings
 
 
 def test_the_policy_is_the_deploy_files_else_the_familys_and_fifo_off_a_gpu() -> None:

@@ -1,0 +1,46 @@
+"""Keys one stage reads (``checks.CODEC_ONLY_KEYS`` / ``TALKER_ONLY_KEYS``, the codec's tick schedule, the
+talker's pacing): set on the other stage or out of range they are refused naming the key, and on duplex
+sessions, which neither reads, they load with a warning naming the key."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from voxstage.config import ConfigError, load_deploy_config
+
+REPO = Path(__file__).resolve().parents[3]
+QWEN = REPO / "deploy" / "qwen3_tts.yaml"
+PERSONAPLEX = REPO / "deploy" / "personaplex.yaml"
+
+
+@pytest.mark.parametrize(
+    ("override", "expected"),
+    [
+        ("stages.0.codec_tick_policy=fifo", "stages[0].codec_tick_policy: belongs to the codec stage"),
+        ("stages.0.codec_tick_budget_ms=10", "stages[0].codec_tick_budget_ms: belongs to the codec stage"),
+        ("stages.1.codec_tick_policy=edf", "stages[1].codec_tick_policy"),
+        ("stages.1.codec_tick_budget_ms=0", "stages[1].codec_tick_budget_ms"),
+        ("stages.1.pace_realtime_x=2", "stages[1].pace_realtime_x: belongs to the talker stage (stage_id 0)"),
+        ("stages.1.pace_from_streams=8", "stages[1].pace_from_streams: belongs to the talker stage"),
+        ("stages.1.pace_ahead_s=3", "stages[1].pace_ahead_s: belongs to the talker stage"),
+        ("stages.0.pace_realtime_x=0.5", "stages[0].pace_realtime_x"),
+        ("stages.0.pace_from_streams=0", "stages[0].pace_from_streams"),
+        ("stages.0.pace_ahead_s=0", "stages[0].pace_ahead_s"),
+    ],
+)
+def test_misplaced_or_bad_values_are_refused_naming_the_key(override: str, expected: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_deploy_config(QWEN, platform="cuda", overrides=[override])
+    assert any(expected in str(issue) for issue in info.value.issues), info.value.issues
+
+
+@pytest.mark.parametrize(
+    "override", ["stages.1.codec_tick_budget_ms=10", "stages.0.pace_realtime_x=3", "stages.0.pace_ahead_s=3"]
+)
+def test_duplex_sessions_warn_that_the_keys_do_nothing(override: str) -> None:
+    key = override.split("=")[0].split(".")[-1]
+    assert not any(key in str(w) for w in load_deploy_config(PERSONAPLEX, platform="cuda").warnings)
+    cfg = load_deploy_config(PERSONAPLEX, platform="cuda", overrides=[override])
+    assert any(key in str(w) and "duplex" in str(w) for w in cfg.warnings), cfg.warnings
