@@ -227,10 +227,16 @@ class Synthesizer:
         return msg, smallest * samples_per_frame
 
     async def _open(
-        self, job: SynthesisJob, deadline: float | None, text_deltas: bool, first: FirstInput[InputItem]
+        self,
+        job: SynthesisJob,
+        deadline: float | None,
+        text_deltas: bool,
+        first: FirstInput[InputItem],
+        whole_clip: bool = False,
     ) -> tuple[Replica, Replica, CodecStream, stage_pb2.StreamOpened]:
         async def attempt(codec: Replica, talker: Replica) -> tuple[CodecStream, stage_pb2.StreamOpened]:
             msg, min_chunk = self._open_msg(job, codec, talker, text_deltas)
+            msg.whole_clip = whole_clip  # the client hears nothing before the end: never paced
             msg.initial_text, msg.initial_end_of_input = first.for_open()
             rate = codec.status.frame_rate_hz if codec.status is not None else 0.0
             stream = CodecStream(
@@ -323,7 +329,8 @@ class Synthesizer:
         first = FirstInput(inputs, passes, enabled=flusher is None)  # a flusher splits texts: no early one
         await asyncio.sleep(0)  # the first input's read gets a turn before the open is written
         try:
-            codec, talker, stream, opened = await self._open(job, deadline, text_deltas, first)
+            opening = self._open(job, deadline, text_deltas, first, acct.whole_clip)
+            codec, talker, stream, opened = await opening
         except BaseException:
             first.close()
             raise

@@ -171,11 +171,15 @@ class TalkerEngine(Steppable[TalkerOutput]):
         wait = self._decode_wait() if self.cfg.pacing.on else None
         return wait or None
 
+    def _hold_left(self, seq: _Seq, slots: int, now: float) -> float:
+        if seq.request.whole_clip:
+            return 0.0
+        return self.cfg.pacing.hold_left(slots, seq.first_frame_at, seq.launched, now)
+
     def _decode_wait(self) -> float | None:
         """Seconds until a frame step may launch under pacing (0: now); None when no slot could step."""
         p, n, now = self.cfg.pacing, len(self._slots), time.perf_counter()
-        steppable = [s for s in self._slots if self._launchable(s)]
-        holds = [p.hold_left(n, s.first_frame_at, s.launched, now) for s in steppable]
+        holds = [self._hold_left(s, n, now) for s in self._slots if self._launchable(s)]
         return max(min(holds), p.step_wait(n, self._last_launch, now)) if holds else None
 
     def slots_in_use(self) -> int:
@@ -330,9 +334,8 @@ class TalkerEngine(Steppable[TalkerOutput]):
     def _launch(self) -> tuple[object, list[_Seq | None]] | None:
         active = [self._launchable(s) for s in self._slots]
         if self.cfg.pacing.ahead_s > 0.0:  # streams far ahead of real time sit this step out (pacing.py)
-            p, n, now = self.cfg.pacing, len(self._slots), time.perf_counter()
-            held = [a and p.hold_left(n, s.first_frame_at, s.launched, now) > 0.0 for s, a in zip(
-                self._slots, active, strict=True)]  # fmt: skip
+            n, now = len(self._slots), time.perf_counter()
+            held = [a and self._hold_left(s, n, now) > 0.0 for s, a in zip(self._slots, active, strict=True)]
             if any(held):
                 metrics.TALKER_PACED.labels(by="ahead").inc(sum(held))
                 active = [a and not h for a, h in zip(active, held, strict=True)]

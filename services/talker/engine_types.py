@@ -44,6 +44,7 @@ class TalkerRequest:
     subtalker: SamplingParams
     max_frames: int
     min_frames: int = 2
+    whole_clip: bool = False  # the client hears nothing before the end: pacing never holds it (pacing.py)
 
 
 class Finish(enum.StrEnum):

@@ -52,6 +52,7 @@ def request_params(op: stage_pb2.StreamOpen, voices: VoiceCache | None = None) -
         speaker_embedding=voice.speaker_embedding,
         ref_text=voice.ref_text,
         ref_codes=voice.ref_codes,
+        whole_clip=op.whole_clip,
     )
 
 

@@ -121,6 +121,7 @@ class RequestParams:
     speaker_embedding: np.ndarray | None = None
     ref_text: str | None = None
     ref_codes: np.ndarray | None = None
+    whole_clip: bool = False  # its client hears nothing before the end: never held by pacing
 
 
 class OutputListener(Protocol):
@@ -306,6 +307,7 @@ class TalkerWorker(StageWorker[TalkerOutput, OutputListener]):
             subtalker=subtalker,
             max_frames=max_frames or params.max_frames or d.max_frames,
             min_frames=d.min_frames,
+            whole_clip=params.whole_clip,
         )
 
     async def submit(

@@ -10,12 +10,14 @@ import asyncio
 import time
 
 import numpy as np
+import pytest
 
 from services.talker.engine import EngineConfig, Finish, TalkerEngine, TalkerOutput
 from services.talker.models.qwen3_tts.adapter import Qwen3TTSAdapter
 from services.talker.models.qwen3_tts.model import Qwen3TTSTalker
 from services.talker.models.qwen3_tts.tokenizer import QwenTextTokenizer
 from services.talker.pacing import Pacing
+from services.talker.request_params import request_params
 from services.talker.spec import SpeechSpec
 from services.talker.worker import TalkerDefaults, TalkerWorker
 from tests.unit.talker.talker_kit import frames_of
@@ -23,6 +25,7 @@ from tests.unit.talker.test_talker_engine import request
 from tests.unit.talker.test_talker_request_failures import INFO
 from voxstage import metrics
 from voxstage.config import StageConfig
+from voxstage.internal.v1 import stage_pb2
 
 INTERVAL_S = 0.05
 
@@ -146,3 +149,43 @@ def test_streams_far_ahead_of_real_time_are_held(
     for rid in ("r0", "r1"):
         assert np.array_equal(frames_of(out[rid]), frames_of(free[rid])), rid
     assert elapsed >= 7 * 0.08 - 0.1 and paced("ahead") > held_before
+
+
+def test_a_whole_clip_is_never_held(
+    tiny_custom_voice: Qwen3TTSTalker, tiny_tokenizer: QwenTextTokenizer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With the clock stopped, a streamed request is held once it is ``ahead_s`` (0.2 s: after 3 frames)
+    ahead of its first frame, while a whole clip (``TalkerRequest.whole_clip``) beside it runs to its end."""
+    clock = [1000.0]
+    monkeypatch.setattr(time, "perf_counter", lambda: clock[0])
+    eng = engine(tiny_custom_voice, tiny_tokenizer, 0.0, 1, ahead_s=0.2)  # load from one request on
+    whole = request(0, frames=8)
+    whole.whole_clip = True
+    eng.submit(whole)
+    eng.submit(request(1, frames=8))
+    out: dict[str, list[TalkerOutput]] = {}
+    for _ in range(200):
+        if not eng.has_work():
+            break
+        for o in eng.step():
+            out.setdefault(o.request_id, []).append(o)
+    assert out["r0"][-1].finish is Finish.MAX_FRAMES and frames_of(out["r0"]).shape[0] == 8
+    assert frames_of(out["r1"]).shape[0] == 3 and out["r1"][-1].finish is None
+    assert eng.idle_timeout() == pytest.approx(0.04)  # 3 x 80 ms - 0.2 s: then the next frame is due
+    clock[0] += 1.0
+    for _ in range(200):
+        if not eng.has_work():
+            break
+        for o in eng.step():
+            out.setdefault(o.request_id, []).append(o)
+    assert out["r1"][-1].finish is Finish.MAX_FRAMES and frames_of(out["r1"]).shape[0] == 8
+
+
+def test_the_opens_whole_clip_reaches_the_engine_request(
+    tiny_custom_voice: Qwen3TTSTalker, tiny_tokenizer: QwenTextTokenizer
+) -> None:
+    eng = engine(tiny_custom_voice, tiny_tokenizer, 0.0, 1, ahead_s=1.0)
+    worker = TalkerWorker(eng, INFO, TalkerDefaults.from_deploy(StageConfig(stage_id=0), INFO))
+    for whole in (True, False):
+        params = request_params(stage_pb2.StreamOpen(voice="ryan", whole_clip=whole))
+        assert worker.build_request("k", params, "hello there", True).whole_clip is whole

@@ -153,7 +153,7 @@ class ChunkSchedule(_message.Message):
     def __init__(self, initial_chunk_frames: _Optional[int] = ..., steady_chunk_frames: _Optional[int] = ..., left_context_frames: _Optional[int] = ...) -> None: ...
 
 class StreamOpen(_message.Message):
-    __slots__ = ("request_id", "mode", "talker_address", "model", "voice", "language", "instructions", "seed", "sampling", "subtalker_sampling", "non_streaming_mode", "text_deltas", "initial_text", "initial_end_of_input", "reference", "chunk_schedule", "pcm_format", "sample_rate_hz", "initial_credit", "transport")
+    __slots__ = ("request_id", "mode", "talker_address", "model", "voice", "language", "instructions", "seed", "sampling", "subtalker_sampling", "non_streaming_mode", "text_deltas", "initial_text", "initial_end_of_input", "whole_clip", "reference", "chunk_schedule", "pcm_format", "sample_rate_hz", "initial_credit", "transport")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     MODE_FIELD_NUMBER: _ClassVar[int]
     TALKER_ADDRESS_FIELD_NUMBER: _ClassVar[int]
@@ -168,6 +168,7 @@ class StreamOpen(_message.Message):
     TEXT_DELTAS_FIELD_NUMBER: _ClassVar[int]
     INITIAL_TEXT_FIELD_NUMBER: _ClassVar[int]
     INITIAL_END_OF_INPUT_FIELD_NUMBER: _ClassVar[int]
+    WHOLE_CLIP_FIELD_NUMBER: _ClassVar[int]
     REFERENCE_FIELD_NUMBER: _ClassVar[int]
     CHUNK_SCHEDULE_FIELD_NUMBER: _ClassVar[int]
     PCM_FORMAT_FIELD_NUMBER: _ClassVar[int]
@@ -188,13 +189,14 @@ class StreamOpen(_message.Message):
     text_deltas: bool
     initial_text: str
     initial_end_of_input: bool
+    whole_clip: bool
     reference: VoiceReference
     chunk_schedule: ChunkSchedule
     pcm_format: PcmFormat
     sample_rate_hz: int
     initial_credit: Credit
     transport: TransportHello
-    def __init__(self, request_id: _Optional[str] = ..., mode: _Optional[_Union[StreamMode, str]] = ..., talker_address: _Optional[str] = ..., model: _Optional[str] = ..., voice: _Optional[str] = ..., language: _Optional[str] = ..., instructions: _Optional[str] = ..., seed: _Optional[int] = ..., sampling: _Optional[_Union[_speech_pb2.SamplingParams, _Mapping]] = ..., subtalker_sampling: _Optional[_Union[_speech_pb2.SubtalkerSamplingParams, _Mapping]] = ..., non_streaming_mode: _Optional[bool] = ..., text_deltas: _Optional[bool] = ..., initial_text: _Optional[str] = ..., initial_end_of_input: _Optional[bool] = ..., reference: _Optional[_Union[VoiceReference, _Mapping]] = ..., chunk_schedule: _Optional[_Union[ChunkSchedule, _Mapping]] = ..., pcm_format: _Optional[_Union[PcmFormat, str]] = ..., sample_rate_hz: _Optional[int] = ..., initial_credit: _Optional[_Union[Credit, _Mapping]] = ..., transport: _Optional[_Union[TransportHello, _Mapping]] = ...) -> None: ...
+    def __init__(self, request_id: _Optional[str] = ..., mode: _Optional[_Union[StreamMode, str]] = ..., talker_address: _Optional[str] = ..., model: _Optional[str] = ..., voice: _Optional[str] = ..., language: _Optional[str] = ..., instructions: _Optional[str] = ..., seed: _Optional[int] = ..., sampling: _Optional[_Union[_speech_pb2.SamplingParams, _Mapping]] = ..., subtalker_sampling: _Optional[_Union[_speech_pb2.SubtalkerSamplingParams, _Mapping]] = ..., non_streaming_mode: _Optional[bool] = ..., text_deltas: _Optional[bool] = ..., initial_text: _Optional[str] = ..., initial_end_of_input: _Optional[bool] = ..., whole_clip: _Optional[bool] = ..., reference: _Optional[_Union[VoiceReference, _Mapping]] = ..., chunk_schedule: _Optional[_Union[ChunkSchedule, _Mapping]] = ..., pcm_format: _Optional[_Union[PcmFormat, str]] = ..., sample_rate_hz: _Optional[int] = ..., initial_credit: _Optional[_Union[Credit, _Mapping]] = ..., transport: _Optional[_Union[TransportHello, _Mapping]] = ...) -> None: ...
 
 class StreamOpened(_message.Message):
     __slots__ = ("request_id", "model", "family", "num_code_groups", "frame_rate_hz", "pcm_format", "sample_rate_hz", "channels", "chunk_schedule", "initial_credit", "transport")
