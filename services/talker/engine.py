@@ -12,7 +12,8 @@ the last used slot moves into the hole.
 Per tick: apply admissions (a request that cannot fit ``max_model_len`` is rejected at submit, never
 truncated), spend the ``max_num_batched_tokens`` budget on prefill chunks (oldest first), then one frame
 step for every slot in decode. A prompt's last position is not prefilled: it becomes the slot's first
-decode input, so every frame, including the first, comes from the same frame step.
+decode input, so every frame, including the first, comes from the same frame step. Under load the frame
+steps may be paced (``EngineConfig.pacing``, services/talker/pacing.py): spaced, and far-ahead streams held.
 
 A failure belongs to its request: before each call into the adapter the engine notes which requests that
 call works on (``_working``); when a tick raises, ``recover`` ends exactly those (``Finish.ERROR``, slot
