@@ -179,9 +179,15 @@ class TalkerEngine(Steppable[TalkerOutput]):
 
     def _decode_wait(self) -> float | None:
         """Seconds until a frame step may launch under pacing (0: now); None when no slot could step."""
-        p, n, now = self.cfg.pacing, len(self._slots), time.perf_counter()
-        holds = [self._hold_left(s, n, now) for s in self._slots if self._launchable(s)]
-        return max(min(holds), p.step_wait(n, self._last_launch, now)) if holds else None
+        n, now = len(self._slots), time.perf_counter()
+        least: float | None = None
+        for seq in self._slots:
+            if self._launchable(seq):
+                hold = self._hold_left(seq, n, now)
+                least = hold if least is None else min(least, hold)
+                if least == 0.0:
+                    break  # a slot may step now: no need to look at the others
+        return None if least is None else max(least, self.cfg.pacing.step_wait(n, self._last_launch, now))
 
     def slots_in_use(self) -> int:
         return len(self._slots)
