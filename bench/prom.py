@@ -130,7 +130,8 @@ TICK = "voxstage_stage_tick_seconds"
 
 def tts_stages(before: dict[str, dict[str, float]], after: dict[str, dict[str, float]]) -> dict[str, Any]:
     """A text-to-speech level's stage numbers from two ``fetch`` snapshots: the codec's late chunks by cause
-    (and how late, p50/p95), its chunks' wait by kind, and each stage's tick p50/p99 (bucket bounds)."""
+    (and how late, p50/p95), its chunks' wait by kind, each stage's tick p50/p99 (bucket bounds), and the
+    talker's paced steps by cause."""
     out: dict[str, Any] = {}
     for name in after:
         d = diff(after[name], before.get(name, {}))
@@ -139,6 +140,9 @@ def tts_stages(before: dict[str, dict[str, float]], after: dict[str, dict[str, f
         if stage is not None:
             q = hist_quantiles(d, TICK, f'stage="{stage}"')
             row["tick_s"] = {"ticks": q["count"], "p50": q["p50"], "p99": q["p99"]}
+        if stage == "talker":  # steps the pacing put off (pace_* keys; 0 when it is off)
+            paced = "voxstage_talker_paced_steps_total"
+            row["paced"] = {by: d.get(f'{paced}{{by="{by}"}}', 0.0) for by in ("interval", "ahead")}
         if stage == "codec":
             late = {cause: hist_quantiles(d, LATE_CHUNK, f'cause="{cause}"') for cause in ("frames", "codec")}
             row["late_chunks"] = {c: {k: q[k] for k in ("count", "p50", "p95")} for c, q in late.items()}

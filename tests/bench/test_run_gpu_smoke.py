@@ -116,6 +116,7 @@ def test_closed_search_against_two_pairs_sharing_the_device(tmp_path: Path, cach
         assert firsts >= len(level["records"]) > 0
         for k in (0, 1):
             assert set(stages[f"codec-{k}"]["late_chunks"]) == {"frames", "codec"}
+            assert stages[f"talker-{k}"]["paced"] == {"interval": 0.0, "ahead": 0.0}  # pacing is off
     # Both talker replicas served requests: the gateway spread the load over the two pairs.
     for k in (0, 1):
         prom = (tmp_path / f"metrics_tiny_2pairs_3closed_talker-{k}.prom").read_text()
