@@ -290,6 +290,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-model-len", type=int, default=1024, help="talker positions per slot")
     ap.add_argument("--chunk-schedule", default="", help="I,S frames for every request; '' = deploy's")
     ap.add_argument("--ttfa-slo-ms", type=float, default=1000.0)
+    ap.add_argument(
+        "--closed-start", type=int, default=None,
+        help="closed searches (gRPC and openai): the first level, in place of the profile's (e.g. 64 to skip "
+        "levels an earlier run passed; the search still steps down from a failing start)",
+    )  # fmt: skip
     ap.add_argument("--set", action="append", default=[], help="extra `voxstage serve --set` (repeatable)")
     ap.add_argument(
         "--pairs", type=int, default=1, help="talker + codec pairs sharing the GPU (--slots split over them)"

@@ -105,6 +105,7 @@ def serve_phases(
     level = ["--duration", str(prof.level_s), "--warmup", str(prof.level_warmup_s)]
     level += ["--search-refine", str(prof.refine)]
     top = min(prof.conc_max, float(slots)) if slots else prof.conc_max
+    closed_start = a.closed_start or prof.conc_start
     try:
         # Both stages capture their CUDA graphs at start-up; this ramp through the batch sizes the searches
         # will reach still warms what is lazy (allocator growth, channels, oversize codec buckets).
@@ -128,14 +129,14 @@ def serve_phases(
             run_loadgen(out, f"poisson_search_{tag}", [*args, "--search-max", str(prof.rate_max)], runs)
             stack.scrape(out / f"metrics_{tag}_2poisson")
         if "closed" in phases:
-            args = [*common, *level, "--search", "closed", "--search-start", str(min(prof.conc_start, top))]
+            args = [*common, *level, "--search", "closed", "--search-start", str(min(closed_start, top))]
             run_loadgen(out, f"closed_search_{tag}", [*args, "--search-max", str(top)], runs)
             stack.scrape(out / f"metrics_{tag}_3closed")
         if "openai" in phases:
             oa = [*common, "--api", "openai"]
             c1 = [*oa, "--closed", "1", "--duration", "600", "--requests", str(prof.c1_requests)]
             run_loadgen(out, f"c1_openai_{tag}", c1, runs)
-            args = [*oa, *level, "--search", "closed", "--search-start", str(min(prof.conc_start, top))]
+            args = [*oa, *level, "--search", "closed", "--search-start", str(min(closed_start, top))]
             run_loadgen(out, f"closed_search_openai_{tag}", [*args, "--search-max", str(top)], runs)
             stack.scrape(out / f"metrics_{tag}_5openai")
         if "llm" in phases or "llm_poisson" in phases:

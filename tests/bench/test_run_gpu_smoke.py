@@ -90,7 +90,7 @@ def check_openai_phase(out: Path) -> None:
 
 
 def test_closed_search_against_two_pairs_sharing_the_device(tmp_path: Path, cache: None) -> None:
-    argv = ["--out", str(tmp_path), *BASE, "--phases", "closed,report", "--pairs", "2"]
+    argv = ["--out", str(tmp_path), *BASE, "--phases", "closed,report", "--pairs", "2", "--closed-start", "2"]
     assert run_gpu.main([*argv, "--slots", "4"]) == 0
     meta = load(tmp_path / "serve_tiny_2pairs.json")
     assert meta["exit_code"] == 0 and meta["pairs"] == 2
@@ -98,7 +98,7 @@ def test_closed_search_against_two_pairs_sharing_the_device(tmp_path: Path, cach
     for item in ("stages.0.replicas=2", "stages.1.replicas=2", "stages.0.max_num_seqs=2"):
         assert item in meta["command"]
     doc = load(tmp_path / "closed_search_tiny_2pairs.json")
-    assert doc["search"]["kind"] == "closed" and doc["levels"]
+    assert doc["search"]["kind"] == "closed" and doc["levels"][0]["level"] == 2  # --closed-start
     # Every level samples each process's CPU (issue 28): both pairs' stages by name, the gateway, the client.
     names = {"talker", "talker-1", "codec", "codec-1", "gateway", "client"}
     for level in doc["levels"]:
