@@ -71,9 +71,11 @@ def serve_stack(
     start_timeout_s: float = 180.0,
     cache: Path | None = None,
     store: Path | None = None,
+    args: Sequence[str] = (),
 ) -> Iterator[Served]:
     """``cache`` (a preset cache already built) and ``store`` (a voice library) may be another stack's:
-    a second stack over the same store is what a restart or a second replica sees."""
+    a second stack over the same store is what a restart or a second replica sees. ``args``: more
+    ``voxstage serve`` flags."""
     from voxstage.presets import resolve_model
 
     if cache is None:
@@ -87,7 +89,7 @@ def serve_stack(
     cmd += ["--grpc-port", str(grpc_port), "--http-port", str(http_port)]
     cmd += ["--talker-port", str(talker_port), "--codec-port", str(codec_port)]
     cmd += ["--set", f"gateway.voice_store_dir={store}"]
-    cmd += [a for s in sets for a in ("--set", s)]
+    cmd += [a for s in sets for a in ("--set", s)] + list(args)
     with log.open("wb") as out:
         proc = subprocess.Popen(cmd, env=stage_env(cache), stdout=out, stderr=subprocess.STDOUT, cwd=ROOT)
     served = Served(proc, log, grpc_port, http_port, cache, talker_port, codec_port, store, deploy, model)
