@@ -77,7 +77,7 @@ def build(args: argparse.Namespace) -> StageParts:
             enable_prefix_caching=stage.enable_prefix_caching,
             prefix_cache_bytes=prefix_bytes,
             async_scheduling=stage.async_scheduling,
-            pacing=pacing_of(stage, info.frame_rate_hz),
+            pacing=pacing_of(stage, info.frame_rate_hz, config.chunk_plan),
         ),
     )
     defaults = TalkerDefaults.from_deploy(stage, info)
@@ -103,11 +103,15 @@ def build(args: argparse.Namespace) -> StageParts:
     return stage_parts("talker", binding, servicer, worker, lambda: worker.warm_up(info.warm_up), writer)
 
 
-def pacing_of(stage: Any, frame_rate_hz: float) -> Any:
-    """The engine's ``Pacing`` from the talker stage's ``pace_*`` keys (all off when they are unset)."""
-    from services.talker.pacing import Pacing
+def pacing_of(stage: Any, frame_rate_hz: float, plan: Any = None) -> Any:
+    """The engine's ``Pacing`` from the talker stage's ``pace_*`` keys (all off when they are unset); with
+    the deploy file's chunk ``plan``, settings that would starve it are logged as warnings."""
+    from services.talker.pacing import Pacing, pacing_warnings
 
     x = stage.pace_realtime_x
+    if plan is not None:
+        for warning in pacing_warnings(stage.pace_ahead_s, x, plan.steady_frames, plan.ramp, frame_rate_hz):
+            log.warning("talker: %s", warning)
     return Pacing(
         min_step_interval_s=1.0 / (frame_rate_hz * x) if x else 0.0,
         ahead_s=stage.pace_ahead_s or 0.0,

@@ -45,3 +45,27 @@ class Pacing:
         if self.ahead_s <= 0.0 or slots < self.from_streams or first_frame_at is None:
             return 0.0
         return max(0.0, launched * self.frame_s - (now - first_frame_at) - self.ahead_s)
+
+
+def pacing_warnings(
+    ahead_s: float | None, realtime_x: float | None, steady_frames: int, ramp: bool, frame_rate_hz: float
+) -> list[str]:
+    """Settings that would starve the chunk schedule, said at the talker's start: a held stream keeps only
+    ``pace_ahead_s`` of frames ahead of real time while a steady chunk decodes once all its frames are in,
+    and a ramp chunk is as long as the audio before it, so its frames must come faster than twice real
+    time."""
+    out = []
+    steady_s = steady_frames / frame_rate_hz
+    if ahead_s is not None and ahead_s <= steady_s:
+        out.append(
+            f"stages[0].pace_ahead_s is {ahead_s:g} s, not more than one steady chunk ({steady_frames} "
+            f"frames, {steady_s:g} s): a held stream's next chunk is whole only after its listener needs it, "
+            "so streams will underrun under load; give it a chunk and a margin"
+        )
+    if realtime_x is not None and realtime_x <= 2.0 and ramp:
+        out.append(
+            f"stages[0].pace_realtime_x is {realtime_x:g}: with the chunk ramp on, each ramp chunk is as "
+            "long as the audio before it, so its frames must come faster than twice real time; young "
+            "streams will underrun under load"
+        )
+    return out

@@ -3,12 +3,13 @@ pacing from them (refusals and the duplex warning: test_stage_owned_keys.py)."""
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import pytest
 
 from services.talker.main import pacing_of
-from services.talker.pacing import Pacing
+from services.talker.pacing import Pacing, pacing_warnings
 from voxstage.config import load_deploy_config
 
 REPO = Path(__file__).resolve().parents[3]
@@ -26,3 +27,21 @@ def test_off_by_default_and_set_by_override() -> None:
     # An 80 ms frame / 2.5: a step every 32 ms at the most.
     want = Pacing(min_step_interval_s=pytest.approx(0.032), ahead_s=3.0, from_streams=32, frame_s=0.08)
     assert pacing == want
+
+
+def test_settings_that_starve_the_chunk_schedule_are_warned(caplog: pytest.LogCaptureFixture) -> None:
+    plan = load_deploy_config(QWEN, platform="cuda").chunk_plan  # 25-frame steady chunks, the ramp on
+    bad = ["stages.0.pace_realtime_x=2", "stages.0.pace_ahead_s=1.5"]
+    with caplog.at_level(logging.WARNING, logger="services.talker.main"):
+        pacing_of(load_deploy_config(QWEN, platform="cuda", overrides=bad).talker, 12.5, plan)
+    said = " ".join(r.getMessage() for r in caplog.records)
+    assert "pace_ahead_s is 1.5 s, not more than one steady chunk (25 frames, 2 s)" in said
+    assert "pace_realtime_x is 2: with the chunk ramp on" in said
+    caplog.clear()
+    good = ["stages.0.pace_realtime_x=3", "stages.0.pace_ahead_s=3"]
+    with caplog.at_level(logging.WARNING, logger="services.talker.main"):
+        pacing_of(load_deploy_config(QWEN, platform="cuda", overrides=good).talker, 12.5, plan)
+    assert not caplog.records
+    # With the ramp off (every chunk a steady one) a speed of 1.5 is no reason to warn: only the cushion is.
+    (cushion,) = pacing_warnings(1.0, 1.5, 25, False, 12.5)
+    assert cushion.startswith("stages[0].pace_ahead_s is 1 s")
