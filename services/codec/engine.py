@@ -492,7 +492,8 @@ class CodecEngine(Steppable[CodecOutput]):
             stream.emitted_frames += real
             stream.segment_emitted += real
             if pcm.size:
-                self._observe_chunk(stream, real, pcm.size, launched.ready[i], now)
+                stream.observe_chunk(real >= self.schedule.steady_frames, pcm.size / self.sample_rate,
+                                     launched.ready[i], now)  # fmt: skip
             seg_end = self._mark_due(stream)
             if seg_end:
                 self._pass_mark(stream)
@@ -505,19 +506,6 @@ class CodecEngine(Steppable[CodecOutput]):
             if final:
                 self._release(self._streams.pop(stream.stream_id))
         self._working = []
-
-    def _observe_chunk(self, s: StreamState, frames: int, samples: int, ready: float, now: float) -> None:
-        """The chunk metrics (docs/api.md, Metrics): how long its frames waited in the codec, and whether the
-        stream's player ran dry before it and why: its frames came after that, or the codec held them."""
-        if s.dry_at is None:
-            kind, s.dry_at = "first", now
-        else:
-            kind = "steady" if frames >= self.schedule.steady_frames else "short"
-            if now > s.dry_at:
-                cause = "frames" if ready > s.dry_at else "codec"
-                metrics.CODEC_LATE_CHUNKS.labels(cause=cause).observe(now - s.dry_at)
-        s.dry_at = max(s.dry_at, now) + samples / self.sample_rate
-        metrics.CODEC_CHUNK_WAIT.labels(chunk=kind).observe(now - ready)
 
     def _context(self, s: StreamState) -> int:
         """Frames decoded again in front of ``s``'s next chunk (overlap+crop only)."""

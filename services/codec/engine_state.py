@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from voxstage import metrics
 from voxstage.chunking import next_boundary, whole_chunks
 
 
@@ -83,6 +84,20 @@ class StreamState:
         self.pending_frames += codes.shape[0]
         self.put += codes.shape[0]
         self.arrivals.append((self.put, now))
+
+    def observe_chunk(self, steady: bool, seconds: float, ready: float, now: float) -> None:
+        """The chunk metrics (docs/api.md, Metrics) for a chunk of ``seconds`` of audio handed out ``now``,
+        its frames all in at ``ready``: how long they waited in the codec, and whether the stream's player
+        ran dry before it and why (its frames came after that, or the codec held them)."""
+        if self.dry_at is None:
+            kind, self.dry_at = "first", now
+        else:
+            kind = "steady" if steady else "short"
+            if now > self.dry_at:
+                cause = "frames" if ready > self.dry_at else "codec"
+                metrics.CODEC_LATE_CHUNKS.labels(cause=cause).observe(now - self.dry_at)
+        self.dry_at = max(self.dry_at, now) + seconds
+        metrics.CODEC_CHUNK_WAIT.labels(chunk=kind).observe(now - ready)
 
     def take(self, n: int) -> tuple[np.ndarray, float]:
         """The next ``n`` buffered frames, and when the last of them arrived (the chunk's frames all in)."""
