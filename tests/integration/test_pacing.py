@@ -1,7 +1,7 @@
 """The talker paced under load, through real processes (``voxstage serve`` with the ``pace_*`` keys): with
-load from one request on, streamed requests are held once ahead of real time and their steps spaced (the
-talker's /metrics counts both), every request still gets all its audio, and a unary request is a whole clip
-the talker never holds (services/talker/pacing.py; the engine's own tests: tests/unit/talker/)."""
+load from one request on, streamed requests are held once ahead of real time (the talker's /metrics counts
+the held steps) and every request still gets all its audio (services/talker/pacing.py; the engine's own
+tests, the step interval and whole clips among them: tests/unit/talker/test_talker_pacing.py)."""
 
 from __future__ import annotations
 
@@ -26,8 +26,10 @@ pytestmark = pytest.mark.timeout(240)
 @pytest.fixture(scope="module")
 def paced(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Served, int]]:
     port = free_port()
-    sets = [f"stages.0.default_sampling_params.max_tokens={FRAMES}", "stages.0.pace_realtime_x=4",
-            "stages.0.pace_ahead_s=0.2", "stages.0.pace_from_streams=1"]  # fmt: skip
+    # Streams held as soon as they run ahead of real time at all: the tiny CPU model generates faster
+    # than real time (RTF about 0.6 here), so the hold acts without depending on how fast a step is.
+    sets = [f"stages.0.default_sampling_params.max_tokens={FRAMES}", "stages.0.pace_ahead_s=0.001",
+            "stages.0.pace_from_streams=1"]  # fmt: skip
     for served in serve_stack(
         tmp_path_factory, "paced", ROOT / "deploy" / "qwen3_tts.yaml", "qwen3-tts-tiny", sets,
         args=["--talker-metrics-port", str(port)],
@@ -75,5 +77,5 @@ def test_streams_are_paced_and_every_request_gets_its_audio(paced: tuple[Served,
     samples = FRAMES * 1920  # every request runs to max_tokens: a random model rarely stops earlier
     assert all(0 < n <= 2 * samples for n in sizes), sizes
     after = paced_steps(port)
-    # The two streamed requests ran ahead of real time (held) and every step was spaced.
-    assert after["ahead"] > before["ahead"] and after["interval"] > before["interval"], (before, after)
+    # The streamed requests ran ahead of real time and were held (the step interval is off here).
+    assert after["ahead"] > before["ahead"] and after["interval"] == before["interval"] == 0, (before, after)
