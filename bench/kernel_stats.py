@@ -63,16 +63,26 @@ def kernels_of(prof: Any, cuda: bool) -> tuple[list[tuple[str, float]], int]:
     """``(name, µs)`` per kernel and the number of memcpy / memset activities (counted apart: the
     reference's "kernels per call" are kernels only). On CPU (the smoke run, one thread) leaf ops stand in
     for kernels and their time for device time: an op is a leaf when the next op starts after it ends."""
-    device = torch.autograd.DeviceType.CUDA if cuda else torch.autograd.DeviceType.CPU
-    events = sorted((e for e in raw_events(prof) if e[1] == device), key=lambda e: (e[2], -e[3]))
     kernels: list[tuple[str, float]] = []
     copies = 0
-    for i, (name, _, start, end) in enumerate(events):
+    for name, start, end in leaves(raw_events(prof), cuda):
         if cuda and name.startswith(("Memcpy", "Memset")):
             copies += 1
-        elif cuda or i + 1 == len(events) or events[i + 1][2] >= end:
+        else:
             kernels.append((name, (end - start) / 1e3))
     return kernels, copies
+
+
+def leaves(events: list[tuple[str, Any, int, int]], cuda: bool) -> list[tuple[str, int, int]]:
+    """``(name, start, end)`` of the device's activities in ``events`` (``raw_events``), in time order; on
+    CPU the leaf ops only (an op is a leaf when the next op starts after it ends)."""
+    device = torch.autograd.DeviceType.CUDA if cuda else torch.autograd.DeviceType.CPU
+    work = sorted((e for e in events if e[1] == device), key=lambda e: (e[2], -e[3]))
+    return [
+        (name, start, end)
+        for i, (name, _, start, end) in enumerate(work)
+        if cuda or i + 1 == len(work) or work[i + 1][2] >= end
+    ]
 
 
 def summarize(prof: Any, calls: int, cuda: bool, top: int = 12) -> dict[str, Any]:
@@ -199,16 +209,10 @@ def phase_stats(prof: Any, cuda: bool, top: int = 5) -> dict[str, dict[str, Any]
     for name, _, start, end in events:
         if name.startswith(PHASE):
             ranges.setdefault(name.removeprefix(PHASE), []).append((start, end))
-    device = torch.autograd.DeviceType.CUDA if cuda else torch.autograd.DeviceType.CPU
-    work = sorted((e for e in events if e[1] == device and not e[0].startswith(PHASE)), key=lambda e: e[2])
-    leaves = [
-        (name, start, end)
-        for i, (name, _, start, end) in enumerate(work)
-        if cuda or i + 1 == len(work) or work[i + 1][2] >= end
-    ]
+    work = leaves([e for e in events if not e[0].startswith(PHASE)], cuda)
     out: dict[str, dict[str, Any]] = {}
     for name, spans in ranges.items():
-        inside = [k for k in leaves if any(s <= k[1] < e for s, e in spans)]
+        inside = [k for k in work if any(s <= k[1] < e for s, e in spans)]
         fams: Counter[str] = Counter()
         for kname, start, end in inside:
             fams[family(kname)] += end - start

@@ -250,7 +250,7 @@ def _print_level(rep: dict[str, Any]) -> None:
 
 def _late_chunks(rep: dict[str, Any]) -> str:
     """" late chunks frames/codec N/M" over the level's codecs, when it read the stages' metrics."""
-    codecs = [row["late_chunks"] for name, row in rep.get("stages", {}).items() if "late_chunks" in row]
+    codecs = [row["late_chunks"] for row in rep.get("stages", {}).values() if "late_chunks" in row]
     if not codecs:
         return ""
     n = {c: sum(int(row[c]["count"] or 0) for row in codecs) for c in ("frames", "codec")}

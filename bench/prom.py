@@ -111,16 +111,18 @@ def format_urls(urls: dict[str, str]) -> str:
     return ",".join(f"{name}={url}" for name, url in urls.items())
 
 
+def read_metrics(url: str) -> str:
+    """One process's /metrics text; a failed scrape is a comment saying why (it parses as no samples)."""
+    try:
+        with urllib.request.urlopen(url, timeout=5.0) as r:
+            return r.read().decode()
+    except (urllib.error.URLError, OSError) as exc:
+        return f"# scrape failed: {exc}\n"
+
+
 def fetch(urls: dict[str, str]) -> dict[str, dict[str, float]]:
     """Each named process's /metrics now, parsed (empty where the scrape failed)."""
-    out: dict[str, dict[str, float]] = {}
-    for name, url in urls.items():
-        try:
-            with urllib.request.urlopen(url, timeout=5.0) as r:
-                out[name] = parse_prom(r.read().decode())
-        except (urllib.error.URLError, OSError):
-            out[name] = {}
-    return out
+    return {name: parse_prom(read_metrics(url)) for name, url in urls.items()}
 
 
 CHUNK_WAIT = "voxstage_codec_chunk_wait_seconds"

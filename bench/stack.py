@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bench.procsample import stack_processes
+from bench.prom import read_metrics
 from voxstage import families
 from voxstage.health_probe import check
 from voxstage.placement import free_port
@@ -176,11 +177,7 @@ class Stack:
         """Snapshot every process's Prometheus text to ``<prefix>_<process>.prom`` (counters are cumulative:
         diff two snapshots for a phase's tick times and counts)."""
         for name, url in {**self.stage_metrics_urls(), "gateway": f"http://{self.http}/metrics"}.items():
-            try:
-                with urllib.request.urlopen(url, timeout=5.0) as r:
-                    Path(f"{prefix}_{name}.prom").write_bytes(r.read())
-            except (urllib.error.URLError, OSError) as exc:
-                Path(f"{prefix}_{name}.prom").write_text(f"# scrape failed: {exc}\n")
+            Path(f"{prefix}_{name}.prom").write_text(read_metrics(url))
 
     def processes(self) -> dict[str, int]:
         """The pid of each stage process (``talker``, ``codec``, ``gateway``; replicas ``talker-1``...)."""

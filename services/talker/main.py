@@ -8,9 +8,14 @@ from __future__ import annotations
 
 import argparse
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from voxstage.stage.process import StageParts, StageStartError, register_stage, stage_parts
+
+if TYPE_CHECKING:
+    from services.talker.pacing import Pacing
+    from voxstage.config import StageConfig
+    from voxstage.config.connector import ChunkPlan
 
 log = logging.getLogger(__name__)
 DEFAULT_PORT = 50061
@@ -103,7 +108,7 @@ def build(args: argparse.Namespace) -> StageParts:
     return stage_parts("talker", binding, servicer, worker, lambda: worker.warm_up(info.warm_up), writer)
 
 
-def pacing_of(stage: Any, frame_rate_hz: float, plan: Any = None) -> Any:
+def pacing_of(stage: StageConfig, frame_rate_hz: float, plan: ChunkPlan | None = None) -> Pacing:
     """The engine's ``Pacing`` from the talker stage's ``pace_*`` keys (all off when they are unset); with
     the deploy file's chunk ``plan``, settings that would starve it are logged as warnings."""
     from services.talker.pacing import Pacing, pacing_warnings

@@ -28,7 +28,7 @@ from voxstage.config import SamplingParams as DeploySampling
 from voxstage.config import SegmentsConfig, StageConfig
 from voxstage.quote import quoted
 from voxstage.segments import FrameCap
-from voxstage.stage.engine_loop import Steppable, log_capture
+from voxstage.stage.engine_loop import Steppable, log_capture, run_until_idle
 from voxstage.stage.errors import StageFailure
 from voxstage.stage.worker import StageWorker
 
@@ -232,14 +232,7 @@ class TalkerWorker(StageWorker[TalkerOutput, OutputListener]):
             self.budget = RequestBudget.of(self.engine.adapter, self.info, max_len, reserve)
             req = TalkerRequest("__warmup__", spec, 0, d.sampling, d.subtalker, max_frames=2, min_frames=0)
             self.engine.submit(req)
-            while True:  # to the end: a paced step (pace_from_streams: 1) leaves has_work() false a while
-                if self.engine.has_work():
-                    self.engine.step()
-                    continue
-                wait = self.engine.idle_timeout()
-                if wait is None:
-                    break
-                time.sleep(wait)
+            run_until_idle(self.engine)  # to the end, also where a paced step waits for its time
             adapter = self.engine.adapter
             variants = adapter.graph_variants(d.sampling, d.subtalker)  # families with sampler variants
             log_capture(log, "talker", lambda: adapter.capture_all_graphs(variants))

@@ -77,10 +77,9 @@ CODEC_ONLY_KEYS: Mapping[str, str] = {
     "codec_voice_state_entries": "it bounds the codec's decoder states of voice-library voices; the talker's "
     "prompt cache is voice_cache_*",
 }
+PACING_KEYS = ("pace_realtime_x", "pace_ahead_s", "pace_from_streams")
 TALKER_ONLY_KEYS: Mapping[str, str] = {
-    "pace_realtime_x": "it paces the talker's frame steps",
-    "pace_ahead_s": "it paces the talker's frame steps",
-    "pace_from_streams": "it paces the talker's frame steps",
+    **dict.fromkeys(PACING_KEYS, "it paces the talker's frame steps"),
     "voice_cache_bytes": "it bounds the talker's cache of voice prompts; the codec's decoder states are "
     "codec_voice_state_*",
     "voice_cache_entries": "it bounds the talker's cache of voice prompts; the codec's decoder states are "
@@ -93,6 +92,15 @@ def _owned_elsewhere(stage: StageConfig, i: int, keys: Mapping[str, str], owner:
     return [
         _error(("stages", i, key), f"belongs to {owner}: {why}")
         for key, why in keys.items()
+        if key in stage.model_fields_set
+    ]
+
+
+def _inert_in_duplex(stage: StageConfig, i: int, keys: Sequence[str], why: str) -> list[Issue]:
+    """A warning per key of ``keys`` that this stage sets though duplex sessions never read it."""
+    return [
+        _warning(("stages", i, key), f"has no effect on duplex sessions: {why}")
+        for key in keys
         if key in stage.model_fields_set
     ]
 
@@ -249,14 +257,8 @@ def check_stage_settings(cfg: DeployView) -> list[Issue]:
     for i, stage in enumerate(cfg.stages):
         if stage.stage_id == TALKER_STAGE_ID:
             out += _owned_elsewhere(stage, i, CODEC_ONLY_KEYS, f"the codec stage (stage_id {CODEC_STAGE_ID})")
-            for key in ("pace_realtime_x", "pace_ahead_s", "pace_from_streams"):
-                if cfg.session_mode == "duplex" and key in stage.model_fields_set:
-                    out.append(
-                        _warning(
-                            ("stages", i, key),
-                            "has no effect on duplex sessions: their talker steps once per user frame",
-                        )
-                    )
+            if cfg.session_mode == "duplex":
+                out += _inert_in_duplex(stage, i, PACING_KEYS, "their talker steps once per user frame")
             if not cfg.enable_chunked_prefill:
                 if stage.max_model_len is None:
                     out.append(
@@ -286,23 +288,13 @@ def check_stage_settings(cfg: DeployView) -> list[Issue]:
                     )
                 )
         elif stage.stage_id == CODEC_STAGE_ID:
-            for key in ("codec_voice_state_bytes", "codec_voice_state_entries"):
-                if cfg.session_mode == "duplex" and key in stage.model_fields_set:
-                    out.append(
-                        _warning(
-                            ("stages", i, key),
-                            "has no effect on duplex sessions: their codec decodes no reference prefix",
-                        )
-                    )
-            for key in ("codec_tick_policy", "codec_tick_budget_ms"):
-                if cfg.session_mode == "duplex" and key in stage.model_fields_set:
-                    out.append(
-                        _warning(
-                            ("stages", i, key),
-                            "has no effect on duplex sessions: their codec decodes one frame per session "
-                            "per talker step",
-                        )
-                    )
+            if cfg.session_mode == "duplex":
+                voice = ("codec_voice_state_bytes", "codec_voice_state_entries")
+                out += _inert_in_duplex(stage, i, voice, "their codec decodes no reference prefix")
+                ticks = ("codec_tick_policy", "codec_tick_budget_ms")
+                out += _inert_in_duplex(
+                    stage, i, ticks, "their codec decodes one frame per session per talker step"
+                )
             if stage.segments is not None:
                 out.append(
                     _error(

@@ -61,6 +61,22 @@ def log_capture(
 IDLE_POLL_S = 0.05  # how long an idle engine sleeps on its command queue before looking again
 
 
+def run_until_idle(engine: Steppable[O], sink: Callable[[list[O]], None] | None = None) -> None:
+    """Step ``engine`` on the calling thread until it has nothing left, sleeping its ``idle_timeout`` where
+    it waits for time rather than input (a paced talker: ``has_work()`` is false until its next step is
+    due), as ``EngineThread`` would: a warm-up's request, run to its end."""
+    while True:
+        if engine.has_work():
+            outputs = engine.step()
+            if sink is not None and outputs:
+                sink(outputs)
+            continue
+        wait = engine.idle_timeout()
+        if wait is None:
+            return
+        time.sleep(wait)
+
+
 def name_os_thread(name: str) -> None:
     """The calling thread's name as the OS shows it (``top -H``, ``/proc/PID/task/TID/comm``, at most 15
     bytes): Python's thread names stay inside Python, so an engine thread's CPU could not be told from the

@@ -26,6 +26,7 @@ from tests.unit.talker.test_talker_request_failures import INFO
 from voxstage import metrics
 from voxstage.config import StageConfig
 from voxstage.internal.v1 import stage_pb2
+from voxstage.stage.engine_loop import run_until_idle
 
 INTERVAL_S = 0.05
 
@@ -47,8 +48,8 @@ def engine(
 def run(
     eng: TalkerEngine, n: int, frames: int, max_wait: float = INTERVAL_S
 ) -> tuple[dict[str, list[TalkerOutput]], list[float]]:
-    """All ``n`` requests at once, driven as the engine thread does: a step while there is work, else a
-    sleep for ``idle_timeout``. Returns the outputs and the times of the frame steps' launches."""
+    """All ``n`` requests at once, driven as the warm-up drives its request (``run_until_idle``: a step while
+    there is work, else a sleep for ``idle_timeout``). Returns the outputs and the steps' launch times."""
     launches: list[float] = []
     launch = eng.adapter.launch
 
@@ -59,17 +60,16 @@ def run(
     eng.adapter.launch = timed  # type: ignore[method-assign]
     for i in range(n):
         eng.submit(request(i, frames=frames))
+    idle = eng.idle_timeout
+
+    def checked() -> float | None:
+        wait = idle()
+        assert wait is None or 0 < wait <= max_wait
+        return wait
+
+    eng.idle_timeout = checked  # type: ignore[method-assign]
     out: dict[str, list[TalkerOutput]] = {}
-    for _ in range(10_000):
-        if eng.has_work():
-            for o in eng.step():
-                out.setdefault(o.request_id, []).append(o)
-            continue
-        wait = eng.idle_timeout()
-        if wait is None:
-            break
-        assert 0 < wait <= max_wait
-        time.sleep(wait)
+    run_until_idle(eng, lambda outputs: [out.setdefault(o.request_id, []).append(o) for o in outputs])
     return out, launches
 
 
