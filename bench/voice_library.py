@@ -3,10 +3,14 @@
 
     python -m bench.voice_library --out OUT --model CLONING_PRESET [--builtin-model PRESET]
         [--builtin-voice NAME] [--device cuda] [--rate 1] [--duration 60] [--frames 50] [--clip-seconds 10]
+        [--arms uploaded,inline,uploaded_xvector,builtin] [--rounds 4]
 
 One ``voxstage serve`` stack of ``--model`` (a cloning checkpoint, with a voice store under OUT) gets one
-``--clip-seconds`` clip uploaded once (``POST /v1/audio/voices``); then, at ``--rate`` req/s Poisson for
-``--duration`` s each (``bench.loadgen``, gRPC StreamingSynthesize, fixed length: EOS off for ``--frames``):
+``--clip-seconds`` clip uploaded once (``POST /v1/audio/voices``); a second stack of ``--builtin-model`` runs
+beside it on the same device (each of the four stages given 0.2 of its memory unless ``--set`` says
+otherwise). Then the arms take turns, ``--rounds`` rounds of ``--duration / --rounds`` s each at ``--rate``
+req/s Poisson (``bench.loadgen``, gRPC StreamingSynthesize, fixed length: EOS off for ``--frames``), so
+that drift over the run (clocks, the stacks' age) falls on every arm alike; the arms run one at a time:
 
 * ``uploaded``: ``voice`` = the uploaded voice's name (the codec encoded the clip at upload; the talker
   caches its prompt);
@@ -17,10 +21,11 @@ One ``voxstage serve`` stack of ``--model`` (a cloning checkpoint, with a voice 
 * ``builtin``: a preset voice (``--builtin-voice``) of ``--builtin-model``, the same size without cloning,
   on its own stack (``--builtin-model ''`` skips it).
 
-Writes ``OUT/voice_ttfa_<arm>_<tag>.json`` (loadgen's format, per request) and
-``OUT/voice_library_<tag>.json``: per arm p50/p90/p95/p99/mean TTFA and errors, and the differences
+Writes ``OUT/voice_ttfa_<arm>_<tag>_r<round>.json`` (loadgen's format, per request) and
+``OUT/voice_library_<tag>.json``: per arm p50/p90/p95/p99/mean TTFA (client and the gateway's own), each
+round's p50, and errors, and the differences
 ``uploaded - builtin``, ``uploaded_xvector - builtin`` and ``inline - uploaded`` (ms). Every arm is preceded
-by an unmeasured warm-up level.
+by an unmeasured warm-up level; ``--arms`` runs a subset (a short device lease: ``uploaded,builtin``).
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ import time
 import urllib.error
 import urllib.request
 import uuid
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +54,7 @@ REF_TEXT = (
 )
 VOICE = "bench-voice"
 XVECTOR_VOICE = "bench-voice-xvector"  # the same clip, no transcript
+ARMS = ("uploaded", "inline", "uploaded_xvector", "builtin")
 
 
 def clip_wav(seconds: float, rate: int = 24_000, seed: int = 0) -> bytes:
@@ -87,44 +94,103 @@ def upload(http: str, name: str, wav: bytes, text: str) -> dict[str, Any]:
         return dict(json.loads(r.read()))
 
 
-def summarize(doc: dict[str, Any]) -> dict[str, Any]:
-    """The measured level's TTFA (ms) and request counts."""
-    level = doc["levels"][-1]
-    agg = level["aggregate"]
-    ttfa = [r["ttfa_s"] * 1e3 for r in level["records"] if r["ok"] and r.get("ttfa_s") is not None]
-    out: dict[str, Any] = {"requests": agg["requests"], "ok": agg["ok"]}
-    out["errors"] = agg.get("errors_by_code", {})
-    if ttfa:
-        arr = np.asarray(ttfa)
-        out["ttfa_ms"] = {
-            "mean": round(float(arr.mean()), 3),
-            **{f"p{q}": round(float(np.percentile(arr, q)), 3) for q in (50, 90, 95, 99)},
-            "min": round(float(arr.min()), 3),
-            "max": round(float(arr.max()), 3),
-        }
+def summarize(docs: list[dict[str, Any]]) -> dict[str, Any]:
+    """TTFA (ms) and request counts over the measured levels of ``docs`` (one per round)."""
+    levels = [doc["levels"][-1] for doc in docs]
+    ok = [r for level in levels for r in level["records"] if r["ok"]]
+    ttfa = [r["ttfa_s"] * 1e3 for r in ok if r.get("ttfa_s") is not None]
+    # The gateway's own TTFA (receipt to first audio sent): the client's less its transport both ways.
+    server = [r["server_ttfa_s"] * 1e3 for r in ok if r.get("server_ttfa_s") is not None]
+    out: dict[str, Any] = {
+        "requests": sum(level["aggregate"]["requests"] for level in levels),
+        "ok": sum(level["aggregate"]["ok"] for level in levels),
+        "errors": {},
+    }
+    for level in levels:
+        for code, n in level["aggregate"].get("errors_by_code", {}).items():
+            out["errors"][code] = out["errors"].get(code, 0) + n
+    for key, values in (("ttfa_ms", ttfa), ("server_ttfa_ms", server)):
+        if values:
+            arr = np.asarray(values)
+            out[key] = {
+                "mean": round(float(arr.mean()), 3),
+                **{f"p{q}": round(float(np.percentile(arr, q)), 3) for q in (50, 90, 95, 99)},
+                "min": round(float(arr.min()), 3),
+                "max": round(float(arr.max()), 3),
+            }
     return out
 
 
-def run_arm(a: argparse.Namespace, stack: Stack, arm: str, tag: str, extra: list[str]) -> dict[str, Any]:
-    common = ["--grpc", stack.grpc, "--frames", str(a.frames), "--settle", "1", "--seed", "0"]
-    common += ["--language", a.language, "--timeout", str(a.timeout), "--ttfa-slo-ms", "0"]
-    warm = a.out / f"voice_warmup_{arm}_{tag}.json"
-    loadgen.main([*common, *extra, "--closed", "1", "--requests", str(a.warmup_requests), "--out", str(warm)])
-    path = a.out / f"voice_ttfa_{arm}_{tag}.json"
-    args = [*common, *extra, "--poisson", str(a.rate), "--duration", str(a.duration), "--out", str(path)]
+@dataclass
+class Arm:
+    """One arm: the stack it runs on, its loadgen options, and each round's result file."""
+
+    name: str
+    stack: Stack
+    extra: list[str]
+    files: list[Path] = field(default_factory=list)
+
+
+def loadgen_common(a: argparse.Namespace, stack: Stack) -> list[str]:
+    common = ["--grpc", stack.grpc, "--frames", str(a.frames), "--settle", "1"]
+    return common + ["--language", a.language, "--timeout", str(a.timeout), "--ttfa-slo-ms", "0"]
+
+
+def warm_up(a: argparse.Namespace, arm: Arm, tag: str) -> None:
+    warm = a.out / f"voice_warmup_{arm.name}_{tag}.json"
+    args = [*loadgen_common(a, arm.stack), *arm.extra, "--seed", "0", "--closed", "1"]
+    loadgen.main([*args, "--requests", str(a.warmup_requests), "--out", str(warm)])
+
+
+def run_round(a: argparse.Namespace, arm: Arm, tag: str, index: int) -> None:
+    """One round of ``arm``: ``--duration / --rounds`` seconds of Poisson arrivals (its own seed per round,
+    so the rounds are not one arrival pattern repeated)."""
+    path = a.out / f"voice_ttfa_{arm.name}_{tag}_r{index}.json"
+    args = [*loadgen_common(a, arm.stack), *arm.extra, "--seed", str(index)]
+    args += ["--poisson", str(a.rate), "--duration", str(a.duration / a.rounds), "--out", str(path)]
     loadgen.main(args)
-    doc = json.loads(path.read_text())
-    return {"file": path.name, "argv": args, **summarize(doc)}
+    arm.files.append(path)
+
+
+def arm_result(arm: Arm) -> dict[str, Any]:
+    docs = [json.loads(path.read_text()) for path in arm.files]
+    rounds = [summarize([doc]).get("ttfa_ms", {}).get("p50") for doc in docs]
+    return {"files": [path.name for path in arm.files], "round_p50_ms": rounds, **summarize(docs)}
 
 
 def start(a: argparse.Namespace, model: str, tag: str, sets: tuple[str, ...]) -> Stack:
-    spec = StackSpec(model, a.device, a.frames, a.slots, None, None, a.threads, (*a.set, *sets))
+    # Both stacks share the device: each stage gets a fifth of it (four stages, 0.8 in all) unless --set says.
+    memory = ("stages.0.gpu_memory_utilization=0.2", "stages.1.gpu_memory_utilization=0.2")
+    spec = StackSpec(model, a.device, a.frames, a.slots, None, None, a.threads, (*memory, *sets, *a.set))
     stack = Stack(spec, a.out / f"serve_voice_{tag}.log")
     if not stack.start(timeout_s=a.start_timeout):
         tail = stack.tail()
         stack.stop()
         raise SystemExit(f"{model}: the stack did not start:\n{tail}")
     return stack
+
+
+def cloning_arms(
+    a: argparse.Namespace, stack: Stack, wav: bytes, clip: Path, wanted: list[str], result: dict[str, Any]
+) -> list[Arm]:
+    """The arms on the cloning model's stack: the voice uploaded, the clip inline, the x-vector upload."""
+    arms = []
+    if "uploaded" in wanted:
+        t0 = time.perf_counter()
+        voice = upload(stack.http, VOICE, wav, REF_TEXT)
+        result["upload"] = {"id": voice["id"], "seconds": round(time.perf_counter() - t0, 3)}
+        arms.append(Arm("uploaded", stack, ["--voice", VOICE]))
+    if "inline" in wanted:
+        arms.append(Arm("inline", stack, ["--voice", "", "--ref-audio", str(clip), "--ref-text", REF_TEXT]))
+    if "uploaded_xvector" in wanted:
+        try:
+            upload(stack.http, XVECTOR_VOICE, wav, "")
+        except urllib.error.HTTPError as exc:  # the family needs a transcript (Audio8)
+            why = f"upload refused: {exc.code} {exc.read()[:300]!r}"
+            result["arms"]["uploaded_xvector"] = {"skipped": why}
+        else:
+            arms.append(Arm("uploaded_xvector", stack, ["--voice", XVECTOR_VOICE]))
+    return arms
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -139,7 +205,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--language", default=None, help="default: the family's bench language")
     ap.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
     ap.add_argument("--rate", type=float, default=1.0, help="Poisson arrivals per second")
-    ap.add_argument("--duration", type=float, default=60.0, help="measured seconds per arm")
+    ap.add_argument("--duration", type=float, default=60.0, help="measured seconds per arm, all rounds")
+    ap.add_argument(
+        "--rounds", type=int, default=4, help="the arms take turns, this many rounds each (drift cancels)"
+    )
     ap.add_argument("--warmup-requests", type=int, default=5)
     ap.add_argument("--frames", type=int, default=50, help="fixed length: frames per request")
     ap.add_argument("--clip-seconds", type=float, default=10.0)
@@ -148,7 +217,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--timeout", type=float, default=120.0)
     ap.add_argument("--start-timeout", type=float, default=1200.0)
     ap.add_argument("--set", action="append", default=[], help="more deploy overrides (KEY=VALUE)")
+    ap.add_argument("--arms", default=",".join(ARMS), help=f"comma-separated subset of {','.join(ARMS)}")
     a = ap.parse_args(argv)
+    arms_wanted = [x for x in a.arms.split(",") if x]
+    unknown = sorted(set(arms_wanted) - set(ARMS))
+    if unknown:
+        ap.error(f"--arms: unknown arm(s) {', '.join(unknown)}; choose from {', '.join(ARMS)}")
+    if a.rounds < 1:
+        ap.error(f"--rounds: at least 1, got {a.rounds}")
     a.out.mkdir(parents=True, exist_ok=True)
     found = families.preset(a.model)
     bench = found[0].bench if found is not None else None
@@ -165,33 +241,27 @@ def main(argv: list[str] | None = None) -> int:
     result: dict[str, Any] = {
         "tool": "bench.voice_library", "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "model": a.model,
         "builtin_model": a.builtin_model, "device": a.device, "rate": a.rate, "duration_s": a.duration,
-        "frames": a.frames, "clip_seconds": a.clip_seconds, "arms": {},
+        "frames": a.frames, "clip_seconds": a.clip_seconds, "rounds": a.rounds, "arms": {},
     }  # fmt: skip
-    stack = start(a, a.model, tag, (f"gateway.voice_store_dir={store}",))
+    stacks: list[Stack] = []
     try:
-        t0 = time.perf_counter()
-        voice = upload(stack.http, VOICE, wav, REF_TEXT)
-        result["upload"] = {"id": voice["id"], "seconds": round(time.perf_counter() - t0, 3)}
-        result["arms"]["uploaded"] = run_arm(a, stack, "uploaded", tag, ["--voice", VOICE])
-        inline = ["--voice", "", "--ref-audio", str(clip), "--ref-text", REF_TEXT]
-        result["arms"]["inline"] = run_arm(a, stack, "inline", tag, inline)
-        try:
-            upload(stack.http, XVECTOR_VOICE, wav, "")
-        except urllib.error.HTTPError as exc:  # the family needs a transcript (Audio8)
-            why = f"upload refused: {exc.code} {exc.read()[:300]!r}"
-            result["arms"]["uploaded_xvector"] = {"skipped": why}
-        else:
-            extra = ["--voice", XVECTOR_VOICE]
-            result["arms"]["uploaded_xvector"] = run_arm(a, stack, "uploaded_xvector", tag, extra)
+        plan: list[Arm] = []
+        if set(arms_wanted) - {"builtin"}:
+            stacks.append(start(a, a.model, tag, (f"gateway.voice_store_dir={store}",)))
+            plan += cloning_arms(a, stacks[-1], wav, clip, arms_wanted, result)
+        if a.builtin_model and "builtin" in arms_wanted:
+            stacks.append(start(a, a.builtin_model, f"{tag}_builtin", ()))
+            plan.append(Arm("builtin", stacks[-1], ["--voice", a.builtin_voice]))
+        for arm in plan:
+            warm_up(a, arm, tag)
+        for index in range(a.rounds):
+            for arm in plan:
+                run_round(a, arm, tag, index)
     finally:
-        stack.stop()
-    if a.builtin_model:
-        builtin = start(a, a.builtin_model, f"{tag}_builtin", ())
-        try:
-            result["arms"]["builtin"] = run_arm(a, builtin, "builtin", tag, ["--voice", a.builtin_voice])
-        finally:
-            builtin.stop()
+        for stack in stacks:
+            stack.stop()
     arms = result["arms"]
+    arms.update({arm.name: arm_result(arm) for arm in plan})
 
     def p(arm: str, q: str) -> float | None:
         return arms.get(arm, {}).get("ttfa_ms", {}).get(q)

@@ -18,8 +18,9 @@ def test_the_voice_library_bench_runs_its_four_arms(tmp_path: Path, monkeypatch:
     monkeypatch.setenv("VOXSTAGE_CACHE", str(tmp_path / "cache"))
     out = tmp_path / "out"
     argv = ["--out", str(out), "--model", "qwen3-tts-tiny-base", "--builtin-model", "qwen3-tts-tiny",
-            "--device", "cpu", "--threads", "1", "--rate", "1", "--duration", "3", "--frames", "4",
-            "--clip-seconds", "2", "--warmup-requests", "1", "--start-timeout", "150"]  # fmt: skip
+            "--device", "cpu", "--threads", "1", "--rate", "2", "--duration", "6", "--rounds", "2",
+            "--frames", "4", "--clip-seconds", "2", "--warmup-requests", "1",
+            "--start-timeout", "150"]  # fmt: skip
     assert voice_library.main(argv) == 0
     doc = json.loads((out / "voice_library_tiny-base.json").read_text())
     assert doc["upload"]["id"].startswith("voice_")
@@ -28,6 +29,19 @@ def test_the_voice_library_bench_runs_its_four_arms(tmp_path: Path, monkeypatch:
         assert arm["requests"] >= 1 and arm["ok"] == arm["requests"], arm
         ttfa = arm["ttfa_ms"]
         assert 0 < ttfa["min"] <= ttfa["p50"] <= ttfa["p95"] <= ttfa["max"]
-        assert (out / arm["file"]).exists()
+        assert 0 < arm["server_ttfa_ms"]["p50"] <= ttfa["max"]  # the gateway's span is inside the client's
+        assert len(arm["files"]) == len(arm["round_p50_ms"]) == 2  # the arms took turns, two rounds each
+        assert all((out / name).exists() for name in arm["files"])
     diffs = {"uploaded-builtin_p50", "uploaded_xvector-builtin_p50", "inline-uploaded_p50"}
     assert diffs <= set(doc["diff_ms"])
+
+
+def test_an_unknown_arm_is_refused_before_any_stack_starts(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["--out", str(tmp_path), "--model", "qwen3-tts-tiny-base", "--arms", "uploaded,bogus"]
+    with pytest.raises(SystemExit) as exc:
+        voice_library.main(argv)
+    assert exc.value.code == 2
+    assert "--arms: unknown arm(s) bogus" in capsys.readouterr().err
+    assert not list(tmp_path.iterdir())
