@@ -126,14 +126,15 @@ def fetch(urls: dict[str, str]) -> dict[str, dict[str, float]]:
 
 
 CHUNK_WAIT = "voxstage_codec_chunk_wait_seconds"
+CHUNK_DECODE = "voxstage_codec_chunk_decode_seconds"
 LATE_CHUNK = "voxstage_codec_late_chunk_seconds"
 TICK = "voxstage_stage_tick_seconds"
 
 
 def tts_stages(before: dict[str, dict[str, float]], after: dict[str, dict[str, float]]) -> dict[str, Any]:
     """A text-to-speech level's stage numbers from two ``fetch`` snapshots: the codec's late chunks by cause
-    (and how late, p50/p95), its chunks' wait by kind, each stage's tick p50/p99 (bucket bounds), and the
-    talker's paced steps by cause."""
+    (and how late, p50/p95), its chunks' wait by kind (and the decode's part of it), each stage's tick
+    p50/p99 (bucket bounds), and the talker's paced steps by cause."""
     out: dict[str, Any] = {}
     for name in after:
         d = diff(after[name], before.get(name, {}))
@@ -149,7 +150,9 @@ def tts_stages(before: dict[str, dict[str, float]], after: dict[str, dict[str, f
             late = {cause: hist_quantiles(d, LATE_CHUNK, f'cause="{cause}"') for cause in ("frames", "codec")}
             row["late_chunks"] = {c: {k: q[k] for k in ("count", "p50", "p95")} for c, q in late.items()}
             kinds = ("first", "short", "steady")
-            row["chunk_wait_s"] = {kind: hist_quantiles(d, CHUNK_WAIT, f'chunk="{kind}"') for kind in kinds}
+            for key, metric in (("chunk_wait_s", CHUNK_WAIT), ("chunk_decode_s", CHUNK_DECODE)):
+                # chunk_decode_s: the wait's part after the decode's launch (the rest: queued in the codec).
+                row[key] = {kind: hist_quantiles(d, metric, f'chunk="{kind}"') for kind in kinds}
         if row:
             out[name] = row
     return out

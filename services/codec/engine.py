@@ -466,7 +466,7 @@ class CodecEngine(Steppable[CodecOutput]):
             stream.in_flight += 1
             stream.flight_frames += n
             stream.ready_since = None
-        launched = Launched(work, contexts, *read_back(wav[:b_real]), ready)
+        launched = Launched(work, contexts, *read_back(wav[:b_real]), ready, time.perf_counter())
         self._working = []
         return launched
 
@@ -493,7 +493,7 @@ class CodecEngine(Steppable[CodecOutput]):
             stream.segment_emitted += real
             if pcm.size:
                 stream.observe_chunk(real >= self.schedule.steady_frames, pcm.size / self.sample_rate,
-                                     launched.ready[i], now)  # fmt: skip
+                                     launched.ready[i], launched.launched_at, now)  # fmt: skip
             seg_end = self._mark_due(stream)
             if seg_end:
                 self._pass_mark(stream)

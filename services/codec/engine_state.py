@@ -85,10 +85,11 @@ class StreamState:
         self.put += codes.shape[0]
         self.arrivals.append((self.put, now))
 
-    def observe_chunk(self, steady: bool, seconds: float, ready: float, now: float) -> None:
+    def observe_chunk(self, steady: bool, seconds: float, ready: float, launched: float, now: float) -> None:
         """The chunk metrics (docs/api.md, Metrics) for a chunk of ``seconds`` of audio handed out ``now``,
-        its frames all in at ``ready``: how long they waited in the codec, and whether the stream's player
-        ran dry before it and why (its frames came after that, or the codec held them)."""
+        its frames all in at ``ready`` and its decode launched at ``launched``: how long they waited in the
+        codec and how much of that was the decode, and whether the stream's player ran dry before it and
+        why (its frames came after that, or the codec held them)."""
         if self.dry_at is None:
             kind, self.dry_at = "first", now
         else:
@@ -98,6 +99,7 @@ class StreamState:
                 metrics.CODEC_LATE_CHUNKS.labels(cause=cause).observe(now - self.dry_at)
         self.dry_at = max(self.dry_at, now) + seconds
         metrics.CODEC_CHUNK_WAIT.labels(chunk=kind).observe(now - ready)
+        metrics.CODEC_CHUNK_DECODE.labels(chunk=kind).observe(now - launched)
 
     def take(self, n: int) -> tuple[np.ndarray, float]:
         """The next ``n`` buffered frames, and when the last of them arrived (the chunk's frames all in)."""
@@ -124,6 +126,7 @@ class Launched:
     pcm: torch.Tensor  # [b_real, samples] float32
     event: torch.cuda.Event | None
     ready: list[float]  # per row: when its frames were all in (perf_counter s), for the chunk metrics
+    launched_at: float  # when the decode was launched (perf_counter s), for the chunk metrics
 
     def done(self) -> bool:
         """Whether the audio is on the host (never blocks)."""

@@ -138,6 +138,14 @@ CODEC_CHUNK_WAIT = Histogram(
     buckets=TICK_BUCKETS,
     registry=REGISTRY,
 )  # chunk="first" | "short" (the ramp's, a stream's remainder) | "steady"
+CODEC_CHUNK_DECODE = Histogram(
+    "voxstage_codec_chunk_decode_seconds",
+    "Codec (text to speech): from a chunk's decode being launched to its audio handed out (the part of "
+    "voxstage_codec_chunk_wait_seconds after the chunk left the codec's queue).",
+    ["chunk"],
+    buckets=TICK_BUCKETS,
+    registry=REGISTRY,
+)  # chunk as for voxstage_codec_chunk_wait_seconds
 CODEC_LATE_CHUNKS = Histogram(
     "voxstage_codec_late_chunk_seconds",
     "Codec (text to speech): how long after a no-prebuffer player (started at the stream's first audio) ran "

@@ -114,6 +114,8 @@ def test_closed_search_against_two_pairs_sharing_the_device(tmp_path: Path, cach
         assert all(stages[n]["tick_s"]["ticks"] > 0 for n in stages)
         firsts = sum(stages[f"codec-{k}"]["chunk_wait_s"]["first"]["count"] for k in (0, 1))
         assert firsts >= len(level["records"]) > 0
+        decoded = sum(stages[f"codec-{k}"]["chunk_decode_s"]["first"]["count"] for k in (0, 1))
+        assert decoded == firsts  # every chunk's wait has its decode's part
         for k in (0, 1):
             assert set(stages[f"codec-{k}"]["late_chunks"]) == {"frames", "codec"}
             assert stages[f"talker-{k}"]["paced"] == {"interval": 0.0, "ahead": 0.0}  # pacing is off

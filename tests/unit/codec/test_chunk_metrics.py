@@ -39,6 +39,8 @@ def test_late_chunks_are_told_apart_by_cause(model: Qwen3TokenizerDecoder) -> No
     before = {c: late(c) for c in ("frames", "codec")}
     first, short = waits("first"), waits("short")
     held = sample("voxstage_codec_chunk_wait_seconds_sum", {"chunk": "short"})
+    decoded = sample("voxstage_codec_chunk_decode_seconds_sum", {"chunk": "short"})
+    short_decodes = sample("voxstage_codec_chunk_decode_seconds_count", {"chunk": "short"})
     engine.open("s")
     engine.push("s", codes[:1])
     assert step_out(engine) > 0  # the first chunk (1 frame, 80 ms) starts the player
@@ -55,8 +57,12 @@ def test_late_chunks_are_told_apart_by_cause(model: Qwen3TokenizerDecoder) -> No
     assert step_out(engine) > 0
     assert late("frames") == before["frames"] + 1 and late("codec") == before["codec"] + 1
     assert waits("short") == short + 3
-    # The codec held the last chunk 0.3 s: its wait says so.
-    assert sample("voxstage_codec_chunk_wait_seconds_sum", {"chunk": "short"}) - held >= 0.3
+    # The codec held the last chunk 0.3 s: its wait says so, and that it was queued, not decoding.
+    waited = sample("voxstage_codec_chunk_wait_seconds_sum", {"chunk": "short"}) - held
+    decoding = sample("voxstage_codec_chunk_decode_seconds_sum", {"chunk": "short"}) - decoded
+    assert waited >= 0.3
+    assert 0.0 < decoding < waited - 0.25
+    assert sample("voxstage_codec_chunk_decode_seconds_count", {"chunk": "short"}) == short_decodes + 3
 
 
 def test_each_chunk_knows_when_its_last_frame_came(model: Qwen3TokenizerDecoder) -> None:  # noqa: F811
