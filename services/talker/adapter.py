@@ -10,6 +10,7 @@ overhead).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from contextlib import AbstractContextManager, nullcontext
 from typing import Any, Protocol
 
 import numpy as np
@@ -125,6 +126,12 @@ class TalkerAdapter(Protocol):
     def set_prefix_cache(self, max_bytes: int) -> None:
         """Bound the prefix cache (called once by the engine); families without one ignore it."""
         return None
+
+    def admission(self) -> AbstractContextManager[object]:
+        """One tick's admissions (its ``admit`` and ``append_text`` calls) happen inside this context: an
+        adapter may gather their device writes and make them together as it closes, before the tick's
+        prefill (``services.talker.slot_writes``). The default makes each write at once."""
+        return nullcontext()
 
     def check_sampling(self, sampling: SamplingParams, subtalker: SamplingParams) -> None:
         """Raise ``ValueError`` naming the field for settings the family cannot honour."""

@@ -244,26 +244,33 @@ class TalkerEngine(Steppable[TalkerOutput]):
             )
 
     def _admit(self) -> None:
-        while len(self._slots) < self.cfg.max_num_seqs:
-            # FIFO among requests whose prompt is buildable (streamed text may still be too short).
-            seq = next((s for s in self._waiting if s.prepared.ready), None)
-            if seq is None:
-                return
-            self._waiting.remove(seq)
-            seq.slot = len(self._slots)
-            self._slots.append(seq)
+        admitted: list[_Seq] = []
+        # The adapter may make the tick's admission writes together as this closes (``admission``).
+        with self.adapter.admission():
+            while len(self._slots) < self.cfg.max_num_seqs:
+                # FIFO among requests whose prompt is buildable (streamed text may still be too short).
+                seq = next((s for s in self._waiting if s.prepared.ready), None)
+                if seq is None:
+                    break
+                self._waiting.remove(seq)
+                seq.slot = len(self._slots)
+                self._slots.append(seq)
+                self._working = [seq]
+                r = seq.request
+                self.adapter.admit(
+                    seq.slot,
+                    seq.prepared,
+                    seed=r.seed,
+                    sampling=r.sampling,
+                    subtalker=r.subtalker,
+                    min_frames=r.min_frames,
+                )
+                seq.text_queued = 0
+                self._feed_text(seq)
+                admitted.append(seq)
+            self._working = admitted  # the writes these admissions made, as the context closes
+        for seq in admitted:
             self._working = [seq]
-            r = seq.request
-            self.adapter.admit(
-                seq.slot,
-                seq.prepared,
-                seed=r.seed,
-                sampling=r.sampling,
-                subtalker=r.subtalker,
-                min_frames=r.min_frames,
-            )
-            seq.text_queued = 0
-            self._feed_text(seq)
             if self.cfg.enable_prefix_caching:
                 reused = self.adapter.reuse_prefix(seq.slot, seq.prepared, seq.prefill_target)
                 if reused:

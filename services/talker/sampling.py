@@ -20,6 +20,8 @@ from dataclasses import dataclass
 
 import torch
 
+from services.talker.slot_writes import IMMEDIATE, ImmediateWrites
+
 _M32 = 0xFFFFFFFF
 # Odd multipliers below 2**31, so a 32-bit value times one stays below 2**63 in int64 arithmetic.
 _MUL_A = 0x7FEB352D
@@ -182,12 +184,12 @@ class SamplingTable:
             repetition_penalty=torch.ones(num_slots, dtype=torch.float32, device=device),
         )
 
-    def set_row(self, slot: int, params: SamplingParams) -> None:
+    def set_row(self, slot: int, params: SamplingParams, writes: ImmediateWrites = IMMEDIATE) -> None:
         t = self.tensors
-        t.temperature[slot].fill_(params.effective_temperature)  # fill_: no host copy to wait on (frame.py)
-        t.top_k[slot].fill_(params.top_k)
-        t.top_p[slot].fill_(params.top_p)
-        t.repetition_penalty[slot].fill_(params.repetition_penalty)
+        writes.put(t.temperature, slot, params.effective_temperature)
+        writes.put(t.top_k, slot, params.top_k)
+        writes.put(t.top_p, slot, params.top_p)
+        writes.put(t.repetition_penalty, slot, params.repetition_penalty)
 
 
 def apply_repetition_penalty(logits: torch.Tensor, seen: torch.Tensor, penalty: torch.Tensor) -> torch.Tensor:

@@ -97,3 +97,20 @@ def test_a_codec_stream_opens_without_synchronizing(no_syncs: Callable) -> None:
     assert len(engine.voice_states) == 1  # type: ignore[arg-type]
     no_syncs(lambda: engine.open("fresh"))
     no_syncs(lambda: engine.open("voice", prefix=prefix, prefix_key="voice_x@1"))
+
+
+def test_a_ticks_gathered_admission_writes_make_no_synchronizing_copy(no_syncs: Callable) -> None:
+    """``SlotWrites.flush`` (a Qwen3 talker tick's admissions, services/talker/slot_writes.py) uploads its
+    places and values through pinned memory, and leaves what the one-at-a-time writes leave."""
+    from services.talker.slot_writes import IMMEDIATE, SlotWrites
+    from tests.unit.talker.test_slot_writes import apply, tensors
+
+    one_by_one = {k: v.cuda() for k, v in tensors().items()}
+    gathered = {k: v.cuda() for k, v in tensors().items()}
+    apply(IMMEDIATE, one_by_one)
+    writes = SlotWrites()
+    apply(writes, gathered)
+    no_syncs(writes.flush)
+    torch.cuda.synchronize()
+    for k in one_by_one:
+        assert torch.equal(gathered[k], one_by_one[k]), k

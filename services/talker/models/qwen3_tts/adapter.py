@@ -9,11 +9,12 @@ which is the unit a CUDA graph captures; launch / collect and the graphs come fr
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import weakref
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,6 +24,7 @@ import torch
 from services.talker.kv import kv_cache_fp8
 from services.talker.packed import PackedDecodeAdapter
 from services.talker.sampling import Sampler, SamplingParams
+from services.talker.slot_writes import IMMEDIATE, ImmediateWrites, SlotWrites
 from services.talker.spec import SpeechSpec
 from voxstage.cudagraphs import GraphCache
 from voxstage.nn.kv_fp8 import FP8
@@ -216,6 +218,7 @@ class Qwen3TTSAdapter(PackedDecodeAdapter):
         self.voice_rows = VoiceRows()
         self.graphs: GraphCache | None = None
         self.kv_fp8 = False
+        self._writes: ImmediateWrites = IMMEDIATE  # a SlotWrites inside ``admission``
 
     def use_kv_cache_dtype(self, name: str) -> None:
         """``kv_cache_dtype`` (before ``allocate``): ``auto`` keeps the talker's pool in the model dtype,
@@ -272,13 +275,24 @@ class Qwen3TTSAdapter(PackedDecodeAdapter):
     ) -> None:
         self.state.reset_slot(
             slot, seed=seed, talker=sampling, subtalker=subtalker, trailing_ids=[], text_complete=False,
-            min_new_tokens=min_frames,
+            min_new_tokens=min_frames, writes=self._writes,
         )  # fmt: skip
         self.samplers[slot] = Sampler.for_params((sampling, subtalker))
-        self.positions[slot].fill_(0)
+        self._writes.put(self.positions, slot, 0)
 
     def append_text(self, slot: int, queued: int, ids: Sequence[int], complete: bool) -> None:
-        self.state.append_text(slot, queued, ids, complete)
+        self.state.append_text(slot, queued, ids, complete, self._writes)
+
+    @contextlib.contextmanager
+    def admission(self) -> Iterator[SlotWrites]:
+        """A tick's admissions write their slots' state in one indexed write per tensor as it closes (also
+        after one of them failed: the others stay admitted), not ~20 launches per slot."""
+        writes = self._writes = SlotWrites()
+        try:
+            yield writes
+        finally:
+            self._writes = IMMEDIATE
+            writes.flush()
 
     @torch.inference_mode()
     def prefill_many(self, chunks: Sequence[tuple[int, QwenPrepared, int, int]]) -> None:

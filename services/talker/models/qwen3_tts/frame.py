@@ -27,7 +27,6 @@ from dataclasses import dataclass
 
 import torch
 
-from ...prefill import upload
 from ...sampling import (
     Sampler,
     SamplingParams,
@@ -37,6 +36,7 @@ from ...sampling import (
     step_keys,
     stream_keys,
 )
+from ...slot_writes import IMMEDIATE, ImmediateWrites
 from .backbone import KVCache
 from .model import Qwen3TTSTalker
 
@@ -95,23 +95,25 @@ class FrameState:
         trailing_ids: Sequence[int],
         text_complete: bool,
         min_new_tokens: int = 2,
+        writes: ImmediateWrites = IMMEDIATE,
     ) -> None:
-        """Prepare ``slot`` for a new request (host-side writes at admission, outside captured graphs)."""
+        """Prepare ``slot`` for a new request (host-side writes at admission, outside captured graphs; with
+        ``writes`` a ``SlotWrites``, made at its flush together with the tick's other admissions)."""
         if not -(2**63) <= seed < 2**63:
             raise ValueError(f"seed must fit in int64, got {seed}")
-        # ``fill_`` passes the value as a kernel argument; ``t[slot] = value`` copies a host scalar, which
-        # would wait for the frame step in flight (async scheduling).
-        self.seen_c0[slot].fill_(False)
-        self.frames[slot].fill_(0)
-        self.seed[slot].fill_(seed)
-        self.min_new_tokens[slot].fill_(min_new_tokens)
-        self.text_len[slot].fill_(0)
-        self.text_done[slot].fill_(False)
-        self.talker.set_row(slot, talker)
-        self.subtalker.set_row(slot, subtalker)
-        self.append_text(slot, 0, trailing_ids, text_complete)
+        writes.put(self.seen_c0, slot, False)
+        writes.put(self.frames, slot, 0)
+        writes.put(self.seed, slot, seed)
+        writes.put(self.min_new_tokens, slot, min_new_tokens)
+        writes.put(self.text_len, slot, 0)
+        writes.put(self.text_done, slot, False)
+        self.talker.set_row(slot, talker, writes)
+        self.subtalker.set_row(slot, subtalker, writes)
+        self.append_text(slot, 0, trailing_ids, text_complete, writes)
 
-    def append_text(self, slot: int, queued: int, ids: Sequence[int], complete: bool) -> None:
+    def append_text(
+        self, slot: int, queued: int, ids: Sequence[int], complete: bool, writes: ImmediateWrites = IMMEDIATE
+    ) -> None:
         """Append ``ids`` after the ``queued`` tokens the host knows are already in ``slot``'s queue.
 
         The host tracks ``queued`` itself (``prompt.TextFeed``) so no device read is needed. ``complete``
@@ -120,10 +122,9 @@ class FrameState:
         end = queued + len(ids)
         if end > self.max_text:
             raise ValueError(f"slot {slot}: text queue overflow ({end} > max_text {self.max_text})")
-        if ids:
-            self.text_ids[slot, queued:end].copy_(upload(ids, self.text_ids.device), non_blocking=True)
-        self.text_len[slot].fill_(end)
-        self.text_done[slot].fill_(complete)
+        writes.span(self.text_ids, slot, queued, ids)
+        writes.put(self.text_len, slot, end)
+        writes.put(self.text_done, slot, complete)
 
 
 @dataclass
