@@ -128,9 +128,10 @@ class TalkerAdapter(Protocol):
         return None
 
     def admission(self) -> AbstractContextManager[object]:
-        """One tick's admissions (its ``admit`` and ``append_text`` calls) happen inside this context: an
-        adapter may gather their device writes and make them together as it closes, before the tick's
-        prefill (``services.talker.slot_writes``). The default makes each write at once."""
+        """One tick's admissions (its ``admit`` and ``append_text`` calls), and then its prefill
+        (``prefill_many``, ``start_decode``), each happen inside this context: an adapter may gather their
+        per-slot device writes and make them together as it closes, before anything reads them
+        (``services.talker.slot_writes``). The default makes each write at once."""
         return nullcontext()
 
     def check_sampling(self, sampling: SamplingParams, subtalker: SamplingParams) -> None:

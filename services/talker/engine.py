@@ -292,20 +292,23 @@ class TalkerEngine(Steppable[TalkerOutput]):
             planned.append((seq, n))
             budget -= n
         chunks = [(seq.slot, seq.prepared, seq.prefilled, n) for seq, n in planned if n]
-        if chunks:
-            # One call for the whole tick: the adapter batches short chunks into one forward, so a burst of
-            # arrivals delays the running streams' next frame by about one prefill, not one per arrival.
-            self._prefill_chunks([seq for seq, n in planned if n], chunks)
-        for seq, n in planned:
-            self._working = [seq]
-            if n:
-                seq.prefilled += n
-                metrics.PREFILL_TOKENS.labels(source="computed").inc(n)
-            if seq.prefilled >= seq.prefill_target:
-                if self.cfg.enable_prefix_caching:
-                    self.adapter.store_prefix(seq.slot, seq.prepared)
-                self.adapter.start_decode(seq.slot, seq.prepared)
-                seq.phase = _Phase.DECODE
+        with self.adapter.admission():  # the slots' parking and first positions, written together
+            if chunks:
+                # One call for the whole tick: the adapter batches short chunks into one forward, so a
+                # burst of arrivals delays the running streams' next frame by about one prefill, not one
+                # per arrival.
+                self._prefill_chunks([seq for seq, n in planned if n], chunks)
+            for seq, n in planned:
+                self._working = [seq]
+                if n:
+                    seq.prefilled += n
+                    metrics.PREFILL_TOKENS.labels(source="computed").inc(n)
+                if seq.prefilled >= seq.prefill_target:
+                    if self.cfg.enable_prefix_caching:
+                        self.adapter.store_prefix(seq.slot, seq.prepared)
+                    self.adapter.start_decode(seq.slot, seq.prepared)
+                    seq.phase = _Phase.DECODE
+            self._working = [seq for seq, _ in planned]
         self._working = []
 
     def _prefill_chunks(self, seqs: list[_Seq], chunks: list[tuple[int, PreparedPrompt, int, int]]) -> None:

@@ -285,8 +285,9 @@ class Qwen3TTSAdapter(PackedDecodeAdapter):
 
     @contextlib.contextmanager
     def admission(self) -> Iterator[SlotWrites]:
-        """A tick's admissions write their slots' state in one indexed write per tensor as it closes (also
-        after one of them failed: the others stay admitted), not ~20 launches per slot."""
+        """A tick's admissions (and its prefill's positions) write their slots' state in one indexed write
+        per tensor as it closes (also after one of them failed: the others stay admitted), not ~20 launches
+        per slot."""
         writes = self._writes = SlotWrites()
         try:
             yield writes
@@ -305,13 +306,12 @@ class Qwen3TTSAdapter(PackedDecodeAdapter):
         self.prefill_runner.run(work)
         for slot, _, start, n in chunks:
             # Parking position: a masked decode row writes its junk K/V here, which the next chunk overwrites.
-            # fill_ passes the value as a kernel argument; item assignment copies a host scalar and syncs.
-            self.positions[slot].fill_(start + n)
+            self._writes.put(self.positions, slot, start + n)
 
     def start_decode(self, slot: int, prepared: QwenPrepared) -> None:
         assert prepared.prompt is not None
         self.next_input[slot] = prepared.prompt.prefill_embeds[-1].to(self.dtype)
-        self.positions[slot].fill_(prepared.length - 1)
+        self._writes.put(self.positions, slot, prepared.length - 1)
 
     # -- the tick (launch, collect and CUDA graphs: ``PackedDecodeAdapter``) ---------------------------------
     def step_io(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
