@@ -127,7 +127,7 @@ class TalkerAdapter(Protocol):
         """Bound the prefix cache (called once by the engine); families without one ignore it."""
         return None
 
-    def admission(self) -> AbstractContextManager[object]:
+    def batched_writes(self) -> AbstractContextManager[object]:
         """One tick's admissions (its ``admit`` and ``append_text`` calls), and then its prefill
         (``prefill_many``, ``start_decode``), each happen inside this context: an adapter may gather their
         per-slot device writes and make them together as it closes, before anything reads them

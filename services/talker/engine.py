@@ -245,8 +245,8 @@ class TalkerEngine(Steppable[TalkerOutput]):
 
     def _admit(self) -> None:
         admitted: list[_Seq] = []
-        # The adapter may make the tick's admission writes together as this closes (``admission``).
-        with self.adapter.admission():
+        # The adapter may make the tick's admission writes together as this closes (``batched_writes``).
+        with self.adapter.batched_writes():
             while len(self._slots) < self.cfg.max_num_seqs:
                 # FIFO among requests whose prompt is buildable (streamed text may still be too short).
                 seq = next((s for s in self._waiting if s.prepared.ready), None)
@@ -292,7 +292,7 @@ class TalkerEngine(Steppable[TalkerOutput]):
             planned.append((seq, n))
             budget -= n
         chunks = [(seq.slot, seq.prepared, seq.prefilled, n) for seq, n in planned if n]
-        with self.adapter.admission():  # the slots' parking and first positions, written together
+        with self.adapter.batched_writes():  # the slots' parking and first positions, written together
             if chunks:
                 # One call for the whole tick: the adapter batches short chunks into one forward, so a
                 # burst of arrivals delays the running streams' next frame by about one prefill, not one

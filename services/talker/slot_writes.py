@@ -1,4 +1,4 @@
-"""Per-slot writes to an adapter's device state, made one at a time or gathered for a whole admission.
+"""Per-slot writes to an adapter's device state, made one at a time or gathered for a whole tick.
 
 Admitting a request resets a few dozen per-slot values (frame counters, seeds, sampling rows, the text
 queue). One ``fill_`` launch each costs ~20 us of host time on an H200, so a closed loop's wave of 256

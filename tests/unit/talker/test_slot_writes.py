@@ -81,7 +81,7 @@ def test_an_engine_admitting_a_burst_makes_the_same_frames_either_way(
     def run(gathered: bool) -> dict[str, np.ndarray]:
         adapter = Qwen3TTSAdapter(tiny_custom_voice, tiny_tokenizer)
         if not gathered:
-            adapter.admission = contextlib.nullcontext  # type: ignore[method-assign]  # one write at a time
+            adapter.batched_writes = contextlib.nullcontext  # type: ignore[method-assign]  # one write at a time
         cfg = EngineConfig(
             max_num_seqs=4, max_model_len=192, max_num_batched_tokens=64, async_scheduling=True
         )

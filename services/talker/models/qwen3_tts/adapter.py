@@ -218,7 +218,7 @@ class Qwen3TTSAdapter(PackedDecodeAdapter):
         self.voice_rows = VoiceRows()
         self.graphs: GraphCache | None = None
         self.kv_fp8 = False
-        self._writes: ImmediateWrites = IMMEDIATE  # a SlotWrites inside ``admission``
+        self._writes: ImmediateWrites = IMMEDIATE  # a SlotWrites inside ``batched_writes``
 
     def use_kv_cache_dtype(self, name: str) -> None:
         """``kv_cache_dtype`` (before ``allocate``): ``auto`` keeps the talker's pool in the model dtype,
@@ -284,7 +284,7 @@ class Qwen3TTSAdapter(PackedDecodeAdapter):
         self.state.append_text(slot, queued, ids, complete, self._writes)
 
     @contextlib.contextmanager
-    def admission(self) -> Iterator[SlotWrites]:
+    def batched_writes(self) -> Iterator[SlotWrites]:
         """A tick's admissions (and its prefill's positions) write their slots' state in one indexed write
         per tensor as it closes (also after one of them failed: the others stay admitted), not ~20 launches
         per slot."""
