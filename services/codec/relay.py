@@ -131,9 +131,7 @@ class TalkerRelay:
         if self.done or frames <= 0:
             return
         self.outstanding += frames
-        self._send(
-            S.TalkerStreamRequest(credit=S.Credit(unit=S.CREDIT_UNIT_FRAMES, amount=frames))
-        )
+        self._send(S.TalkerStreamRequest(credit=S.Credit(unit=S.CREDIT_UNIT_FRAMES, amount=frames)))
         self._rearm_stall()
 
     def cancel(self, reason: str) -> None:
@@ -265,7 +263,7 @@ class TalkerRelay:
         return codes
 
     async def _deliver(self, f: S.CodecFrames, codes: np.ndarray) -> None:
-        await self.stream.frames_in(codes)
+        self.stream.frames_in(codes)
 
     async def _segment_done(self, done: S.SegmentDone) -> None:
         """A take ended (text-to-speech segments); the duplex relay keeps only the last one."""

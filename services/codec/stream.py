@@ -283,6 +283,10 @@ class CodecStream(CodecStageStream):
         self.engine_open = False  # the engine already let the stream go
         self.fail("INTERNAL", message)
 
+    def on_session_error(self, code: str, message: str) -> None:
+        self.engine_open = False  # the worker already took the stream out of the engine
+        self.fail(code, message)
+
     def pump(self) -> None:
         while self.pieces and not self.terminal_sent and self.pieces[0].data.size <= self.pcm_credit:
             piece = self.pieces.popleft()
@@ -328,9 +332,9 @@ class CodecStream(CodecStageStream):
             self.t_first = time.perf_counter()
 
     # -- called by the relay ---------------------------------------------------------------------------
-    async def frames_in(self, codes: np.ndarray) -> None:
+    def frames_in(self, codes: np.ndarray) -> None:
         if self.engine_open:
-            await self.srv.worker.push(self.key, codes)
+            self.srv.worker.push(self.key, codes)
 
     async def segment_in(self, done: S.SegmentDone) -> None:
         """The talker ended a take: its frames (all pushed already) decode to their end, then its

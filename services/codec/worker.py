@@ -3,6 +3,11 @@
 Every model call of the codec stage runs on this thread: streaming decode ticks, and the encoder and speaker
 encoder for voice-clone references (they run between ticks, so a long reference delays other streams' next
 chunk by its encode time, never races them). The servicer side sees coroutines and ``StageFailure``.
+
+A stream's frames go in fire and forget (``push``): every stream's frames of one turn of the event loop (the
+talker's frames of a tick arrive together over the link) reach the engine thread as one hand-off, not one
+cross-thread call, future and loop wake-up per stream and message. A push that fails (the engine refuses the
+codes, or the stream is gone) ends that stream only, through its listener's ``on_session_error``.
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ import numpy as np
 from services.codec.engine import CodecAdmissionError, CodecEngine, CodecOutput
 from services.codec.models import CodecRuntime
 from voxstage.stage.engine_loop import log_capture
-from voxstage.stage.worker import StageWorker
+from voxstage.stage.worker import SessionWorker
 
 log = logging.getLogger(__name__)
 
@@ -28,6 +33,10 @@ class PcmListener(Protocol):
     def on_engine_failed(self, message: str) -> None: ...
 
     def on_request_failed(self, message: str) -> None: ...
+
+    def on_session_error(self, code: str, message: str) -> None:
+        """A fire-and-forget command of this stream failed (``push``); the engine has let it go."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -44,7 +53,7 @@ class Reference:
     x_vector: np.ndarray | None  # float32 [dim]; None for a family without a speaker encoder
 
 
-class CodecWorker(StageWorker[CodecOutput, PcmListener]):
+class CodecWorker(SessionWorker[CodecOutput, PcmListener]):
     role = "codec"
     admission_errors = (CodecAdmissionError,)
     invalid_errors = (ValueError,)  # bad codes, bad schedule values, unusable reference audio
@@ -108,8 +117,11 @@ class CodecWorker(StageWorker[CodecOutput, PcmListener]):
             self._listeners.pop(key, None)
             raise
 
-    async def push(self, key: str, codes: np.ndarray) -> None:
-        await self._call(lambda: self.engine.push(key, codes))
+    def push(self, key: str, codes: np.ndarray) -> None:
+        """Queue ``codes`` for the stream; they reach the engine with every other push of this turn of the
+        event loop, and before any later command of this worker (``_call`` and ``cancel`` hand them over
+        first)."""
+        self._command(key, lambda: self.engine.push(key, codes))
 
     async def end_segment(self, key: str) -> None:
         await self._call(lambda: self.engine.end_segment(key))
@@ -121,6 +133,7 @@ class CodecWorker(StageWorker[CodecOutput, PcmListener]):
         """Free the stream's state before the next tick; no further output reaches its listener."""
         self._listeners.pop(key, None)
         if self.failed is None:
+            self.flush_commands()
             self._thread.call(lambda: self.engine.cancel(key))
 
     async def reference(self, pcm: np.ndarray, sample_rate: int, *, with_codes: bool) -> Reference:
@@ -141,6 +154,10 @@ class CodecWorker(StageWorker[CodecOutput, PcmListener]):
             return CodecSnapshot(e.ticks, e.max_streams, e.active(), buffered)
 
         return await self._call(run)
+
+    # -- engine thread -------------------------------------------------------------------------------------
+    def _end_session(self, key: str) -> None:
+        self.engine.cancel(key)
 
     # -- engine thread -> event loop ----------------------------------------------------------------------
     def _route(self, output: CodecOutput) -> tuple[str, bool]:

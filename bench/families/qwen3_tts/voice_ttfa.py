@@ -158,6 +158,53 @@ def phased_profile(
     return phase_stats(prof, pair.device == "cuda")
 
 
+PARTS = ("prepare", "_admit", "_prefill", "_decode")
+
+
+def timed_parts(
+    pair: Pair, spec: SpeechSpec, frames: int, prefix: np.ndarray | None, key: str, n: int
+) -> dict:
+    """``n`` requests with the talker's parts timed one by one, each behind a device sync: ``host`` ms is the
+    call's own time (launches and Python), ``synced`` ms adds the wait for its device work. The parts of the
+    step that prefills and the first frame step (the first ``_decode`` that returns a frame) are what a clone
+    adds to; medians over the requests."""
+    engine, adapter = pair.talker, pair.talker.adapter
+    rows: list[dict[str, float]] = []
+    cur: dict[str, float] = {}
+
+    def wrap(obj: Any, name: str) -> Any:
+        fn = getattr(obj, name)
+
+        def timed(*args: Any, **kw: Any) -> Any:
+            pair.sync()
+            t0 = time.perf_counter()
+            out = fn(*args, **kw)
+            t1 = time.perf_counter()
+            pair.sync()
+            t2 = time.perf_counter()
+            if f"{name}_host_ms" not in cur and (name != "_decode" or out):
+                cur[f"{name}_host_ms"], cur[f"{name}_synced_ms"] = 1e3 * (t1 - t0), 1e3 * (t2 - t0)
+            return out
+
+        setattr(obj, name, timed)
+        return fn
+
+    saved = [
+        (obj, name, wrap(obj, name))
+        for obj, name in ((adapter, "prepare"), *((engine, p) for p in PARTS[1:]))
+    ]
+    try:
+        for _ in range(n):
+            cur = {}
+            pair.request(spec, frames, prefix, key)
+            rows.append(cur)
+    finally:
+        for obj, name, fn in saved:
+            setattr(obj, name, fn)
+    keys = sorted({k for r in rows for k in r})
+    return {k: round(statistics.median(r[k] for r in rows if k in r), 4) for k in keys}
+
+
 def summary(rows: list[dict[str, float]]) -> dict[str, dict[str, float]]:
     return {
         k: {
@@ -193,6 +240,7 @@ def run_arm(a: argparse.Namespace, arm: str, model: str) -> dict[str, Any]:
     adapter = pair.talker.adapter
     prompt_prof = profile_call(lambda: adapter.prepare(spec), a.device, top=25, host=True)
     out_phases = phased_profile(pair, spec, a.frames, prefix, key)
+    parts = timed_parts(pair, spec, a.frames, prefix, key, max(3, a.requests // 2))
     out = {"arm": arm, "model": model, "codec_warm_up_s": round(pair.codec_warm_s, 2), **summary(rows)}
     states = pair.codec.voice_states
     out["codec_voice_states"] = None if states is None else len(states)  # 1: the clone's state was reused
@@ -200,6 +248,7 @@ def run_arm(a: argparse.Namespace, arm: str, model: str) -> dict[str, Any]:
     out["profile"] = prof
     out["prompt_profile"] = prompt_prof  # the prompt build alone (``submit``'s work), by host time
     out["phases"] = out_phases  # one synced request's device work per part, kernel for kernel
+    out["parts"] = parts  # the talker's parts one by one behind syncs (``timed_parts``)
     print(json.dumps({"arm": arm, **{k: v["median"] for k, v in summary(rows).items()}}), flush=True)
     return out
 
@@ -245,7 +294,12 @@ def main(argv: list[str] | None = None) -> int:
             k: round(arm[k]["median"] - b[k]["median"], 3) for k in summary(b["requests"])
         }
     a.out.write_text(json.dumps(out, indent=1) + "\n")
-    print(json.dumps({k: out[k] for k in ("clone_minus_builtin_ms", "xvector_minus_builtin_ms")}), flush=True)
+    for name, arm in (("clone", c), ("xvector", x)):
+        out[f"{name}_minus_builtin_parts_ms"] = {
+            k: round(v - b["parts"][k], 4) for k, v in arm["parts"].items() if k in b["parts"]
+        }
+    keys = [f"{n}_minus_builtin{s}" for n in ("clone", "xvector") for s in ("_ms", "_parts_ms")]
+    print(json.dumps({k: out[k] for k in keys}), flush=True)
     return 0
 
 
