@@ -1,15 +1,18 @@
 """The TTS codec stage's cost of taking the talker's frames in (``services.codec.worker.CodecWorker.push``).
 
 The talker sends one frame per stream per tick; the codec's relay of each stream hands its frames to the
-engine thread. Here ``--streams`` streams of a real ``CodecWorker`` and ``CodecEngine`` (the tiny Qwen3-TTS
-decoder, CPU) take one frame each per round, every ``--interval-ms``, each through a task of its own that
-reads its messages in order as the relay does, all of a round's messages arriving in the same turn of the
-event loop as a link batch delivers them; no gRPC, no talker. Reported: CPU-µs per pushed frame of the loop's
-thread, of the engine thread and of the process, hand-offs to the engine thread per round, and the
-engine's ticks. The engine's decodes are in the engine thread's and the process's numbers (the same work in
-both checkouts); the loop thread's number is the hand-off alone. Run it on two checkouts to compare:
+engine thread. Here ``--streams`` streams of a real ``CodecWorker`` and ``CodecEngine`` (a tiny preset's
+decoder on the CPU, the default family's unless ``--model``) take one frame each per round, every
+``--interval-ms``, each stream through a task of its own that reads its messages in order, all of a
+round's messages arriving in the same turn of the event loop as a link batch delivers them; no gRPC, no
+talker. ``--through relay`` (the default) has the serving ``TalkerRelay``'s reader take each message (its
+checks, timers, metrics) before the worker does; ``--through worker`` hands the frames to the worker
+straight. Reported: CPU-µs per frame of the event loop's thread, of the engine thread and of the process,
+hand-offs to the engine thread per round, and the engine's ticks. The engine thread's and the process's
+numbers also hold the decoder's own work; the loop thread's is the relay and the hand-off. Run it on two
+checkouts to compare:
 
-    PYTHONPATH=src:. python -m bench.codec_frames_in --out frames_in.json --streams 256 --rounds 150
+    PYTHONPATH=src:. python -m bench.codec_frames_in --out f.json --streams 256 --rounds 100 --interval-ms 80
 """
 
 from __future__ import annotations
@@ -28,17 +31,14 @@ import numpy as np
 import torch
 
 from services.codec.engine import ChunkSchedule, CodecEngine, CodecOutput
-from services.codec.models.qwen3_tts.loader import random_init
-from services.codec.models.qwen3_tts.presets import decoder_preset
-from services.codec.models.qwen3_tts.streaming import StreamingDecoder
+from services.codec.models import CodecRuntime, load_codec
 from services.codec.relay import TalkerRelay
 from services.codec.upstream import TalkerPool
 from services.codec.worker import CodecWorker
-from voxstage import wire
+from voxstage import families, wire
 from voxstage.config import ConnectorExtra
 from voxstage.internal.v1 import stage_pb2 as S
-
-GROUPS = 16
+from voxstage.presets import resolve_model
 
 
 class Sink:
@@ -85,9 +85,9 @@ class RelayedStream:
     """What a ``TalkerRelay`` reads of its ``CodecStream`` on the frames path: the stage's settings, the
     codebook, and ``frames_in`` (the stream's own, which hands the frames to the worker)."""
 
-    def __init__(self, worker: CodecWorker, key: str) -> None:
+    def __init__(self, worker: CodecWorker, key: str, codebook_size: int) -> None:
         self.srv = SimpleNamespace(worker=worker, stream_config=ConnectorExtra(), shm_writer=None)
-        self.rt = SimpleNamespace(codebook_size=2048)
+        self.rt = SimpleNamespace(codebook_size=codebook_size)
         self.key = key
         self.engine_open = True
 
@@ -98,12 +98,13 @@ class RelayedStream:
         await self.srv.worker.finish(self.key)
 
 
-def relays(worker: CodecWorker, keys: list[str], rounds: int) -> dict[str, Any]:
+def relays(
+    worker: CodecWorker, pool: TalkerPool, keys: list[str], rounds: int, codebook_size: int
+) -> dict[str, Any]:
     """A real ``TalkerRelay`` per stream, opened and holding credit for every round's frame."""
-    pool = TalkerPool(None)
     out = {}
     for key in keys:
-        relay = TalkerRelay(RelayedStream(worker, key), pool, "127.0.0.1:1", None)  # type: ignore[arg-type]
+        relay = TalkerRelay(RelayedStream(worker, key, codebook_size), pool, "127.0.0.1:1", None)  # type: ignore[arg-type]
         relay.opened.set_result(S.StreamOpened())
         relay.outstanding, relay.eoi_sent = rounds, True
         out[key] = relay
@@ -115,7 +116,7 @@ def talker_frames(frames: np.ndarray) -> list[S.TalkerStreamResponse]:
     return [
         S.TalkerStreamResponse(
             frames=S.CodecFrames(
-                first_frame=r, frame_count=1, num_groups=GROUPS, sent_unix_ns=time.time_ns(),
+                first_frame=r, frame_count=1, num_groups=frames.shape[1], sent_unix_ns=time.time_ns(),
                 codes=S.Payload(inline=wire.codes_to_bytes(frames[r : r + 1])),
             )
         )
@@ -123,11 +124,13 @@ def talker_frames(frames: np.ndarray) -> list[S.TalkerStreamResponse]:
     ]  # fmt: skip
 
 
-async def run(streams: int, rounds: int, interval_s: float, through: str) -> dict[str, Any]:
-    model = random_init(decoder_preset("qwen3-tts-tiny"), seed=0)
+async def run(
+    runtime: CodecRuntime, streams: int, rounds: int, interval_s: float, through: str
+) -> dict[str, Any]:
     engine = CodecEngine(
-        StreamingDecoder(model, 2 * streams), max_streams=streams,
-        schedule=ChunkSchedule(initial_frames=1, steady_frames=25), num_groups=GROUPS, async_scheduling=True,
+        runtime.decoder, max_streams=streams, schedule=ChunkSchedule(initial_frames=1, steady_frames=25),
+        num_groups=runtime.num_groups, codebook_size=runtime.codebook_size, sample_rate=runtime.sample_rate,
+        async_scheduling=True,
     )  # fmt: skip
     worker = CodecWorker(None, engine)  # type: ignore[arg-type]  # no warm-up, no reference encodes
     worker.start(asyncio.get_running_loop())
@@ -142,9 +145,11 @@ async def run(streams: int, rounds: int, interval_s: float, through: str) -> dic
     sinks = {f"s{i}": Sink() for i in range(streams)}
     for key, sink in sinks.items():
         await worker.open(key, initial_frames=1, prefix=None, listener=sink)
-    frames = np.random.default_rng(0).integers(0, 2048, (rounds, GROUPS), dtype=np.int64)
+    groups, size = runtime.num_groups, runtime.codebook_size
+    frames = np.random.default_rng(0).integers(0, size, (rounds, groups), dtype=np.int64)
     inbox = {key: asyncio.Queue[Any]() for key in sinks}
-    relayed = relays(worker, list(sinks), rounds) if through == "relay" else {}
+    pool = TalkerPool(None)  # its channel to the (absent) talker is never dialled; closed at the end
+    relayed = relays(worker, pool, list(sinks), rounds, size) if through == "relay" else {}
     messages: list[Any] = talker_frames(frames) if relayed else [frames[r : r + 1] for r in range(rounds)]
 
     async def relay(key: str) -> None:  # one stream's relay: takes its messages in order, pushes each
@@ -184,6 +189,7 @@ async def run(streams: int, rounds: int, interval_s: float, through: str) -> dic
         for key in sinks:
             await worker.finish(key)
     await asyncio.sleep(0.5)
+    await pool.close()
     worker.stop()
     pushed = streams * rounds
     errors = [e for s in sinks.values() for e in s.errors]
@@ -199,6 +205,7 @@ async def run(streams: int, rounds: int, interval_s: float, through: str) -> dic
         "handoffs_per_round": round(hand / rounds, 2),
         "engine_ticks": engine.ticks - ticks0,
         "audio_samples": sum(s.samples for s in sinks.values()),
+        "samples_per_frame": runtime.samples_per_frame,
         "errors": errors[:3],
     }
 
@@ -206,6 +213,7 @@ async def run(streams: int, rounds: int, interval_s: float, through: str) -> dic
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--model", default=None, help="a tiny preset (default: the default family's demo model)")
     ap.add_argument("--streams", type=int, default=256)
     ap.add_argument("--rounds", type=int, default=150)
     ap.add_argument("--interval-ms", type=float, default=20.0, help="between rounds (a talker tick)")
@@ -217,10 +225,15 @@ def main(argv: list[str] | None = None) -> int:
     )  # fmt: skip
     a = ap.parse_args(argv)
     torch.set_num_threads(1)
-    runs = [asyncio.run(run(a.streams, a.rounds, a.interval_ms / 1e3, a.through)) for _ in range(a.repeats)]
+    model = a.model or families.default_family().demo[0]
+    runs = []
+    for _ in range(a.repeats):  # a fresh decoder pool each run: no state carried from the last
+        runtime = load_codec(resolve_model(model), device="cpu", max_streams=a.streams)
+        runs.append(asyncio.run(run(runtime, a.streams, a.rounds, a.interval_ms / 1e3, a.through)))
     best = min(runs, key=lambda r: r["loop_cpu_us_per_frame"])
     out = {
         "tool": "bench.codec_frames_in",
+        "model": model,
         "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "best": best,
         "median_loop_cpu_us_per_frame": statistics.median(r["loop_cpu_us_per_frame"] for r in runs),

@@ -68,6 +68,7 @@ class TalkerRelay:
         self.stall_timeout = extra.stall_timeout_s
         self._first: asyncio.TimerHandle | None = None
         self._stall: asyncio.TimerHandle | None = None
+        self._stall_from = 0.0  # loop time the stall clock last restarted (``_rearm_stall``)
 
     async def open(self, msg: S.StreamOpen) -> S.StreamOpened:
         self.peer = self.pool.current(self.peer)
@@ -259,6 +260,7 @@ class TalkerRelay:
         self.received += n
         if self._first is not None:
             self._first.cancel()
+            self._first = None
         self._rearm_stall()
         return codes
 
@@ -317,12 +319,29 @@ class TalkerRelay:
 
     # -- timeouts (docs/protocol.md §8) ----------------------------------------------------------------
     def _rearm_stall(self) -> None:
-        if self._stall is not None:
-            self._stall.cancel()
-            self._stall = None
-        # The stall clock runs only while the talker owes output: it holds credit and has all its input.
-        if not self.done and self.received and self.eoi_sent and self.outstanding > 0:
-            self._stall = asyncio.get_running_loop().call_later(self.stall_timeout, self._expired, "stall")
+        """Restart the stall clock. It runs only while the talker owes output: it holds credit and has all
+        its input. One timer checks the clock when it could run out, rather than a timer cancelled and made
+        anew for every message (a frame of every stream each talker tick)."""
+        if self.done:
+            return
+        loop = asyncio.get_running_loop()
+        self._stall_from = loop.time()
+        if self._stall is None and self._owes_output():
+            self._stall = loop.call_later(self.stall_timeout, self._check_stall)
+
+    def _owes_output(self) -> bool:
+        return bool(self.received and self.eoi_sent and self.outstanding > 0)
+
+    def _check_stall(self) -> None:
+        self._stall = None
+        if self.done or not self._owes_output():
+            return  # the next restart of the clock while it owes output sets a timer again
+        loop = asyncio.get_running_loop()
+        left = self._stall_from + self.stall_timeout - loop.time()
+        if left > 0:
+            self._stall = loop.call_later(left, self._check_stall)
+        else:
+            self._expired("stall")
 
     def _expired(self, which: str) -> None:
         if self.done:

@@ -8,6 +8,7 @@ sent, because per-stage first-output times under-report what a user hears.
 from __future__ import annotations
 
 import time
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
@@ -179,12 +180,18 @@ DUPLEX_JITTER_DROPPED = Counter(
 )  # exported as voxstage_duplex_jitter_dropped_seconds_total
 
 
+_HOPS: dict[tuple[str, str], Any] = {}  # the hop histogram's children: a frame of every stream each tick
+
+
 def observe_hop(source: str, dest: str, sent_unix_ns: int) -> None:
     """Record one inter-stage hop from the sender's stamp (skipped when unset or the clocks disagree)."""
     if sent_unix_ns > 0:
         delay = (time.time_ns() - sent_unix_ns) / 1e9
         if delay >= 0:
-            STAGE_HOP.labels(source, dest).observe(delay)
+            child = _HOPS.get((source, dest))
+            if child is None:
+                child = _HOPS[(source, dest)] = STAGE_HOP.labels(source, dest)
+            child.observe(delay)
 
 
 # -- full-duplex sessions ------------------------------------------------------------------------------
