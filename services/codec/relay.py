@@ -179,8 +179,7 @@ class TalkerRelay:
                 if kind == "opened":
                     self._on_opened(resp.opened)
                 elif kind == "frames":
-                    metrics.observe_hop("talker", "codec", resp.frames.sent_unix_ns)
-                    await self._frames(resp.frames)
+                    self._frames(resp.frames)
                 elif kind == "segment_done":
                     self.segment_done = resp.segment_done
                     await self._segment_done(resp.segment_done)
@@ -225,10 +224,11 @@ class TalkerRelay:
             self.probe, self.shm_ok = current.probe_region, False
         self.opened.set_result(opened)
 
-    async def _frames(self, f: S.CodecFrames) -> None:
+    def _frames(self, f: S.CodecFrames) -> None:
+        metrics.observe_hop("talker", "codec", f.sent_unix_ns)
         codes = self._accept(f)
         if codes is not None:
-            await self._deliver(f, codes)
+            self._deliver(f, codes)
 
     def _accept(self, f: S.CodecFrames) -> np.ndarray | None:
         """The frames' codes, checked against the protocol and counted (credit, timers); None: dropped."""
@@ -264,7 +264,7 @@ class TalkerRelay:
         self._rearm_stall()
         return codes
 
-    async def _deliver(self, f: S.CodecFrames, codes: np.ndarray) -> None:
+    def _deliver(self, f: S.CodecFrames, codes: np.ndarray) -> None:
         self.stream.frames_in(codes)
 
     async def _segment_done(self, done: S.SegmentDone) -> None:

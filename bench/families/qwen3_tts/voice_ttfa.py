@@ -163,7 +163,7 @@ PARTS = ("prepare", "_admit", "_prefill", "_decode")
 
 def timed_parts(
     pair: Pair, spec: SpeechSpec, frames: int, prefix: np.ndarray | None, key: str, n: int
-) -> dict:
+) -> dict[str, float]:
     """``n`` requests with the talker's parts timed one by one, each behind a device sync: ``host`` ms is the
     call's own time (launches and Python), ``synced`` ms adds the wait for its device work. The parts of the
     step that prefills and the first frame step (the first ``_decode`` that returns a frame) are what a clone

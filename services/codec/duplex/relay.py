@@ -18,7 +18,7 @@ import numpy as np
 
 from services.codec.duplex.types import AgentFrame
 from services.codec.relay import TalkerRelay
-from voxstage import metrics, wire
+from voxstage import wire
 from voxstage.internal.v1 import stage_pb2 as S
 from voxstage.stage.errors import StageFailure
 
@@ -104,7 +104,7 @@ class DuplexTalkerRelay(TalkerRelay):
         if kind == "credit":
             handle = self._on_other
         elif kind == "frames":
-            handle = self._frames_now
+            handle = self._frames_of
         else:
             return False
         if self.done:
@@ -115,16 +115,10 @@ class DuplexTalkerRelay(TalkerRelay):
             self._mishandled(exc)
         return True
 
-    def _frames_now(self, resp: S.TalkerStreamResponse) -> None:
-        metrics.observe_hop("talker", "codec", resp.frames.sent_unix_ns)
-        codes = self._accept(resp.frames)
-        if codes is not None:
-            self._deliver_now(resp.frames, codes)
+    def _frames_of(self, resp: S.TalkerStreamResponse) -> None:
+        self._frames(resp.frames)
 
-    async def _deliver(self, f: S.CodecFrames, codes: np.ndarray) -> None:
-        self._deliver_now(f, codes)
-
-    def _deliver_now(self, f: S.CodecFrames, codes: np.ndarray) -> None:
+    def _deliver(self, f: S.CodecFrames, codes: np.ndarray) -> None:
         where = f"talker {self.address}"
         if f.frame_count != 1 or codes.shape[1] != self.num_groups:
             raise StageFailure(

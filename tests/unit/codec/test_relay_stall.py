@@ -56,7 +56,7 @@ async def test_frames_more_often_than_the_timeout_keep_it_from_firing_and_silenc
     stream = Stream()
     r = relay(stream, credit=100)
     for i in range(10):  # 0.5 s of frames 50 ms apart: 2.5 timeouts, never one without a frame
-        await r._frames(frame(i))  # noqa: SLF001 - the reader's handling of one message
+        r._frames(frame(i))  # noqa: SLF001 - the reader's handling of one message
         await asyncio.sleep(STALL_S / 4)
     assert stream.failures == [] and stream.frames == 10
     await asyncio.sleep(STALL_S * 2)
@@ -69,7 +69,7 @@ async def test_frames_more_often_than_the_timeout_keep_it_from_firing_and_silenc
 async def test_the_clock_stops_while_the_talker_holds_no_credit_and_restarts_with_a_grant() -> None:
     stream = Stream()
     r = relay(stream, credit=1)
-    await r._frames(frame(0))  # noqa: SLF001 - its last credit: nothing is owed now
+    r._frames(frame(0))  # noqa: SLF001 - its last credit: nothing is owed now
     await asyncio.sleep(STALL_S * 2)
     assert stream.failures == []
     r.grant(5)
