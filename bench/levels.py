@@ -17,7 +17,7 @@ from bench.clients import Client, Synthesis
 from bench.llm_stream import llm_tokens, segment_budget, sentence_count
 from bench.playback import percentile, poisson_arrivals
 from bench.procsample import Sampler
-from bench.prom import fetch, tts_stages
+from bench.prom import DECODE_PARTS, fetch, tts_stages
 from bench.records import (
     FRAME_RATE_HZ,
     Gate,
@@ -249,12 +249,17 @@ def _print_level(rep: dict[str, Any]) -> None:
 
 
 def _late_chunks(rep: dict[str, Any]) -> str:
-    """" late chunks frames/codec N/M" over the level's codecs, when it read the stages' metrics."""
+    """" late chunks frames/codec N/M, padding P % of decoded rows" over the level's codecs, when it read the
+    stages' metrics."""
     codecs = [row["late_chunks"] for row in rep.get("stages", {}).values() if "late_chunks" in row]
     if not codecs:
         return ""
     n = {c: sum(int(row[c]["count"] or 0) for row in codecs) for c in ("frames", "codec")}
-    return f" late chunks frames/codec {n['frames']}/{n['codec']}"
+    rows = [row["decode_rows"] for row in rep["stages"].values() if "decode_rows" in row]
+    computed = sum(r[p] for r in rows for p in DECODE_PARTS)
+    padding = sum(r["padding"] for r in rows)
+    pad = f", padding {100 * padding / computed:.0f} % of decoded rows" if computed else ""
+    return f" late chunks frames/codec {n['frames']}/{n['codec']}{pad}"
 
 
 def _midpoint(lo: float, hi: float, integer: bool) -> float | None:

@@ -13,6 +13,8 @@ import urllib.request
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from voxstage.metrics import DECODE_PARTS
+
 if TYPE_CHECKING:
     from bench.stack import Stack
 
@@ -129,12 +131,29 @@ CHUNK_WAIT = "voxstage_codec_chunk_wait_seconds"
 CHUNK_DECODE = "voxstage_codec_chunk_decode_seconds"
 LATE_CHUNK = "voxstage_codec_late_chunk_seconds"
 TICK = "voxstage_stage_tick_seconds"
+DECODE_FRAMES = "voxstage_codec_decode_frames_total"
+DECODE_CALLS = "voxstage_codec_decode_calls_total"
+
+
+def decode_rows(d: dict[str, float]) -> dict[str, Any]:
+    """The codec's decode calls over a level (a diff of its metrics): frame rows by part, calls, the
+    padding's share of the rows computed and the rows per call."""
+    parts = {p: d.get(f'{DECODE_FRAMES}{{part="{p}"}}', 0.0) for p in DECODE_PARTS}
+    calls = d.get(DECODE_CALLS, 0.0)
+    total = sum(parts.values())
+    return {
+        **parts,
+        "calls": calls,
+        "padding_share": parts["padding"] / total if total else None,
+        "rows_per_call": total / calls if calls else None,
+    }
 
 
 def tts_stages(before: dict[str, dict[str, float]], after: dict[str, dict[str, float]]) -> dict[str, Any]:
     """A text-to-speech level's stage numbers from two ``fetch`` snapshots: the codec's late chunks by cause
-    (and how late, p50/p95), its chunks' wait by kind (and the decode's part of it), each stage's tick
-    p50/p99 (bucket bounds), and the talker's paced steps by cause."""
+    (and how late, p50/p95), its chunks' wait by kind (and the decode's part of it), its decode calls' frame
+    rows by part (``decode_rows``), each stage's tick p50/p99 (bucket bounds), and the talker's paced steps
+    by cause."""
     out: dict[str, Any] = {}
     for name in after:
         d = diff(after[name], before.get(name, {}))
@@ -153,6 +172,7 @@ def tts_stages(before: dict[str, dict[str, float]], after: dict[str, dict[str, f
             for key, metric in (("chunk_wait_s", CHUNK_WAIT), ("chunk_decode_s", CHUNK_DECODE)):
                 # chunk_decode_s: the wait's part after the decode's launch (the rest: queued in the codec).
                 row[key] = {kind: hist_quantiles(d, metric, f'chunk="{kind}"') for kind in kinds}
+            row["decode_rows"] = decode_rows(d)
         if row:
             out[name] = row
     return out

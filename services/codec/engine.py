@@ -62,7 +62,7 @@ import torch
 
 from services.codec.calls import DecodeCalls, DecodeFn
 from services.codec.decode_cost import DecodeCost, measure, time_call
-from services.codec.engine_state import ChunkSchedule, Launched, StreamState, read_back
+from services.codec.engine_state import ChunkSchedule, Launched, StreamState, count_rows, read_back
 from services.codec.schedule import (
     TICK_POLICIES,
     Call,
@@ -462,6 +462,7 @@ class CodecEngine(Steppable[CodecOutput]):
             slots_t,
             torch.from_numpy(lengths).to(self.device, non_blocking=True),
         )
+        count_rows(work, contexts, b_bucket * t_bucket)
         for stream, n in work:
             stream.in_flight += 1
             stream.flight_frames += n

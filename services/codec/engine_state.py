@@ -143,3 +143,20 @@ def read_back(wav: torch.Tensor) -> tuple[torch.Tensor, torch.cuda.Event | None]
     event = torch.cuda.Event()
     event.record()
     return host, event
+
+
+def count_rows(work: list[tuple[StreamState, int]], contexts: list[int], computed: int) -> None:
+    """A launched call's frame rows by part (``voxstage_codec_decode_frames_total``): of the ``computed``
+    rows (batch bucket x frame bucket), the rows' new frames (a reference prefix's, or audio), their
+    context, and the padding; what says how much of the codec's device time bought audio."""
+    prefix = sum(n for stream, n in work if stream.prefix_frames)
+    new = sum(n for _, n in work)
+    context = sum(contexts)
+    part = metrics.CODEC_DECODE_PART
+    part["audio"].inc(new - prefix)
+    if prefix:
+        part["prefix"].inc(prefix)
+    if context:
+        part["context"].inc(context)
+    part["padding"].inc(computed - new - context)
+    metrics.CODEC_DECODE_CALLS.inc()

@@ -156,6 +156,22 @@ CODEC_LATE_CHUNKS = Histogram(
     buckets=UNDERRUN_BUCKETS,
     registry=REGISTRY,
 )  # cause="frames" | "codec"
+CODEC_DECODE_FRAMES = Counter(
+    "voxstage_codec_decode_frames",
+    "Codec (text to speech): frame rows its decode calls computed, by part: audio (frames whose audio is "
+    "handed out), prefix (a voice clone's reference codes, decoded for the state they leave), context "
+    "(overlap+crop's frames decoded again) and padding (a call's batch and frame buckets past its rows).",
+    ["part"],
+    registry=REGISTRY,
+)  # part="audio" | "prefix" | "context" | "padding"; exported as voxstage_codec_decode_frames_total
+CODEC_DECODE_CALLS = Counter(
+    "voxstage_codec_decode_calls",
+    "Codec (text to speech): decode calls launched (one graph replay or eager forward each).",
+    registry=REGISTRY,
+)  # exported as voxstage_codec_decode_calls_total
+DECODE_PARTS = ("audio", "prefix", "context", "padding")
+# Children looked up once: a tick launches one call or more.
+CODEC_DECODE_PART = {part: CODEC_DECODE_FRAMES.labels(part) for part in DECODE_PARTS}
 TALKER_PACED = Counter(
     "voxstage_talker_paced_steps",
     "Text-to-speech frame steps the talker put off under load: whole steps, for the step interval "

@@ -116,6 +116,10 @@ def test_closed_search_against_two_pairs_sharing_the_device(tmp_path: Path, cach
         assert firsts >= len(level["records"]) > 0
         decoded = sum(stages[f"codec-{k}"]["chunk_decode_s"]["first"]["count"] for k in (0, 1))
         assert decoded == firsts  # every chunk's wait has its decode's part
+        # Every request's audio frames went through a decode call, counted with its padding.
+        rows = [stages[f"codec-{k}"]["decode_rows"] for k in (0, 1)]
+        assert sum(r["audio"] for r in rows) >= FRAMES * len(level["records"])
+        assert all(r["calls"] > 0 and 0 <= r["padding_share"] < 1 for r in rows)
         for k in (0, 1):
             assert set(stages[f"codec-{k}"]["late_chunks"]) == {"frames", "codec"}
             assert stages[f"talker-{k}"]["paced"] == {"interval": 0.0, "ahead": 0.0}  # pacing is off

@@ -76,3 +76,35 @@ def test_each_chunk_knows_when_its_last_frame_came(model: Qwen3TokenizerDecoder)
     got = [stream.take(n)[1] for n in (1, 2, 1, 4, 1)]
     assert got == [10.0, 10.0, 11.0, 12.0, 12.0]
     assert not stream.arrivals and stream.pending_frames == 0
+
+
+def decode_parts() -> dict[str, float]:
+    parts = {p: sample("voxstage_codec_decode_frames_total", {"part": p}) for p in metrics.DECODE_PARTS}
+    return {**parts, "calls": sample("voxstage_codec_decode_calls_total", {})}
+
+
+def grew(before: dict[str, float]) -> dict[str, float]:
+    return {k: v - before[k] for k, v in decode_parts().items()}
+
+
+def test_decode_rows_are_counted_by_part(model: Qwen3TokenizerDecoder) -> None:  # noqa: F811
+    """What the codec's device time bought: every frame row of a call is audio, a reference prefix, or a
+    bucket's padding, and the parts add up to the call's batch bucket x frame bucket."""
+    engine = make_engine(model, streams=4)
+    before = decode_parts()
+    for i, key in enumerate("abc"):
+        engine.open(key)
+        engine.push(key, codes_for(i, 1))
+    assert sum(o.frames for o in engine.step()) == 3
+    # One call of three 1-frame rows in the 4-row batch bucket: one row of padding.
+    assert grew(before) == {"audio": 3, "prefix": 0, "context": 0, "padding": 1, "calls": 1}
+
+    before = decode_parts()
+    engine.open("clone", prefix=codes_for(9, 5))  # a voice clone's reference: decoded for its state alone
+    engine.push("clone", codes_for(10, 1))
+    out = []
+    while engine.has_work():
+        out += engine.step()
+    got = grew(before)
+    assert got["prefix"] == 5 and got["audio"] == sum(o.frames for o in out) == 1
+    assert got["calls"] == 2 and got["padding"] == 0  # each alone in its call, at its own length
