@@ -1,10 +1,10 @@
 """How long a text-to-speech request's first text takes from the gateway's ``open`` to the talker (issue 28).
 
 Starts a real stack (``voxstage serve``, the default family's tiny preset on CPU unless told otherwise) with
-``bench/open_path_hook`` first on every process's ``PYTHONPATH``, which stamps two points on one clock: the
-gateway writing a request's ``open`` to the codec, and the talker taking that request's first text. Then
-sends ``--requests`` whole-text requests through the OpenAI-compatible HTTP face, one at a time, and writes
-the distribution of the interval (the first ``--warmup`` dropped). Before the text rode in the open
+``bench/stamp_hook`` first on every process's ``PYTHONPATH``, which stamps points on one clock; this reads
+two: the gateway writing a request's ``open`` to the codec, and the talker taking that request's first
+text. Then sends ``--requests`` whole-text requests through the OpenAI-compatible HTTP face, one at a time,
+and writes the distribution of the interval (the first ``--warmup`` dropped). Before the text rode in the open
 (docs/protocol.md §2) it waited for the stages' ``opened`` round trip.
 
     python -m bench.open_path --out open_path.json
@@ -19,10 +19,10 @@ import time
 import urllib.request
 from pathlib import Path
 
-from bench.stack import REPO, Stack, StackSpec
+from bench import stamps
+from bench.stack import Stack, StackSpec
 from voxstage import families
 
-HOOK = REPO / "bench" / "open_path_hook"
 TEXT = "Hello there, this is a test of latency."
 
 
@@ -64,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--warmup", type=int, default=2)
     a = ap.parse_args(argv)
     log = a.out.with_suffix(".stack.log")
-    stack = Stack(StackSpec(model=a.model, device=a.device, frames=None), log, env={"PYTHONPATH": str(HOOK)})
+    stack = Stack(StackSpec(model=a.model, device=a.device, frames=None), log, env=stamps.env())
     if not stack.start():
         raise SystemExit(f"the stack did not start; see {log}")
     try:

@@ -26,6 +26,10 @@ Writes ``OUT/voice_ttfa_<arm>_<tag>_r<round>.json`` (loadgen's format, per reque
 round's p50, and errors, and the differences
 ``uploaded - builtin``, ``uploaded_xvector - builtin`` and ``inline - uploaded`` (ms). Every arm is preceded
 by an unmeasured warm-up level; ``--arms`` runs a subset (a short device lease: ``uploaded,builtin``).
+``--stamps`` starts the stacks with ``bench/stamp_hook``, which stamps each request's way to its first audio
+in every process (``bench/stamps.py``): each arm's ``path`` gives every point's time after the gateway's
+open and every hop's p50 and mean, and ``path_diff_ms`` each hop's difference to the built-in voice, so a
+gap between the arms is placed in a stage or between two.
 """
 
 from __future__ import annotations
@@ -44,7 +48,7 @@ from typing import Any
 
 import numpy as np
 
-from bench import loadgen
+from bench import loadgen, stamps
 from bench.stack import Stack, StackSpec
 from voxstage import families
 
@@ -129,6 +133,7 @@ class Arm:
     stack: Stack
     extra: list[str]
     files: list[Path] = field(default_factory=list)
+    windows: list[tuple[float, float]] = field(default_factory=list)  # its rounds' perf_counter spans
 
 
 def loadgen_common(a: argparse.Namespace, stack: Stack) -> list[str]:
@@ -148,21 +153,27 @@ def run_round(a: argparse.Namespace, arm: Arm, tag: str, index: int) -> None:
     path = a.out / f"voice_ttfa_{arm.name}_{tag}_r{index}.json"
     args = [*loadgen_common(a, arm.stack), *arm.extra, "--seed", str(index)]
     args += ["--poisson", str(a.rate), "--duration", str(a.duration / a.rounds), "--out", str(path)]
+    t0 = time.perf_counter()
     loadgen.main(args)
+    arm.windows.append((t0, time.perf_counter()))
     arm.files.append(path)
 
 
-def arm_result(arm: Arm) -> dict[str, Any]:
+def arm_result(arm: Arm, stamped: bool) -> dict[str, Any]:
     docs = [json.loads(path.read_text()) for path in arm.files]
     rounds = [summarize([doc]).get("ttfa_ms", {}).get("p50") for doc in docs]
-    return {"files": [path.name for path in arm.files], "round_p50_ms": rounds, **summarize(docs)}
+    out = {"files": [path.name for path in arm.files], "round_p50_ms": rounds, **summarize(docs)}
+    if stamped:  # each hop of the arm's requests to their first audio, from its stack's stamps
+        log = arm.stack.log.read_text(errors="replace")
+        out["path"] = stamps.summary(stamps.requests(log, arm.windows))
+    return out
 
 
 def start(a: argparse.Namespace, model: str, tag: str, sets: tuple[str, ...]) -> Stack:
     # Both stacks share the device: each stage gets a fifth of it (four stages, 0.8 in all) unless --set says.
     memory = ("stages.0.gpu_memory_utilization=0.2", "stages.1.gpu_memory_utilization=0.2")
     spec = StackSpec(model, a.device, a.frames, a.slots, None, None, a.threads, (*memory, *sets, *a.set))
-    stack = Stack(spec, a.out / f"serve_voice_{tag}.log")
+    stack = Stack(spec, a.out / f"serve_voice_{tag}.log", env=stamps.env() if a.stamps else None)
     if not stack.start(timeout_s=a.start_timeout):
         tail = stack.tail()
         stack.stop()
@@ -218,6 +229,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--start-timeout", type=float, default=1200.0)
     ap.add_argument("--set", action="append", default=[], help="more deploy overrides (KEY=VALUE)")
     ap.add_argument("--arms", default=",".join(ARMS), help=f"comma-separated subset of {','.join(ARMS)}")
+    ap.add_argument(
+        "--stamps", action="store_true",
+        help="stamp each request's way to its first audio in every process (bench/stamp_hook): per arm, "
+        "each hop's p50 and mean, and each hop's difference to the built-in voice",
+    )  # fmt: skip
     a = ap.parse_args(argv)
     arms_wanted = [x for x in a.arms.split(",") if x]
     unknown = sorted(set(arms_wanted) - set(ARMS))
@@ -261,7 +277,7 @@ def main(argv: list[str] | None = None) -> int:
         for stack in stacks:
             stack.stop()
     arms = result["arms"]
-    arms.update({arm.name: arm_result(arm) for arm in plan})
+    arms.update({arm.name: arm_result(arm, a.stamps) for arm in plan})
 
     def p(arm: str, q: str) -> float | None:
         return arms.get(arm, {}).get("ttfa_ms", {}).get(q)
@@ -272,9 +288,15 @@ def main(argv: list[str] | None = None) -> int:
         for q in ("p50", "mean", "p95")
         if p(x, q) is not None and p(y, q) is not None
     }
+    if a.stamps and "builtin" in arms:
+        result["path_diff_ms"] = {
+            f"{x}-builtin": stamps.diff(arms[x]["path"], arms["builtin"]["path"])
+            for x in ("uploaded", "uploaded_xvector", "inline")
+            if "path" in arms.get(x, {})
+        }
     path = a.out / f"voice_library_{tag}.json"
     path.write_text(json.dumps(result, indent=2) + "\n")
-    print(json.dumps({k: result[k] for k in ("diff_ms",)}, indent=2))
+    print(json.dumps({k: result[k] for k in ("diff_ms", "path_diff_ms") if k in result}, indent=2))
     print(f"wrote {path}", flush=True)
     return 0
 

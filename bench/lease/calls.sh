@@ -5,16 +5,18 @@
 #
 #   run(command="export OUT; bash bench/lease/calls.sh a", carry=["build/bench_wheels"], timeout_s=600)
 #
-# then `b`, then `c`. Each call installs (bench/run_gpu.sh --install-only), runs its parts under their own
-# timeouts, writes each part's exit status to $OUT/rc.txt and its results, packed, to $OUT/<call>.tar.xz.
+# then `b`, `c` and `d` (and, on an nvidia-h200-x2 lease, `x2 q3 one-gpu|split|pair-per-gpu` and
+# `x2 pp one-gpu|split`, issue 31). Each call installs (bench/run_gpu.sh --install-only), runs its parts
+# under their own timeouts, writes each part's exit status to $OUT/rc.txt and its results, packed, to
+# $OUT/<call>.tar.xz.
 # After the lease: unpack into bench/results/h200_<date>_<session>/, pack (python -m bench.pack_results),
 # copy this script into that folder's scripts/, write docs/benchmarks.md, and queue the next calls here.
 set -u
-CALL=${1:?usage: bench/lease/calls.sh a|b|c}
+CALL=${1:?usage: bench/lease/calls.sh a|b|c|d|x2 MODEL LAYOUT}
 : "${OUT:?OUT: the folder that comes back}"
 R=/tmp/r; mkdir -p $R
 bash bench/run_gpu.sh --install-only > $R/install.log 2>&1
-export PYTHONPATH=/tmp/vx-pkg:/tmp/vx-site:. VOXSTAGE_CACHE=/tmp/vxcache
+export PYTHONPATH=/tmp/vx-pkg:/tmp/vx-site:. VOXSTAGE_CACHE=/tmp/vxcache VX_INSTALLED=1  # run_gpu.sh: installed
 # Capture sizes of the served codec decode (the tenth and eleventh sessions' runs): chunk sizes are added.
 S='connectors.connector_of_shared_memory.extra.decode_cudagraph_capture_sizes=[2,4,8,16,32,64,100]'
 PACE=(--set stages.0.pace_realtime_x=3 --set stages.0.pace_ahead_s=3)
@@ -35,28 +37,50 @@ spy() {  # spy ROLE DELAY SECONDS: py-spy (native frames, not stopping the proce
 }
 
 case "$CALL" in
-a)  # issue 30: which part of a clone's first audio holds its time, then the arms in turns; issue 28: paced
+a)  # issue 30: which part of a clone's first audio holds its time (engines alone, then served, hop by hop
+    # with the arms in turns); issue 28: Qwen3 latency with the decode-row counts
     part voice_ttfa 150 python3 bench/families/qwen3_tts/voice_ttfa.py --out $R/voice_ttfa.json
-    part voice 200 python3 -m bench.voice_library --out $R/voice --model qwen3-tts-0.6b-base \
+    part voice 220 python3 -m bench.voice_library --out $R/voice --model qwen3-tts-0.6b-base \
       --builtin-model qwen3-tts-0.6b --device cuda --rate 1 --duration 40 --rounds 4 --frames 50 \
-      --clip-seconds 10 --warmup-requests 3 --arms uploaded,uploaded_xvector,builtin
+      --clip-seconds 10 --warmup-requests 3 --arms uploaded,uploaded_xvector,builtin --stamps
     rm -rf $R/voice/voices_*
-    spy codec 45 15; spy talker 65 15
-    VX_INSTALLED=1 part q3_paced 200 bash bench/run_gpu.sh $R/q3_paced "${Q3[@]}" --phases closed \
-      --closed-start 128 "${PACE[@]}"
+    part q3_latency 130 bash bench/run_gpu.sh $R/q3_latency "${Q3[@]}" --phases latency
     ;;
-b)  # issue 28: unpaced (the talker as fast as it goes) from 64, and the openai face paced from 128
+b)  # issue 28: the paced closed search from 128, first chunks leading (today's default) against yielding
+    # to playing streams (codec_first_chunks), back to back; py-spy on the codec in the first
     spy codec 45 15
-    VX_INSTALLED=1 part q3_unpaced 260 bash bench/run_gpu.sh $R/q3_unpaced "${Q3[@]}" --phases closed \
-      --closed-start 64
-    VX_INSTALLED=1 part q3_openai 260 bash bench/run_gpu.sh $R/q3_openai "${Q3[@]}" --phases openai \
+    part q3_paced_lead 270 bash bench/run_gpu.sh $R/q3_paced_lead "${Q3[@]}" --phases closed \
       --closed-start 128 "${PACE[@]}"
+    part q3_paced_yield 270 bash bench/run_gpu.sh $R/q3_paced_yield "${Q3[@]}" \
+      --phases closed --closed-start 128 "${PACE[@]}" --set stages.1.codec_first_chunks=yield
     ;;
-c)  # issue 28, Audio8: fifo from 32 (the family's default), then a deadline budget of 80 ms
-    VX_INSTALLED=1 part a8_fifo 260 bash bench/run_gpu.sh $R/a8_fifo "${A8[@]}" --phases closed \
+c)  # issue 28: the openai face paced from 128 (first chunks yielding), unpaced gRPC from 64 (py-spy)
+    part q3_openai 270 bash bench/run_gpu.sh $R/q3_openai "${Q3[@]}" --phases openai \
+      --closed-start 128 "${PACE[@]}" --set stages.1.codec_first_chunks=yield
+    spy codec 45 15; spy talker 65 15
+    part q3_unpaced 270 bash bench/run_gpu.sh $R/q3_unpaced "${Q3[@]}" --phases closed \
+      --closed-start 64
+    ;;
+d)  # issue 28, Audio8: fifo from 32 (the family's default), then deadline ticks of 80 ms
+    part a8_fifo 270 bash bench/run_gpu.sh $R/a8_fifo "${A8[@]}" --phases closed \
       --closed-start 32
-    VX_INSTALLED=1 part a8_deadline80 260 bash bench/run_gpu.sh $R/a8_deadline80 "${A8[@]}" --phases closed \
+    part a8_deadline80 270 bash bench/run_gpu.sh $R/a8_deadline80 "${A8[@]}" --phases closed \
       --closed-start 32 --set stages.1.codec_tick_policy=deadline --set stages.1.codec_tick_budget_ms=80
+    ;;
+x2) # issue 31 on nvidia-h200-x2 (docs/scaling.md): `calls.sh x2 q3|pp LAYOUT`, one call each, every call
+    # appending to $R/layouts, whose report renders what is there
+    MODEL=${2:?x2: q3 or pp}; LAYOUT=${3:?x2: one-gpu, split or pair-per-gpu}
+    if [[ $MODEL == q3 ]]; then
+      part "x2_q3_$LAYOUT" 560 bash bench/run_gpu.sh $R/layouts --models qwen3-tts-0.6b \
+        --layout "$LAYOUT" --phases latency,closed,report --profile quick --slots 320 --max-model-len 512 \
+        --set "$S"
+    else
+      part "x2_pp_$LAYOUT" 560 bash bench/run_gpu.sh $R/layouts --models personaplex-7b \
+        --layout "$LAYOUT" --phases realtime,report --realtime-levels 32,64 --realtime-seconds 60 \
+        --client-procs 4 --set stages.0.gpu_memory_utilization=0.86 \
+        --set stages.1.gpu_memory_utilization=0.1 --set stages.1.enforce_eager=false
+    fi
+    CALL="x2_${MODEL}_$LAYOUT"
     ;;
 *)  echo "unknown call $CALL" >&2; exit 2 ;;
 esac

@@ -64,8 +64,10 @@ from services.codec.calls import DecodeCalls, DecodeFn
 from services.codec.decode_cost import DecodeCost, measure, time_call
 from services.codec.engine_state import ChunkSchedule, Launched, StreamState, count_rows, read_back
 from services.codec.schedule import (
+    FIRST_CHUNKS,
     TICK_POLICIES,
     Call,
+    FirstChunks,
     Row,
     TickPolicy,
     batch_bucket,
@@ -133,6 +135,7 @@ class CodecEngine(Steppable[CodecOutput]):
         async_scheduling: bool = False,
         tick_policy: TickPolicy = "fifo",
         tick_budget_s: float = 0.02,
+        first_chunks: FirstChunks = "lead",
         max_wait_s: float = 1.5,
         cost: DecodeCost | None = None,
         voice_states: VoiceStateCache | None = None,
@@ -163,6 +166,9 @@ class CodecEngine(Steppable[CodecOutput]):
             raise ValueError(f"tick_budget_s must be > 0, got {tick_budget_s}")
         self.tick_policy: TickPolicy = tick_policy
         self.tick_budget_s = tick_budget_s
+        if first_chunks not in FIRST_CHUNKS:
+            raise ValueError(f"first_chunks must be one of {', '.join(FIRST_CHUNKS)}, got {first_chunks!r}")
+        self.first_chunks: FirstChunks = first_chunks
         if max_wait_s <= 0:
             raise ValueError(f"max_wait_s must be > 0, got {max_wait_s}")
         # The deadline policy's bound on how long a ready chunk waits, whatever its player holds: a stream
@@ -306,7 +312,7 @@ class CodecEngine(Steppable[CodecOutput]):
             if n and (not s.in_flight or n < self.schedule.steady_frames):
                 if s.ready_since is None:
                     s.ready_since = now
-                rows.append(Row(s, n, self._context(s), self._deadline(s)))
+                rows.append(Row(s, n, self._context(s), self._deadline(s, now)))
         if not rows and not collecting:
             return outputs
         calls = self._plan(rows)
@@ -404,14 +410,22 @@ class CodecEngine(Steppable[CodecOutput]):
         )
         return calls
 
-    def _deadline(self, s: StreamState) -> float:
-        """When ``s``'s player runs dry (no prebuffer): its first audio plus the audio handed out since; a
-        stream without audio yet has been due since it opened. A chunk ready for ``max_wait_s`` is due
-        then at the latest: under load a stream seconds ahead of its listener was otherwise put off past
-        the gateway's 3 s stall timeout (55 of 128 streams on the H200, docs/benchmarks.md)."""
+    def _deadline(self, s: StreamState, now: float) -> float:
+        """When ``s``'s player runs dry (no prebuffer): its first audio plus the audio handed out since. A
+        stream without audio yet (``first_chunks``): ``lead``, it has been due since it opened, so it goes
+        before every playing stream; ``yield``, it counts as starting now with the audio it will have in
+        hand (its decode in flight, else its first chunk), so a playing stream that runs dry sooner goes
+        first: a stream not playing cannot stall, only start later, and at 192-256 streams joining at
+        once on the H200 most underruns were a playing stream's second chunk queued behind the others'
+        first ones (docs/benchmarks.md). A chunk ready for ``max_wait_s`` is due then at the latest: under
+        load a stream seconds ahead of its listener was otherwise put off past the gateway's 3 s stall
+        timeout (55 of 128 streams on the H200, docs/benchmarks.md)."""
         if s.first_audio_at is None:
-            return s.opened_at
-        dry = s.first_audio_at + (s.sample_offset + s.flight_frames * self.spf) / self.sample_rate
+            if self.first_chunks == "lead":
+                return s.opened_at
+            dry = now + (s.flight_frames or s.initial_frames) * self.spf / self.sample_rate
+        else:
+            dry = s.first_audio_at + (s.sample_offset + s.flight_frames * self.spf) / self.sample_rate
         return dry if s.ready_since is None else min(dry, s.ready_since + self.max_wait_s)
 
     def recover(self, exc: Exception) -> tuple[list[str], list[CodecOutput]]:

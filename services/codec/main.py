@@ -117,7 +117,7 @@ def build(args: argparse.Namespace) -> StageParts:
         f"overlap+crop behind {left} frames" if left else "exact stateful decode",
         f"CUDA graphs for {engine.frame_buckets} frames" if engine.decode_fn else "eager",
         "async scheduling" if stage.async_scheduling else "sync scheduling",
-        f"deadline ticks of at most {stage.codec_tick_budget_ms:g} ms"
+        f"deadline ticks of at most {stage.codec_tick_budget_ms:g} ms, first chunks {engine.first_chunks}"
         if engine.tick_policy == "deadline"
         else "fifo ticks",
         "on" if runtime.voice_clone else "off",
@@ -139,7 +139,9 @@ def tick_policy(stage: StageConfig, family_name: str, device: str) -> TickPolicy
         # cut batches (one tiny-model row costs more than a GPU's whole 64-row call), so ticks stay whole.
         if "codec_tick_policy" in stage.model_fields_set:
             log.warning("codec: codec_tick_policy deadline bounds GPU ticks; on %s ticks are fifo", device)
-        return "fifo"
+        policy = "fifo"
+    if policy == "fifo" and "codec_first_chunks" in stage.model_fields_set:
+        log.warning("codec: codec_first_chunks ranks chunks in deadline ticks; fifo ticks take every chunk")
     return policy
 
 
@@ -191,6 +193,7 @@ def build_engine(config: DeployConfig, runtime: CodecRuntime, device: str) -> Co
         async_scheduling=stage.async_scheduling,
         tick_policy=policy,
         tick_budget_s=stage.codec_tick_budget_ms / 1e3,
+        first_chunks=stage.codec_first_chunks,
         # Half the consumers' stall timeout (connector_get_max_wait x connector_get_sleep_s): a ready chunk
         # never waits long enough for the gateway to take a healthy codec for a stalled one.
         max_wait_s=config.stream.stall_timeout_s / 2,

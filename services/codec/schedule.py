@@ -10,7 +10,8 @@ fp32, and a young stream's second chunk, due 80 ms after its first audio, waits 
 
 ``deadline``, bounded ticks: rows are taken in order of their deadline, the moment the stream's player
 runs dry (first audio + audio handed out; a stream without audio yet is due since it opened, so first
-chunks lead), while the tick's estimated device time (``DecodeCost``, measured at start-up) stays within
+chunks lead, or as if it started now under ``codec_first_chunks: yield``: ``CodecEngine._deadline``),
+while the tick's estimated device time (``DecodeCost``, measured at start-up) stays within
 ``codec_tick_budget_ms``. A row that does not fit waits for the next tick; a later, smaller one that still
 fits (free padding rows of a batch bucket cost nothing) goes. The most urgent row always goes, alone if it
 alone exceeds the budget. Then the calls are re-cut to cost least (``cheapest_calls``): a few 1-frame rows
@@ -33,6 +34,8 @@ from typing import Generic, Literal, TypeVar
 
 TickPolicy = Literal["fifo", "deadline"]
 TICK_POLICIES: tuple[TickPolicy, ...] = ("fifo", "deadline")
+FirstChunks = Literal["lead", "yield"]  # where a stream with no audio out yet ranks (CodecEngine._deadline)
+FIRST_CHUNKS: tuple[FirstChunks, ...] = ("lead", "yield")
 
 S = TypeVar("S")
 Cost = Callable[[int, int], float]  # device seconds of one call: (padded rows, frame bucket)

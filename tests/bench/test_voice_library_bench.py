@@ -20,7 +20,7 @@ def test_the_voice_library_bench_runs_its_four_arms(tmp_path: Path, monkeypatch:
     argv = ["--out", str(out), "--model", "qwen3-tts-tiny-base", "--builtin-model", "qwen3-tts-tiny",
             "--device", "cpu", "--threads", "1", "--rate", "2", "--duration", "6", "--rounds", "2",
             "--frames", "4", "--clip-seconds", "2", "--warmup-requests", "1",
-            "--start-timeout", "150"]  # fmt: skip
+            "--start-timeout", "150", "--stamps"]  # fmt: skip
     assert voice_library.main(argv) == 0
     doc = json.loads((out / "voice_library_tiny-base.json").read_text())
     assert doc["upload"]["id"].startswith("voice_")
@@ -34,6 +34,14 @@ def test_the_voice_library_bench_runs_its_four_arms(tmp_path: Path, monkeypatch:
         assert all((out / name).exists() for name in arm["files"])
     diffs = {"uploaded-builtin_p50", "uploaded_xvector-builtin_p50", "inline-uploaded_p50"}
     assert diffs <= set(doc["diff_ms"])
+    # --stamps: every arm's requests were followed through every process to their first audio.
+    for arm in doc["arms"].values():
+        path = arm["path"]
+        assert path["requests"] >= 1
+        after = path["after_open_ms"]
+        assert {"codec.open", "talker.open", "talker.send", "codec.pcm", "gateway.pcm"} <= set(after)
+        assert 0 < after["talker.open"] < after["talker.send"] < after["codec.pcm"] < after["gateway.pcm"]
+    assert "gateway.open -> codec.open" in doc["path_diff_ms"]["uploaded-builtin"]
 
 
 def test_an_unknown_arm_is_refused_before_any_stack_starts(

@@ -132,6 +132,10 @@ class StageConfig(StrictModel):
     # device time a deadline tick may take (docs/configuration.md gives the reasons for the defaults).
     codec_tick_policy: Literal["fifo", "deadline"] | None = None  # None: the model family's (descriptor)
     codec_tick_budget_ms: float = Field(default=20.0, gt=0.0, le=1000.0)
+    # ... and under deadline, where the next chunk of a stream with no audio out yet ranks: "lead" (due since
+    # it opened: before everything) or "yield" (due as if it started now: after playing streams about to
+    # run dry). Which is the default waits for the H200's closed search (docs/configuration.md).
+    codec_first_chunks: Literal["lead", "yield"] = "lead"
     max_model_len: int | None = Field(default=None, ge=1)
     max_num_batched_tokens: int | None = Field(default=None, ge=1)
     # Talker only: the KV cache's storage, "auto" (the model dtype) or "fp8" (e4m3, per-head scales).

@@ -217,7 +217,7 @@ def test_a_chunk_far_ahead_of_its_player_waits_no_longer_than_the_bound(
     engine.push("young", codes_for(82, 1))
     first = engine.step()  # a 1 ms budget takes one row a tick: the young stream's, due since it opened
     assert [o.stream_id for o in first] == ["young"] and far.ready_since is not None
-    assert engine._deadline(far) == pytest.approx(far.ready_since + 0.5)  # not 100 s away
+    assert engine._deadline(far, time.perf_counter()) == pytest.approx(far.ready_since + 0.5)  # not 100 s
     far.ready_since -= 1.0  # it has waited past the bound: it now goes before the young stream's next chunk
     engine.push("young", codes_for(83, 1))
     assert [o.stream_id for o in engine.step()] == ["far"]
@@ -274,3 +274,42 @@ def test_end_and_cancel_with_two_decodes_in_flight(model: Qwen3TokenizerDecoder)
     assert [o.frames for o in got["b"]] == [1] and engine.active() == 0
     engine.open("c")  # both slots are free again
     engine.open("d")
+
+
+@pytest.mark.parametrize("first_chunks", ["lead", "yield"])
+def test_where_streams_not_playing_yet_rank(model: Qwen3TokenizerDecoder, first_chunks: str) -> None:
+    """Streams joining at once: a playing stream's second chunk is due 80 ms after its first audio. Under
+    ``yield`` it goes before the first chunks of streams that are not playing yet (they cannot stall, only
+    start later); under ``lead`` those first chunks go first. The budget takes four 1-frame rows a tick."""
+    engine = CodecEngine(
+        StreamingDecoder(model, 2 * 12), max_streams=12, schedule=ChunkSchedule(1, 25), num_groups=GROUPS,
+        frame_buckets=BUCKETS, tick_policy="deadline", tick_budget_s=2.8 * MS, cost=h200_like(12),
+        first_chunks=first_chunks,  # type: ignore[arg-type]
+    )  # fmt: skip
+    playing = [f"p{i}" for i in range(3)]
+    for i, sid in enumerate(playing):
+        engine.open(sid)
+        engine.push(sid, codes_for(90 + i, 1))
+    assert {o.stream_id for o in engine.step()} == set(playing)  # their first audio: the players start
+    joining = [f"j{i}" for i in range(8)]
+    for i, sid in enumerate(joining):
+        engine.open(sid)
+        engine.push(sid, codes_for(100 + i, 1))
+    for i, sid in enumerate(playing):
+        engine.push(sid, codes_for(120 + i, 1))  # the second chunk: due 80 ms after the first audio
+    first = {o.stream_id for o in engine.step()}
+    if first_chunks == "yield":  # no playing stream waits behind a stream that has not started
+        assert first == {*playing, "j0"}
+    else:  # the first chunks led, in the order their streams opened; the playing streams' chunks wait
+        assert first == {"j0", "j1", "j2", "j3"}
+    while engine.has_work():
+        engine.step()
+    assert engine.active() == len(playing) + len(joining)  # nothing dropped: every chunk went out
+
+
+def test_first_chunks_takes_only_its_two_values(model: Qwen3TokenizerDecoder) -> None:
+    with pytest.raises(ValueError, match="first_chunks must be one of lead, yield"):
+        CodecEngine(
+            StreamingDecoder(model, 4), max_streams=2, schedule=ChunkSchedule(1, 25), num_groups=GROUPS,
+            first_chunks="soon",  # type: ignore[arg-type]
+        )  # fmt: skip

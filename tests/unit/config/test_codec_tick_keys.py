@@ -1,9 +1,12 @@
-"""``codec_tick_policy`` / ``codec_tick_budget_ms``: defaults and overrides, and the codec builds its engine
-from them (refusals and the duplex warning: test_stage_owned_keys.py)."""
+"""``codec_tick_policy`` / ``codec_tick_budget_ms`` / ``codec_first_chunks``: defaults and overrides, and
+the codec builds its engine from them (refusals and the duplex warning: test_stage_owned_keys.py)."""
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
+
+import pytest
 
 from voxstage.config import load_deploy_config
 
@@ -34,3 +37,27 @@ def test_the_policy_is_the_deploy_files_else_the_familys_and_fifo_off_a_gpu() ->
     deadline = ["stages.1.codec_tick_policy=deadline"]
     audio8_set = load_deploy_config(REPO / "deploy" / "audio8_tts.yaml", platform="cuda", overrides=deadline)
     assert tick_policy(audio8_set.codec, "audio8_tts", "cuda") == "deadline"
+
+
+def test_first_chunks_reaches_the_engine_and_is_said_to_do_nothing_under_fifo(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    import torch
+
+    from services.codec.main import build_engine, tick_policy
+    from services.codec.models import load_codec
+    from voxstage.presets import resolve_model
+
+    assert load_deploy_config(QWEN, platform="cuda").codec.codec_first_chunks == "lead"
+    config = load_deploy_config(QWEN, platform="cpu", overrides=["stages.1.codec_first_chunks=yield"])
+    source = resolve_model("qwen3-tts-tiny", cache=tmp_path)
+    runtime = load_codec(source, device="cpu", dtype=torch.float32, max_streams=config.codec.max_num_seqs)
+    with caplog.at_level(logging.WARNING, logger="services.codec.main"):
+        engine = build_engine(config, runtime, "cpu")
+    assert engine.first_chunks == "yield"
+    assert "codec_first_chunks ranks chunks in deadline ticks" in caplog.text  # CPU ticks are fifo
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="services.codec.main"):
+        assert tick_policy(config.codec, "qwen3_tts", "cuda") == "deadline"
+        assert tick_policy(load_deploy_config(QWEN, platform="cpu").codec, "qwen3_tts", "cpu") == "fifo"
+    assert not caplog.text  # deadline ticks use it; unset under fifo, nothing to say

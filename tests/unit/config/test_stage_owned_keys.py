@@ -22,6 +22,8 @@ PERSONAPLEX = REPO / "deploy" / "personaplex.yaml"
         ("stages.0.codec_tick_budget_ms=10", "stages[0].codec_tick_budget_ms: belongs to the codec stage"),
         ("stages.1.codec_tick_policy=edf", "stages[1].codec_tick_policy"),
         ("stages.1.codec_tick_budget_ms=0", "stages[1].codec_tick_budget_ms"),
+        ("stages.0.codec_first_chunks=yield", "stages[0].codec_first_chunks: belongs to the codec stage"),
+        ("stages.1.codec_first_chunks=first", "stages[1].codec_first_chunks"),
         ("stages.1.pace_realtime_x=2", "stages[1].pace_realtime_x: belongs to the talker stage (stage_id 0)"),
         ("stages.1.pace_from_streams=8", "stages[1].pace_from_streams: belongs to the talker stage"),
         ("stages.1.pace_ahead_s=3", "stages[1].pace_ahead_s: belongs to the talker stage"),
@@ -37,7 +39,13 @@ def test_misplaced_or_bad_values_are_refused_naming_the_key(override: str, expec
 
 
 @pytest.mark.parametrize(
-    "override", ["stages.1.codec_tick_budget_ms=10", "stages.0.pace_realtime_x=3", "stages.0.pace_ahead_s=3"]
+    "override",
+    [
+        "stages.1.codec_tick_budget_ms=10",
+        "stages.1.codec_first_chunks=yield",
+        "stages.0.pace_realtime_x=3",
+        "stages.0.pace_ahead_s=3",
+    ],
 )
 def test_duplex_sessions_warn_that_the_keys_do_nothing(override: str) -> None:
     key = override.split("=")[0].split(".")[-1]
