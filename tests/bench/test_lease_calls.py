@@ -1,6 +1,6 @@
-"""bench/lease/calls.sh, the next device lease's calls: the shell parses, and every deploy override it
-passes is a key some seed deploy file takes, so a renamed or dropped key fails here rather than on the
-lease."""
+"""bench/results/next_lease/calls.sh, the next device lease's calls: the shell parses, and every deploy
+override it passes is a key some seed deploy file takes, so a renamed or dropped key fails here rather than
+on the lease."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import pytest
 from voxstage.config import ConfigError, load_deploy_config
 
 REPO = Path(__file__).resolve().parents[2]
-CALLS = REPO / "bench" / "lease" / "calls.sh"
+CALLS = REPO / "bench" / "results" / "next_lease" / "calls.sh"
 SEEDS = [REPO / "deploy" / f"{name}.yaml" for name in ("qwen3_tts", "audio8_tts", "personaplex")]
 
 

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # The device calls queued for the next lease of an H200 (the device tool's `run`, one call each, under its
-# 600 s limit), for the open GPU acceptance points of issues 28 and 30. Run from the repository root with the
-# carried wheels (bench/lease/wheels.sh makes build/bench_wheels):
+# 600 s limit), for the open GPU acceptance points of issues 28 and 30. Run from the repository root with
+# the carried wheels (bench/results/next_lease/wheels.sh makes build/bench_wheels):
 #
-#   run(command="export OUT; bash bench/lease/calls.sh a", carry=["build/bench_wheels"], timeout_s=600)
+#   run(command="export OUT; bash bench/results/next_lease/calls.sh a", carry=["build/bench_wheels"],
+#       timeout_s=600)
 #
 # then `b`, `c` and `d` (and, on an nvidia-h200-x2 lease, `x2 q3 one-gpu|split|pair-per-gpu` and
 # `x2 pp one-gpu|split`, issue 31). Each call installs (bench/run_gpu.sh --install-only), runs its parts
@@ -12,11 +13,11 @@
 # After the lease: unpack into bench/results/h200_<date>_<session>/, pack (python -m bench.pack_results),
 # copy this script into that folder's scripts/, write docs/benchmarks.md, and queue the next calls here.
 set -u
-CALL=${1:?usage: bench/lease/calls.sh a|b|c|d|x2 MODEL LAYOUT}
+CALL=${1:?usage: bench/results/next_lease/calls.sh a|b|c|d|x2 MODEL LAYOUT}
 : "${OUT:?OUT: the folder that comes back}"
 R=/tmp/r; mkdir -p $R
 bash bench/run_gpu.sh --install-only > $R/install.log 2>&1
-export PYTHONPATH=/tmp/vx-pkg:/tmp/vx-site:. VOXSTAGE_CACHE=/tmp/vxcache VX_INSTALLED=1  # run_gpu.sh: installed
+export PYTHONPATH=/tmp/vx-pkg:/tmp/vx-site:. VOXSTAGE_CACHE=/tmp/vxcache VX_INSTALLED=1  # installed once
 # Capture sizes of the served codec decode (the tenth and eleventh sessions' runs): chunk sizes are added.
 S='connectors.connector_of_shared_memory.extra.decode_cudagraph_capture_sizes=[2,4,8,16,32,64,100]'
 PACE=(--set stages.0.pace_realtime_x=3 --set stages.0.pace_ahead_s=3)
