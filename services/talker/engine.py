@@ -352,7 +352,11 @@ class TalkerEngine(Steppable[TalkerOutput]):
         active = [self._launchable(s) for s in self._slots]
         if self.cfg.pacing.ahead_s > 0.0:  # streams far ahead of real time sit this step out (pacing.py)
             n, now = len(self._slots), time.perf_counter()
-            held = [a and self._hold_left(s, n, now) > 0.0 for s, a in zip(self._slots, active, strict=True)]
+            pacing = self.cfg.pacing
+            held = [
+                a and not pacing.rides(self._hold_left(s, n, now))
+                for s, a in zip(self._slots, active, strict=True)
+            ]
             if any(held):
                 metrics.TALKER_PACED.labels(by="ahead").inc(sum(held))
                 active = [a and not h for a, h in zip(active, held, strict=True)]

@@ -120,6 +120,7 @@ def pacing_of(stage: StageConfig, frame_rate_hz: float, plan: ChunkPlan | None =
     return Pacing(
         min_step_interval_s=1.0 / (frame_rate_hz * x) if x else 0.0,
         ahead_s=stage.pace_ahead_s or 0.0,
+        ride_s=stage.pace_ride_s or 0.0,
         from_streams=stage.pace_from_streams,
         frame_s=1.0 / frame_rate_hz,
     )

@@ -12,6 +12,12 @@ fourth session). Under load (at least ``from_streams`` requests in slots) two ru
 * **Held streams** (``ahead_s``): a stream more than ``ahead_s`` of audio ahead of real time since its first
   frame skips steps (its row runs masked, as for a stream starved of text) until real time catches up, so
   audio is generated, and decoded, about as fast as it is heard. When every stream is held, no step runs.
+* **Riding streams** (``ride_s``): a frame step over a batch bucket costs the same whether a row in it is
+  masked or not, so holding saves device time only when it holds every stream. With ``ride_s``, a stream
+  more than ``ahead_s`` ahead no longer starts a step, but rides along in one that runs anyway until it is
+  ``ahead_s + ride_s`` ahead. Streams then fall into step together: at 256 streams past their ramp, one
+  step every frame period moves them all, where held streams that come due one by one asked for a step at
+  every interval, each masking most of its rows (``bench/results/next_lease`` measures it).
 
 The frames are the same either way (each frame is a function of its position and seed, not of when it
 runs). Below ``from_streams`` neither applies, so a lone request is as fast as unpaced.
@@ -26,6 +32,7 @@ from dataclasses import dataclass
 class Pacing:
     min_step_interval_s: float = 0.0  # 0: steps as often as the engine can
     ahead_s: float = 0.0  # 0: no stream is held
+    ride_s: float = 0.0  # how far past ahead_s a held stream still rides along in a step that runs anyway
     from_streams: int = 1  # requests in slots that count as load
     frame_s: float = 0.08  # audio per frame (the family's frame period)
 
@@ -45,6 +52,10 @@ class Pacing:
         if self.ahead_s <= 0.0 or slots < self.from_streams or first_frame_at is None:
             return 0.0
         return max(0.0, launched * self.frame_s - (now - first_frame_at) - self.ahead_s)
+
+    def rides(self, hold_left: float) -> bool:
+        """Whether a stream held for ``hold_left`` seconds still steps in a step that runs anyway."""
+        return hold_left <= self.ride_s
 
 
 def pacing_warnings(

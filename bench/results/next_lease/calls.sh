@@ -6,14 +6,14 @@
 #   run(command="export OUT; bash bench/results/next_lease/calls.sh a", carry=["build/bench_wheels"],
 #       timeout_s=600)
 #
-# then `b`, `c` and `d` (and, on an nvidia-h200-x2 lease, `x2 q3 one-gpu|split|pair-per-gpu` and
-# `x2 pp one-gpu|split`, issue 31). Each call installs (bench/run_gpu.sh --install-only), runs its parts
-# under their own timeouts, writes each part's exit status to $OUT/rc.txt and its results, packed, to
-# $OUT/<call>.tar.xz.
+# then `b` and `e` (a session's 30 device-minutes hold these three), then `c` and `d` on a later lease (and,
+# on an nvidia-h200-x2 lease, `x2 q3 one-gpu|split|pair-per-gpu` and `x2 pp one-gpu|split`, issue 31).
+# Each call installs (bench/run_gpu.sh --install-only), runs its parts under their own timeouts, writes each
+# part's exit status to $OUT/rc.txt and its results, packed, to $OUT/<call>.tar.xz.
 # After the lease: unpack into bench/results/h200_<date>_<session>/, pack (python -m bench.pack_results),
 # copy this script into that folder's scripts/, write docs/benchmarks.md, and queue the next calls here.
 set -u
-CALL=${1:?usage: bench/results/next_lease/calls.sh a|b|c|d|x2 MODEL LAYOUT}
+CALL=${1:?usage: bench/results/next_lease/calls.sh a|b|c|d|e|x2 MODEL LAYOUT}
 : "${OUT:?OUT: the folder that comes back}"
 R=/tmp/r; mkdir -p $R
 bash bench/run_gpu.sh --install-only > $R/install.log 2>&1
@@ -67,6 +67,13 @@ d)  # issue 28, Audio8: fifo from 32 (the family's default), then deadline ticks
       --closed-start 32
     part a8_deadline80 270 bash bench/run_gpu.sh $R/a8_deadline80 "${A8[@]}" --phases closed \
       --closed-start 32 --set stages.1.codec_tick_policy=deadline --set stages.1.codec_tick_budget_ms=80
+    ;;
+e)  # issue 28: the paced closed search again with held streams riding along (pace_ride_s 3), first
+    # chunks leading and yielding; compare with call b's
+    part q3_ride_lead 270 bash bench/run_gpu.sh $R/q3_ride_lead "${Q3[@]}" --phases closed \
+      --closed-start 128 "${PACE[@]}" --set stages.0.pace_ride_s=3
+    part q3_ride_yield 270 bash bench/run_gpu.sh $R/q3_ride_yield "${Q3[@]}" --phases closed \
+      --closed-start 128 "${PACE[@]}" --set stages.0.pace_ride_s=3 --set stages.1.codec_first_chunks=yield
     ;;
 x2) # issue 31 on nvidia-h200-x2 (docs/scaling.md): `calls.sh x2 q3|pp LAYOUT`, one call each, every call
     # appending to $R/layouts, whose report renders what is there

@@ -78,7 +78,7 @@ CODEC_ONLY_KEYS: Mapping[str, str] = {
     "codec_voice_state_entries": "it bounds the codec's decoder states of voice-library voices; the talker's "
     "prompt cache is voice_cache_*",
 }
-PACING_KEYS = ("pace_realtime_x", "pace_ahead_s", "pace_from_streams")
+PACING_KEYS = ("pace_realtime_x", "pace_ahead_s", "pace_ride_s", "pace_from_streams")
 TALKER_ONLY_KEYS: Mapping[str, str] = {
     **dict.fromkeys(PACING_KEYS, "it paces the talker's frame steps"),
     "voice_cache_bytes": "it bounds the talker's cache of voice prompts; the codec's decoder states are "
@@ -260,6 +260,13 @@ def check_stage_settings(cfg: DeployView) -> list[Issue]:
             out += _owned_elsewhere(stage, i, CODEC_ONLY_KEYS, f"the codec stage (stage_id {CODEC_STAGE_ID})")
             if cfg.session_mode == "duplex":
                 out += _inert_in_duplex(stage, i, PACING_KEYS, "their talker steps once per user frame")
+            elif stage.pace_ride_s is not None and stage.pace_ahead_s is None:
+                out.append(
+                    _error(
+                        ("stages", i, "pace_ride_s"),
+                        "needs pace_ahead_s: a stream rides along in steps only once it is held",
+                    )
+                )
             if not cfg.enable_chunked_prefill:
                 if stage.max_model_len is None:
                     out.append(

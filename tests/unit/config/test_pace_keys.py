@@ -27,6 +27,8 @@ def test_off_by_default_and_set_by_override() -> None:
     # An 80 ms frame / 2.5: a step every 32 ms at the most.
     want = Pacing(min_step_interval_s=pytest.approx(0.032), ahead_s=3.0, from_streams=32, frame_s=0.08)
     assert pacing == want
+    ride = load_deploy_config(QWEN, platform="cuda", overrides=[*sets, "stages.0.pace_ride_s=2.5"]).talker
+    assert pacing_of(ride, 12.5).ride_s == 2.5 and pacing_of(talker, 12.5).ride_s == 0.0
 
 
 def test_settings_that_starve_the_chunk_schedule_are_warned(caplog: pytest.LogCaptureFixture) -> None:

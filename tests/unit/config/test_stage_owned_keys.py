@@ -30,6 +30,9 @@ PERSONAPLEX = REPO / "deploy" / "personaplex.yaml"
         ("stages.0.pace_realtime_x=0.5", "stages[0].pace_realtime_x"),
         ("stages.0.pace_from_streams=0", "stages[0].pace_from_streams"),
         ("stages.0.pace_ahead_s=0", "stages[0].pace_ahead_s"),
+        ("stages.1.pace_ride_s=3", "stages[1].pace_ride_s: belongs to the talker stage"),
+        ("stages.0.pace_ride_s=3", "stages[0].pace_ride_s: needs pace_ahead_s"),
+        ("stages.0.pace_ride_s=-1", "stages[0].pace_ride_s"),
     ],
 )
 def test_misplaced_or_bad_values_are_refused_naming_the_key(override: str, expected: str) -> None:
@@ -45,6 +48,7 @@ def test_misplaced_or_bad_values_are_refused_naming_the_key(override: str, expec
         "stages.1.codec_first_chunks=yield",
         "stages.0.pace_realtime_x=3",
         "stages.0.pace_ahead_s=3",
+        "stages.0.pace_ride_s=3",
     ],
 )
 def test_duplex_sessions_warn_that_the_keys_do_nothing(override: str) -> None:

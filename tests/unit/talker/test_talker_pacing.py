@@ -36,9 +36,14 @@ def paced(by: str) -> float:
 
 
 def engine(
-    model: Qwen3TTSTalker, tok: QwenTextTokenizer, interval: float, from_streams: int, ahead_s: float = 0.0
+    model: Qwen3TTSTalker,
+    tok: QwenTextTokenizer,
+    interval: float,
+    from_streams: int,
+    ahead_s: float = 0.0,
+    ride_s: float = 0.0,
 ) -> TalkerEngine:
-    pacing = Pacing(min_step_interval_s=interval, ahead_s=ahead_s, from_streams=from_streams)
+    pacing = Pacing(min_step_interval_s=interval, ahead_s=ahead_s, ride_s=ride_s, from_streams=from_streams)
     cfg = EngineConfig(
         max_num_seqs=4, max_model_len=192, max_num_batched_tokens=64, async_scheduling=True, pacing=pacing
     )
@@ -189,3 +194,54 @@ def test_the_opens_whole_clip_reaches_the_engine_request(
     for whole in (True, False):
         params = request_params(stage_pb2.StreamOpen(voice="ryan", whole_clip=whole))
         assert worker.build_request("k", params, "hello there", True).whole_clip is whole
+
+
+def test_held_streams_ride_along_in_steps_that_run_anyway(
+    tiny_custom_voice: Qwen3TTSTalker, tiny_tokenizer: QwenTextTokenizer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A clock moved by hand, 20 ms a turn: r0 is held (``ahead_s`` 0.2 s) when r1 joins, 30 frames each.
+    Held streams mask their rows, so each stream that comes due asks for a step of its own; with ``ride_s``
+    a held stream steps in the steps its neighbour asks for anyway, the two fall into step and fewer steps
+    run. The frames are the same as unpaced either way, and a stream never steps more than
+    ``ahead_s + ride_s`` ahead of real time."""
+    clock = [1000.0]
+    monkeypatch.setattr(time, "perf_counter", lambda: clock[0])
+    frames = 30
+
+    def drive(ride_s: float) -> tuple[dict[str, list[TalkerOutput]], int]:
+        eng = engine(tiny_custom_voice, tiny_tokenizer, 0.0, 1, ahead_s=0.2, ride_s=ride_s)
+        steps = [0]
+        launch = eng.adapter.launch
+
+        def counted(active: list[bool], *a: object, **k: object) -> object:
+            steps[0] += 1
+            stepping = [s for s, on in zip(eng._slots, active, strict=False) if on and s.first_frame_at]
+            leads = [s.launched * 0.08 - (clock[0] - s.first_frame_at) for s in stepping]
+            assert all(lead <= 0.2 + ride_s + 1e-9 for lead in leads), leads
+            return launch(active, *a, **k)
+
+        eng.adapter.launch = counted  # type: ignore[method-assign]
+        out: dict[str, list[TalkerOutput]] = {}
+        eng.submit(request(0, frames=frames))
+        for turn in range(400):
+            if turn == 5:
+                eng.submit(request(1, frames=frames))
+            for _ in range(50):
+                if not eng.has_work():
+                    break
+                for o in eng.step():
+                    out.setdefault(o.request_id, []).append(o)
+            if all(out.get(r) and out[r][-1].finish is not None for r in ("r0", "r1")):
+                break
+            clock[0] += 0.02
+        return out, steps[0]
+
+    held, held_steps = drive(0.0)
+    riding, riding_steps = drive(0.5)
+    free, _ = run(engine(tiny_custom_voice, tiny_tokenizer, 0.0, 2), 2, frames)
+    for rid in ("r0", "r1"):
+        assert np.array_equal(frames_of(riding[rid]), frames_of(free[rid])), rid
+        assert np.array_equal(frames_of(held[rid]), frames_of(free[rid])), rid
+    # Held, each stream's frames come due on their own (60 steps for 60 frames on this clock); riding,
+    # most steps move both (39).
+    assert riding_steps <= 0.75 * held_steps, (riding_steps, held_steps)
