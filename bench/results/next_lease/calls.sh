@@ -39,13 +39,15 @@ spy() {  # spy ROLE DELAY SECONDS: py-spy (native frames, not stopping the proce
 
 case "$CALL" in
 a)  # issue 30: which part of a clone's first audio holds its time (engines alone, then served, hop by hop
-    # with the arms in turns); issue 28: Qwen3 latency with the decode-row counts
+    # with the arms in turns); issue 28: Qwen3 latency with the decode-row counts, a join burst's prompts
     part voice_ttfa 150 python3 bench/families/qwen3_tts/voice_ttfa.py --out $R/voice_ttfa.json
-    part voice 220 python3 -m bench.voice_library --out $R/voice --model qwen3-tts-0.6b-base \
-      --builtin-model qwen3-tts-0.6b --device cuda --rate 1 --duration 40 --rounds 4 --frames 50 \
+    part voice 200 python3 -m bench.voice_library --out $R/voice --model qwen3-tts-0.6b-base \
+      --builtin-model qwen3-tts-0.6b --device cuda --rate 1 --duration 32 --rounds 4 --frames 50 \
       --clip-seconds 10 --warmup-requests 3 --arms uploaded,uploaded_xvector,builtin --stamps
     rm -rf $R/voice/voices_*
     part q3_latency 130 bash bench/run_gpu.sh $R/q3_latency "${Q3[@]}" --phases latency
+    part burst 80 python3 -m bench.talker_burst --out $R/talker_burst_256.json --device cuda \
+      --model qwen3-tts-0.6b --streams 256 --repeats 3
     ;;
 b)  # issue 28: the paced closed search from 128, first chunks leading (today's default) against yielding
     # to playing streams (codec_first_chunks), back to back; py-spy on the codec in the first

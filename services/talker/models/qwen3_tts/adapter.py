@@ -36,6 +36,7 @@ from .model import Qwen3TTSTalker
 from .prefill import PrefillChunk
 from .prompt import (
     PromptError,
+    PromptParts,
     PromptSpec,
     TalkerPrompt,
     VoiceEmbeds,
@@ -142,7 +143,7 @@ class QwenPrepared:
         voice_rows = self._adapter.voice_rows
         known = voice_rows.get(s.speaker_embedding, s.ref_codes)
         spec = dataclasses.replace(self._prompt_spec(), voice=known)
-        self.prompt = build_prompt(self._adapter.model, spec)
+        self.prompt = build_prompt(self._adapter.model, spec, self._adapter.prompt_parts)
         if spec.voice is None and self.prompt.voice is not None:
             voice_rows.put(s.speaker_embedding, s.ref_codes, self.prompt.voice)
         self._trailing = list(self.prompt.trailing_ids)
@@ -216,6 +217,7 @@ class Qwen3TTSAdapter(PackedDecodeAdapter):
         self.min_attn_bucket = min_attn_bucket
         self._prefixes: OrderedDict[str, _PrefixEntry] = OrderedDict()
         self.voice_rows = VoiceRows()
+        self.prompt_parts = PromptParts()  # the rows every prompt shares (engine thread, like the builds)
         self.graphs: GraphCache | None = None
         self.kv_fp8 = False
         self._writes: ImmediateWrites = IMMEDIATE  # a SlotWrites inside ``batched_writes``

@@ -21,7 +21,7 @@ Trailing text is always a list of text *ids* (each frame projects its own); its 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -108,12 +108,42 @@ class TextFeed:
         return out
 
 
+class PromptParts:
+    """The rows of a prompt that no request changes, built once on the model's device: the text specials
+    (``tts_bos/eos/pad``), the codec specials, the role line, each language's think rows, each preset
+    speaker's row, each instruction's rows (up to ``max_entries``) and the prefix they make. A request then
+    pays for its own text's rows alone, which at a join burst of hundreds is the engine thread's time
+    between frame steps. Each part is the output of the very call that would build it per request, and
+    gathers and elementwise sums do not depend on the shape they run at, so a prompt is bit for bit the same
+    with or without (``tests/unit/talker/test_qwen3_tts_prompt_parts.py``). Owned by the engine thread."""
+
+    def __init__(self, max_entries: int = 256) -> None:
+        self.max_entries = max_entries
+        self._parts: dict[tuple[object, ...], torch.Tensor] = {}
+
+    def __len__(self) -> int:
+        return len(self._parts)
+
+    def get(self, key: tuple[object, ...], build: Callable[[], torch.Tensor]) -> torch.Tensor:
+        part = self._parts.get(key)
+        if part is None:
+            part = build()
+            if len(self._parts) < self.max_entries:  # past it (many instructions): built, not kept
+                self._parts[key] = part
+        return part
+
+
+NO_PARTS = PromptParts(max_entries=0)  # keeps nothing: every part built for its request
+
+
 def _ids(model: Qwen3TTSTalker, ids: Sequence[int]) -> torch.Tensor:
     # The engine thread builds prompts while a frame step is in flight: a pageable copy would wait for it.
     return upload(list(ids), model.codec_head.weight.device)
 
 
-def validate_spec(model: Qwen3TTSTalker, spec: PromptSpec) -> tuple[int | None, torch.Tensor | None]:
+def validate_spec(
+    model: Qwen3TTSTalker, spec: PromptSpec, parts: PromptParts = NO_PARTS
+) -> tuple[int | None, torch.Tensor | None]:
     """Check the request against the variant; returns (language codec id or None, speaker vector or None).
     Raises ``PromptError`` naming the offending field."""
     cfg = model.config
@@ -153,7 +183,8 @@ def validate_spec(model: Qwen3TTSTalker, spec: PromptSpec) -> tuple[int | None, 
         name = spec.speaker.lower()
         if name not in t.spk_id:
             raise PromptError(f"speaker: {quoted(spec.speaker)} is not one of {', '.join(sorted(t.spk_id))}")
-        speaker_vec = model.embed_codec(_ids(model, [t.spk_id[name]]))[0]
+        spk = t.spk_id[name]
+        speaker_vec = parts.get(("speaker", spk), lambda: model.embed_codec(_ids(model, [spk]))[0])
         dialect = t.spk_is_dialect.get(name)
         if dialect is not None and language in ("chinese", "auto"):
             lang_id = t.codec_language_id[dialect]
@@ -182,7 +213,7 @@ def validate_spec(model: Qwen3TTSTalker, spec: PromptSpec) -> tuple[int | None, 
             raise PromptError(
                 "ref_text/ref_codes: voice-clone ICL needs both the transcript and the reference codes"
             )
-        if spec.ref_codes is not None:
+        if spec.ref_codes is not None and spec.voice is None:  # voice rows: built from these checked codes
             rc = spec.ref_codes
             groups = t.num_code_groups
             if rc.dim() != 2 or rc.shape[1] != groups or rc.shape[0] < 1 or rc.dtype.is_floating_point:
@@ -200,31 +231,44 @@ def validate_spec(model: Qwen3TTSTalker, spec: PromptSpec) -> tuple[int | None, 
 
 
 @torch.no_grad()
-def build_prompt(model: Qwen3TTSTalker, spec: PromptSpec) -> TalkerPrompt:
-    """Turn ``spec`` into prefill embeddings and the trailing text stream for ``model``."""
+def build_prompt(model: Qwen3TTSTalker, spec: PromptSpec, parts: PromptParts = NO_PARTS) -> TalkerPrompt:
+    """Turn ``spec`` into prefill embeddings and the trailing text stream for ``model``; ``parts`` keeps
+    the rows no request changes for the next prompt of the same model."""
     cfg = model.config
     t = cfg.talker
-    lang_id, speaker_vec = validate_spec(model, spec)
-    bos, eos, pad = model.embed_text(
-        _ids(model, [cfg.tts_bos_token_id, cfg.tts_eos_token_id, cfg.tts_pad_token_id])
-    )
+    lang_id, speaker_vec = validate_spec(model, spec, parts)
+    specials = [cfg.tts_bos_token_id, cfg.tts_eos_token_id, cfg.tts_pad_token_id]
+    bos, eos, pad = parts.get(("text_specials",), lambda: model.embed_text(_ids(model, specials)))
+    codec_specials = [t.codec_pad_id, t.codec_bos_id]
+    pad_bos = parts.get(("codec_specials",), lambda: model.embed_codec(_ids(model, codec_specials)))
+    codec_bos = pad_bos[-1:]
 
-    if lang_id is None:
-        think = [t.codec_nothink_id, t.codec_think_bos_id, t.codec_think_eos_id]
-    else:
-        think = [t.codec_think_id, t.codec_think_bos_id, lang_id, t.codec_think_eos_id]
-    codec = [model.embed_codec(_ids(model, think))]
-    if speaker_vec is not None:
-        codec.append(speaker_vec.unsqueeze(0))
-    codec.append(model.embed_codec(_ids(model, [t.codec_pad_id, t.codec_bos_id])))
-    codec_prefix = torch.cat(codec, dim=0)
-    n = codec_prefix.shape[0]
-    text_side = torch.cat([pad.expand(n - 2, -1), bos.unsqueeze(0)], dim=0)
+    def prefix_rows() -> torch.Tensor:
+        """``text_side + codec_prefix[:-1]``: the think rows, the speaker's and the codec pad, under
+        pad/bos."""
+        if lang_id is None:
+            think = [t.codec_nothink_id, t.codec_think_bos_id, t.codec_think_eos_id]
+        else:
+            think = [t.codec_think_id, t.codec_think_bos_id, lang_id, t.codec_think_eos_id]
+        codec = [parts.get(("think", lang_id), lambda: model.embed_codec(_ids(model, think)))]
+        if speaker_vec is not None:
+            codec.append(speaker_vec.unsqueeze(0))
+        codec.append(pad_bos)
+        codec_prefix = torch.cat(codec, dim=0)
+        n = codec_prefix.shape[0]
+        text_side = torch.cat([pad.expand(n - 2, -1), bos.unsqueeze(0)], dim=0)
+        return text_side + codec_prefix[:-1]
+
     pieces = []
     if spec.instruct_ids:
-        pieces.append(model.embed_text(_ids(model, spec.instruct_ids)))
-    pieces += [model.embed_text(_ids(model, spec.role_ids)), text_side + codec_prefix[:-1]]
-    codec_bos = codec_prefix[-1:]
+        instruct = tuple(spec.instruct_ids)
+        pieces.append(parts.get(("text", instruct), lambda: model.embed_text(_ids(model, instruct))))
+    role = tuple(spec.role_ids)
+    pieces.append(parts.get(("text", role), lambda: model.embed_text(_ids(model, role))))
+    if spec.speaker_embedding is None:  # a preset speaker's or none: the same rows for every request
+        pieces.append(parts.get(("prefix", lang_id, spec.speaker and spec.speaker.lower()), prefix_rows))
+    else:  # a clone's x-vector row sits among them
+        pieces.append(prefix_rows())
     prefix_len = sum(p.shape[0] for p in pieces)
     text_ids = list(spec.text_ids)
 
@@ -232,13 +276,16 @@ def build_prompt(model: Qwen3TTSTalker, spec: PromptSpec) -> TalkerPrompt:
     if voice is None and spec.speaker_embedding is not None:  # a clone: its reference's rows, for reuse
         assert speaker_vec is not None  # validate_spec
         voice = VoiceEmbeds(speaker_vec, _icl_codec(model, spec))
+    codec_pad = pad_bos[0]  # a gather's row: the same values as gathering it once per position
     if voice is not None and voice.icl_codec is not None and spec.ref_text_ids is not None:
-        tail, trailing = _icl_tail(model, spec, list(spec.ref_text_ids), voice.icl_codec, text_ids, pad, eos)
+        tail, trailing = _icl_tail(
+            model, spec, list(spec.ref_text_ids), voice.icl_codec, text_ids, pad, eos, codec_pad
+        )
         pieces.append(tail)
     elif spec.non_streaming:
         body = torch.cat([model.embed_text(_ids(model, text_ids)), eos.unsqueeze(0)], dim=0)
-        body = body + model.embed_codec(_ids(model, [t.codec_pad_id] * (len(text_ids) + 1)))
-        pieces += [body, pad.unsqueeze(0) + codec_bos]
+        body = body + codec_pad.expand(len(text_ids) + 1, -1)
+        pieces += [body, parts.get(("pad_codec_bos",), lambda: pad.unsqueeze(0) + codec_bos)]
         trailing = []
     else:
         pieces.append(model.embed_text(_ids(model, text_ids[:1])) + codec_bos)
@@ -285,10 +332,11 @@ def _icl_tail(
     text_ids: list[int],
     pad: torch.Tensor,
     eos: torch.Tensor,
+    codec_pad: torch.Tensor,
 ) -> tuple[torch.Tensor, list[int]]:
-    """``codec``: the codec side, ``E_c(codec_bos) ++ frames(ref_codes)``."""
+    """``codec``: the codec side, ``E_c(codec_bos) ++ frames(ref_codes)``; ``codec_pad``: ``E_c(codec_pad)``
+    (a row per text position in non-streaming mode)."""
     cfg = model.config
-    t = cfg.talker
     all_ids = ref_text_ids + text_ids
     codec_len = codec.shape[0]
     if not spec.text_complete and len(all_ids) < codec_len:
@@ -303,7 +351,7 @@ def _icl_tail(
         text = torch.cat([text, eos.unsqueeze(0)], dim=0)
     ids = all_ids + ([cfg.tts_eos_token_id] if spec.text_complete else [])
     if spec.non_streaming:
-        text = text + model.embed_codec(_ids(model, [t.codec_pad_id] * text.shape[0]))
+        text = text + codec_pad.expand(text.shape[0], -1)
         return torch.cat([text, codec + pad], dim=0), []
     if len(ids) > codec_len:
         return text[:codec_len] + codec, ids[codec_len:]

@@ -12,7 +12,7 @@ transformers version in (4.57.2, 5.0). We keep the Qwen2 regex the model was tra
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, normalizers, pre_tokenizers
@@ -143,9 +143,22 @@ class BackedTokenizer:
 class QwenTextTokenizer(BackedTokenizer):
     """Byte-level BPE with Qwen2's normalizer/pre-tokenizer and the checkpoint's special tokens."""
 
+    MEMO_ENTRIES = 256  # transcripts and instructions kept tokenized (a voice's transcript recurs)
+
     def __init__(self, tokenizer: Tokenizer, special_ids: dict[str, int]) -> None:
         super().__init__(tokenizer)
         self.special_ids = special_ids
+        self._memo: dict[tuple[str, str], tuple[int, ...]] = {}
+
+    def _memoized(self, kind: str, text: str, make: Callable[[], list[int]]) -> list[int]:
+        """``make()`` for a text that recurs (a voice-library voice's transcript, an instruction), kept
+        while there is room: the same ids, without tokenizing them on every request."""
+        ids = self._memo.get((kind, text))
+        if ids is None:
+            ids = tuple(make())
+            if len(self._memo) < self.MEMO_ENTRIES:
+                self._memo[(kind, text)] = ids
+        return list(ids)
 
     @classmethod
     def from_dir(cls, directory: Path) -> QwenTextTokenizer:
@@ -192,11 +205,13 @@ class QwenTextTokenizer(BackedTokenizer):
 
     def ref_text_ids(self, ref_text: str) -> list[int]:
         """Transcript ids for voice-clone ICL, sliced as the reference does (``ids[3:-2]``)."""
-        return self.encode(REF_TEMPLATE.format(text=ref_text))[3:-2]
+        return self._memoized("ref", ref_text, lambda: self.encode(REF_TEMPLATE.format(text=ref_text))[3:-2])
 
     def instruct_ids(self, instruct: str) -> list[int]:
         """The whole ``<|im_start|>user\\n{instruct}<|im_end|>\\n`` block; it is projected in full."""
-        return self.encode(INSTRUCT_TEMPLATE.format(instruct=instruct))
+        return self._memoized(
+            "instruct", instruct, lambda: self.encode(INSTRUCT_TEMPLATE.format(instruct=instruct))
+        )
 
     def incremental(self) -> IncrementalEncoder:
         return IncrementalEncoder(self)
