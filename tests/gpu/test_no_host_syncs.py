@@ -114,3 +114,15 @@ def test_a_ticks_gathered_admission_writes_make_no_synchronizing_copy(no_syncs: 
     torch.cuda.synchronize()
     for k in one_by_one:
         assert torch.equal(gathered[k], one_by_one[k]), k
+
+
+def test_an_audio8_prefill_makes_no_synchronizing_copy(no_syncs: Callable) -> None:
+    """Audio8's prefill puts each chunk's ids and codes on the device through pinned memory: the engine
+    thread prefills a tick's arrivals while the previous frame step is in flight (async scheduling)."""
+    adapter, _ = load_talker(resolve_model("audio8-tts-tiny"), device="cuda", dtype=torch.float32)
+    adapter.allocate(4, 256)
+    prepared = [adapter.prepare(SpeechSpec(text=f"hello number {i}")) for i in range(3)]
+    chunks = [(slot, p, 0, p.length - 1) for slot, p in enumerate(prepared)]
+    no_syncs(lambda: adapter.prefill_many(chunks))
+    torch.cuda.synchronize()
+    assert [int(adapter.state.positions[slot]) for slot in range(3)] == [p.length - 1 for p in prepared]

@@ -38,7 +38,7 @@ import torch
 
 from services.talker.kv import kv_cache_fp8
 from services.talker.packed import PackedDecodeAdapter
-from services.talker.prefill import PrefillChunk
+from services.talker.prefill import PrefillChunk, to_device
 from services.talker.sampling import SamplingParams
 from services.talker.spec import SpeechSpec
 from voxstage.cudagraphs import GraphCache
@@ -231,8 +231,9 @@ class Audio8TTSAdapter(PackedDecodeAdapter):
         for slot, prepared, start, n in chunks:
             assert prepared.prompt is not None
             ids, codes = prepared.prompt.span(start, start + n)
-            ids_t = torch.from_numpy(np.ascontiguousarray(ids)).to(self.device)
-            codes_t = torch.from_numpy(np.ascontiguousarray(codes)).to(self.device)
+            # Pinned and non-blocking: a pageable copy would wait for the frame step in flight (async).
+            ids_t = to_device(torch.from_numpy(np.ascontiguousarray(ids)), self.device)
+            codes_t = to_device(torch.from_numpy(np.ascontiguousarray(codes)), self.device)
             work.append(PrefillChunk(slot, self.model.embed(ids_t, codes_t), start))
         self.prefill_runner.run(work)
         for slot, _, start, n in chunks:
