@@ -77,6 +77,7 @@ from services.codec.schedule import (
 from services.codec.voice_states import DecoderSnapshot, VoiceStateCache
 from voxstage import metrics
 from voxstage.chunking import chunk_sizes
+from voxstage.host_copy import to_device
 from voxstage.stage.engine_loop import Steppable
 from voxstage.stage.faults import one_line
 
@@ -468,13 +469,14 @@ class CodecEngine(Steppable[CodecOutput]):
             lengths[i] = ctx + n
             slots[i] = stream.slot
         slots[b_real:] = np.arange(self.max_streams, self.max_streams + b_bucket - b_real)
-        slots_t = torch.from_numpy(slots).to(self.device, non_blocking=True)
+        # Through pinned memory: a copy from these (pageable) arrays would wait for the decode in flight.
+        slots_t = to_device(torch.from_numpy(slots), self.device)
         if self.left_context:
             self.codec.reset(slots_t[:b_real])  # every chunk starts from frame 0 of its window
         wav = self.calls(
-            torch.from_numpy(codes).to(self.device, non_blocking=True),
+            to_device(torch.from_numpy(codes), self.device),
             slots_t,
-            torch.from_numpy(lengths).to(self.device, non_blocking=True),
+            to_device(torch.from_numpy(lengths), self.device),
         )
         count_rows(work, contexts, b_bucket * t_bucket)
         for stream, n in work:

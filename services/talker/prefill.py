@@ -22,6 +22,7 @@ import torch
 
 from services.talker.launch import bucket
 from voxstage.cudagraphs import GraphCache
+from voxstage.host_copy import upload
 
 MAX_LENGTH = 512  # padded length of one row; a longer chunk runs eagerly at its exact length
 MAX_TOKENS = 1024  # rows x padded length of one forward (8 prompts of up to 128 tokens)
@@ -50,25 +51,6 @@ class PrefillModel(Protocol):
         slot_ids: torch.Tensor | None,
         attn_len: int | None,
     ) -> torch.Tensor: ...
-
-
-def upload(values: Sequence[int], device: torch.device) -> torch.Tensor:
-    """``values`` as an int64 tensor on ``device`` without waiting for the device.
-
-    A copy from pageable memory makes the host wait for everything queued before it, which with async
-    scheduling is the frame step in flight, so an arrival's prefill stalled the next launch. A fresh pinned
-    tensor per call: the caching host allocator keeps it until the copy has run, so a later call cannot
-    overwrite values still waiting in the queue (a reused staging buffer could).
-    """
-    return to_device(torch.tensor(values, dtype=torch.int64), device)
-
-
-def to_device(host: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """A host tensor on ``device`` without waiting for the device (``upload``'s reasons); a tensor already
-    there is returned as it is."""
-    if device.type != "cuda" or host.device.type == "cuda":
-        return host.to(device)
-    return host.pin_memory().to(device, non_blocking=True)
 
 
 @dataclass(frozen=True)

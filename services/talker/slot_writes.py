@@ -16,7 +16,7 @@ from collections.abc import Sequence
 
 import torch
 
-from services.talker.prefill import to_device, upload
+from voxstage.host_copy import to_device, upload
 
 Scalar = bool | int | float
 

@@ -126,3 +126,25 @@ def test_an_audio8_prefill_makes_no_synchronizing_copy(no_syncs: Callable) -> No
     no_syncs(lambda: adapter.prefill_many(chunks))
     torch.cuda.synchronize()
     assert [int(adapter.state.positions[slot]) for slot in range(3)] == [p.length - 1 for p in prepared]
+
+
+def test_a_codec_tick_launches_without_synchronizing(no_syncs: Callable) -> None:
+    """With async scheduling a text-to-speech codec tick is launched before the previous one is collected:
+    the launch's codes, slots and lengths go to the device through pinned memory, so the engine thread does
+    not wait for the decode in flight (it did, through pageable copies)."""
+    from services.codec.engine import ChunkSchedule, CodecEngine
+    from services.codec.models.qwen3_tts.loader import random_init as random_decoder
+    from services.codec.models.qwen3_tts.presets import decoder_preset
+    from services.codec.models.qwen3_tts.streaming import StreamingDecoder
+
+    model = random_decoder(decoder_preset("qwen3-tts-tiny"), 0, device="cuda", dtype=torch.float32)
+    engine = CodecEngine(StreamingDecoder(model, 4), max_streams=2, schedule=ChunkSchedule(1, 5),
+                         num_groups=16, device="cuda", async_scheduling=True)  # fmt: skip
+    codes = np.random.default_rng(0).integers(0, 2048, (3, 16), dtype=np.int64)
+    for key in ("a", "b"):
+        engine.open(key)
+        engine.push(key, codes[:1])
+    assert no_syncs(engine.step) == []  # launched, collected by the next step
+    torch.cuda.synchronize()
+    outputs = engine.step()
+    assert sorted(o.stream_id for o in outputs) == ["a", "b"] and all(o.frames == 1 for o in outputs)

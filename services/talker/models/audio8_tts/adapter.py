@@ -38,11 +38,12 @@ import torch
 
 from services.talker.kv import kv_cache_fp8
 from services.talker.packed import PackedDecodeAdapter
-from services.talker.prefill import PrefillChunk, to_device
+from services.talker.prefill import PrefillChunk
 from services.talker.sampling import SamplingParams
 from services.talker.spec import SpeechSpec
 from voxstage.cudagraphs import GraphCache
 from voxstage.families.audio8_tts import OWN_VOICE
+from voxstage.host_copy import to_device
 from voxstage.quote import quoted
 
 from .config import Audio8TalkerConfig

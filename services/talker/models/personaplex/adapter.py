@@ -21,8 +21,8 @@ import torch
 from services.talker.duplex.engine import DuplexAdapter
 from services.talker.kv import kv_cache_fp8
 from services.talker.launch import HostRing, Pending, all_inactive, bucket, collect
-from services.talker.prefill import to_device, upload
 from voxstage.cudagraphs import GraphCache
+from voxstage.host_copy import to_device, upload
 from voxstage.nn.kv_fp8 import FP8
 from voxstage.quote import quoted
 

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
-from services.talker.prefill import to_device, upload
+from voxstage.host_copy import to_device, upload
 from voxstage.quote import quoted
 
 from .model import Qwen3TTSTalker
