@@ -69,3 +69,8 @@ def test_parts_stop_growing_at_their_bound(
         spec = spec_for(case, instruct_ids=[*spec_for(case).instruct_ids, 100 + i])
         same(build_prompt(model, spec, parts), build_prompt(model, spec))
     assert len(parts) == 8
+    small = PromptParts(max_bytes=parts.bytes // 2)  # a bound in bytes too: long instructions are not kept
+    for i in range(20):
+        spec = spec_for(case, instruct_ids=[*spec_for(case).instruct_ids, 100 + i])
+        same(build_prompt(model, spec, small), build_prompt(model, spec))
+    assert 0 < small.bytes <= small.max_bytes and len(small) < 8

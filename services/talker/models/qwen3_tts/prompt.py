@@ -111,14 +111,17 @@ class TextFeed:
 class PromptParts:
     """The rows of a prompt that no request changes, built once on the model's device: the text specials
     (``tts_bos/eos/pad``), the codec specials, the role line, each language's think rows, each preset
-    speaker's row, each instruction's rows (up to ``max_entries``) and the prefix they make. A request then
+    speaker's row, each instruction's rows and the prefix they make, up to ``max_entries`` parts and
+    ``max_bytes`` of device memory (instructions are the users' and may be long). A request then
     pays for its own text's rows alone, which at a join burst of hundreds is the engine thread's time
     between frame steps. Each part is the output of the very call that would build it per request, and
     gathers and elementwise sums do not depend on the shape they run at, so a prompt is bit for bit the same
     with or without (``tests/unit/talker/test_qwen3_tts_prompt_parts.py``). Owned by the engine thread."""
 
-    def __init__(self, max_entries: int = 256) -> None:
+    def __init__(self, max_entries: int = 256, max_bytes: int = 32 << 20) -> None:
         self.max_entries = max_entries
+        self.max_bytes = max_bytes
+        self.bytes = 0
         self._parts: dict[tuple[object, ...], torch.Tensor] = {}
 
     def __len__(self) -> int:
@@ -128,8 +131,11 @@ class PromptParts:
         part = self._parts.get(key)
         if part is None:
             part = build()
-            if len(self._parts) < self.max_entries:  # past it (many instructions): built, not kept
+            size = part.numel() * part.element_size()
+            # Past the bounds (many or long instructions): built for its request, not kept.
+            if len(self._parts) < self.max_entries and self.bytes + size <= self.max_bytes:
                 self._parts[key] = part
+                self.bytes += size
         return part
 
 
