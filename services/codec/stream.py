@@ -233,8 +233,8 @@ class CodecStream(CodecStageStream):
         talker_open.ClearField("sample_rate_hz")
         talker_open.mode = S.STREAM_MODE_TTS
         talker_open.chunk_schedule.CopyFrom(sched)
-        talker_open.reference.CopyFrom(wire.voice_reference(op.reference.text, codes, xvec))
-        talker_open.reference.voice_key = op.reference.voice_key
+        if not op.reference.voice_key:  # a clip becomes its encoding; an encoded voice goes on as it came
+            talker_open.reference.CopyFrom(wire.voice_reference(op.reference.text, codes, xvec))
         talker_open.initial_credit.CopyFrom(
             S.Credit(unit=S.CREDIT_UNIT_FRAMES, amount=window_frames + sched.steady_chunk_frames)
         )

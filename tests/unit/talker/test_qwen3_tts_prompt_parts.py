@@ -12,7 +12,13 @@ import pytest
 import torch
 
 from services.talker.models.qwen3_tts.prompt import NO_PARTS, PromptParts, TalkerPrompt, build_prompt
-from tests.unit.talker.test_qwen3_tts_talker_golden import cases, generate_cases, models, spec_for  # noqa: F401
+from tests.unit.talker.test_qwen3_tts_talker_golden import (  # noqa: F401
+    cases,
+    generate_cases,
+    models,
+    pytestmark,  # noqa: F401 - skipped as it is
+    spec_for,
+)
 
 
 def same(a: TalkerPrompt, b: TalkerPrompt) -> None:
