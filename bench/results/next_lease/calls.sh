@@ -42,12 +42,12 @@ a)  # issue 30: which part of a clone's first audio holds its time (engines alon
     # with the arms in turns, the built-in arm being TTFA at 1 req/s); issue 28: a join burst's prompts;
     # the GPU tests of the host-sync-free paths (Audio8's prefill is new)
     part gputests 70 python3 -m pytest -q -m gpu tests/gpu/test_no_host_syncs.py
-    part voice_ttfa 120 python3 bench/families/qwen3_tts/voice_ttfa.py --out $R/voice_ttfa.json
-    part voice 200 python3 -m bench.voice_library --out $R/voice --model qwen3-tts-0.6b-base \
+    part voice_ttfa 110 python3 bench/families/qwen3_tts/voice_ttfa.py --out $R/voice_ttfa.json
+    part voice 210 python3 -m bench.voice_library --out $R/voice --model qwen3-tts-0.6b-base \
       --builtin-model qwen3-tts-0.6b --device cuda --rate 1 --duration 32 --rounds 4 --frames 50 \
       --clip-seconds 10 --warmup-requests 3 --arms uploaded,uploaded_xvector,builtin --stamps
     rm -rf $R/voice/voices_*
-    part burst 80 python3 -m bench.talker_burst --out $R/talker_burst_256.json --device cuda \
+    part burst 110 python3 -m bench.talker_burst --out $R/talker_burst_256.json --device cuda \
       --model qwen3-tts-0.6b --streams 256 --repeats 3
     ;;
 b)  # issue 28: the paced closed search from 128, first chunks leading (today's default) against yielding
