@@ -6,14 +6,15 @@
 #   run(command="export OUT; bash bench/results/next_lease/calls.sh a", carry=["build/bench_wheels"],
 #       timeout_s=600)
 #
-# then `b` and `e` (a session's 30 device-minutes hold these three), then `c` and `d` on a later lease (and,
-# on an nvidia-h200-x2 lease, `x2 q3 one-gpu|split|pair-per-gpu` and `x2 pp one-gpu|split`, issue 31).
+# then `b` and `e` (a session's 30 device-minutes hold these three), then `c`, `d` and `f` on a later
+# lease (and, on an nvidia-h200-x2 lease, `x2 q3 one-gpu|split|pair-per-gpu` and `x2 pp one-gpu|split`,
+# issue 31).
 # Each call installs (bench/run_gpu.sh --install-only), runs its parts under their own timeouts, writes each
 # part's exit status to $OUT/rc.txt and its results, packed, to $OUT/<call>.tar.xz.
 # After the lease: unpack into bench/results/h200_<date>_<session>/, pack (python -m bench.pack_results),
 # copy this script into that folder's scripts/, write docs/benchmarks.md, and queue the next calls here.
 set -u
-CALL=${1:?usage: bench/results/next_lease/calls.sh a|b|c|d|e|x2 MODEL LAYOUT}
+CALL=${1:?usage: bench/results/next_lease/calls.sh a|b|c|d|e|f|x2 MODEL LAYOUT}
 : "${OUT:?OUT: the folder that comes back}"
 R=/tmp/r; mkdir -p $R
 bash bench/run_gpu.sh --install-only > $R/install.log 2>&1
@@ -77,6 +78,12 @@ e)  # issue 28: the paced closed search again with held streams riding along (pa
       --closed-start 128 "${PACE[@]}" --set stages.0.pace_ride_s=3
     part q3_ride_yield 270 bash bench/run_gpu.sh $R/q3_ride_yield "${Q3[@]}" --phases closed \
       --closed-start 128 "${PACE[@]}" --set stages.0.pace_ride_s=3 --set stages.1.codec_first_chunks=yield
+    ;;
+f)  # issue 28 acceptance 3: the timeline of one loaded tick per stage, after (256 paced streams, with the
+    # settings b and e found best: edit the overrides below to them before the call)
+    part q3_timeline 300 bash bench/run_gpu.sh $R/q3_timeline "${Q3[@]}" --phases timeline \
+      --timeline-load 256 --timeline-window-s 2 "${PACE[@]}" --set stages.0.pace_ride_s=3 \
+      --set stages.1.codec_first_chunks=yield
     ;;
 x2) # issue 31 on nvidia-h200-x2 (docs/scaling.md): `calls.sh x2 q3|pp LAYOUT`, one call each, every call
     # appending to $R/layouts, whose report renders what is there
