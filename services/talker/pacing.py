@@ -4,7 +4,7 @@ steps so that a GPU it shares with the codec is not spent on audio nobody hears 
 In a closed loop the talker runs flat out: about 100 frame steps a second at 16-128 streams on an H200 (a
 step costs nearly the same at any batch), every stream generated many times faster than it is played, and
 the codec decodes all of it, while young streams' chunks wait behind both stages' kernels (docs/benchmarks.md,
-fourth session). Under load (at least ``from_streams`` requests in slots) two rules apply:
+fourth session). Under load (at least ``from_streams`` requests in slots) these rules apply:
 
 * **Spaced steps** (``min_step_interval_s``): a frame step starts at most once per frame period / x, so the
   talker's own GPU time is bounded while every stream still gets x times real time, enough for the chunk
