@@ -1,0 +1,107 @@
+#!/usr/bin/env bash
+# The device calls queued for the next lease of an H200 (the device tool's `run`, one call each, under its
+# 600 s limit), for the open GPU acceptance points of issues 28 and 30. Run from the repository root with
+# the carried wheels (bench/results/next_lease/wheels.sh makes build/bench_wheels):
+#
+#   run(command="export OUT; bash bench/results/next_lease/calls.sh a", carry=["build/bench_wheels"],
+#       timeout_s=600)
+#
+# then `b` and `e` (a session's 30 device-minutes hold these three), then `c`, `d` and `f` on a later
+# lease (and, on an nvidia-h200-x2 lease, `x2 q3 one-gpu|split|pair-per-gpu` and `x2 pp one-gpu|split`,
+# issue 31).
+# Each call installs (bench/run_gpu.sh --install-only), runs its parts under their own timeouts, writes each
+# part's exit status to $OUT/rc.txt and its results, packed, to $OUT/<call>.tar.xz.
+# After the lease: unpack into bench/results/h200_<date>_<session>/, pack (python -m bench.pack_results),
+# copy this script into that folder's scripts/, write docs/benchmarks.md, and queue the next calls here.
+set -u
+CALL=${1:?usage: bench/results/next_lease/calls.sh a|b|c|d|e|f|x2 MODEL LAYOUT}
+: "${OUT:?OUT: the folder that comes back}"
+R=/tmp/r; mkdir -p $R
+bash bench/run_gpu.sh --install-only > $R/install.log 2>&1
+export PYTHONPATH=/tmp/vx-pkg:/tmp/vx-site:. VOXSTAGE_CACHE=/tmp/vxcache VX_INSTALLED=1  # installed once
+# Capture sizes of the served codec decode (the tenth and eleventh sessions' runs): chunk sizes are added.
+S='connectors.connector_of_shared_memory.extra.decode_cudagraph_capture_sizes=[2,4,8,16,32,64,100]'
+PACE=(--set stages.0.pace_realtime_x=3 --set stages.0.pace_ahead_s=3)
+Q3=(--models qwen3-tts-0.6b --profile quick --slots 256 --max-model-len 512 --set "$S")
+A8=(--models audio8-tts-0.6b --profile quick --slots 256)
+
+part() {  # part NAME TIMEOUT CMD...: one measurement, its status and its log
+  local name=$1 limit=$2; shift 2
+  timeout "$limit" "$@" > "$R/$name.log" 2>&1
+  echo "$name rc=$?" >> "$OUT/rc.txt"
+  tail -c 20000 "$R/$name.log" > "$OUT/$name.tail.log"
+}
+
+spy() {  # spy ROLE DELAY SECONDS: py-spy (native frames, not stopping the process) on a stage, later
+  ( sleep "$2"; pid=$(pgrep -f "voxstage $1" | head -1)
+    [[ -n "$pid" ]] && timeout $(($3 + 15)) /tmp/vx-site/bin/py-spy record --nonblocking --native --threads \
+      -r 100 -d "$3" -f raw -o "$R/pyspy_$1_$2.txt" --pid "$pid" > "$R/pyspy_$1_$2.log" 2>&1 ) &
+}
+
+case "$CALL" in
+a)  # issue 30: which part of a clone's first audio holds its time (engines alone, then served, hop by hop
+    # with the arms in turns, the built-in arm being TTFA at 1 req/s); issue 28: a join burst's prompts;
+    # the GPU tests of the host-sync-free paths (Audio8's prefill is new)
+    part gputests 70 python3 -m pytest -q -m gpu tests/gpu/test_no_host_syncs.py
+    part voice_ttfa 110 python3 bench/families/qwen3_tts/voice_ttfa.py --out $R/voice_ttfa.json
+    part voice 210 python3 -m bench.voice_library --out $R/voice --model qwen3-tts-0.6b-base \
+      --builtin-model qwen3-tts-0.6b --device cuda --rate 1 --duration 32 --rounds 4 --frames 50 \
+      --clip-seconds 10 --warmup-requests 3 --arms uploaded,uploaded_xvector,builtin --stamps
+    rm -rf $R/voice/voices_*
+    part burst 110 python3 -m bench.talker_burst --out $R/talker_burst_256.json --device cuda \
+      --model qwen3-tts-0.6b --streams 256 --repeats 3
+    ;;
+b)  # issue 28: the paced closed search from 128, first chunks leading (today's default) against yielding
+    # to playing streams (codec_first_chunks), back to back; py-spy on the codec in the first
+    spy codec 45 15
+    part q3_paced_lead 270 bash bench/run_gpu.sh $R/q3_paced_lead "${Q3[@]}" --phases closed \
+      --closed-start 128 "${PACE[@]}"
+    part q3_paced_yield 270 bash bench/run_gpu.sh $R/q3_paced_yield "${Q3[@]}" \
+      --phases closed --closed-start 128 "${PACE[@]}" --set stages.1.codec_first_chunks=yield
+    ;;
+c)  # issue 28: the openai face paced from 128 (first chunks yielding), unpaced gRPC from 64 (py-spy)
+    part q3_openai 270 bash bench/run_gpu.sh $R/q3_openai "${Q3[@]}" --phases openai \
+      --closed-start 128 "${PACE[@]}" --set stages.1.codec_first_chunks=yield
+    spy codec 45 15; spy talker 65 15
+    part q3_unpaced 270 bash bench/run_gpu.sh $R/q3_unpaced "${Q3[@]}" --phases closed \
+      --closed-start 64
+    ;;
+d)  # issue 28, Audio8: fifo from 32 (the family's default), then deadline ticks of 80 ms
+    part a8_fifo 270 bash bench/run_gpu.sh $R/a8_fifo "${A8[@]}" --phases closed \
+      --closed-start 32
+    part a8_deadline80 270 bash bench/run_gpu.sh $R/a8_deadline80 "${A8[@]}" --phases closed \
+      --closed-start 32 --set stages.1.codec_tick_policy=deadline --set stages.1.codec_tick_budget_ms=80
+    ;;
+e)  # issue 28: the paced closed search again with held streams riding along (pace_ride_s 3), first
+    # chunks leading and yielding; compare with call b's
+    part q3_ride_lead 270 bash bench/run_gpu.sh $R/q3_ride_lead "${Q3[@]}" --phases closed \
+      --closed-start 128 "${PACE[@]}" --set stages.0.pace_ride_s=3
+    part q3_ride_yield 270 bash bench/run_gpu.sh $R/q3_ride_yield "${Q3[@]}" --phases closed \
+      --closed-start 128 "${PACE[@]}" --set stages.0.pace_ride_s=3 --set stages.1.codec_first_chunks=yield
+    ;;
+f)  # issue 28 acceptance 3: the timeline of one loaded tick per stage, after (256 paced streams, with the
+    # settings b and e found best: edit the overrides below to them before the call)
+    part q3_timeline 300 bash bench/run_gpu.sh $R/q3_timeline "${Q3[@]}" --phases timeline \
+      --timeline-load 256 --timeline-window-s 2 "${PACE[@]}" --set stages.0.pace_ride_s=3 \
+      --set stages.1.codec_first_chunks=yield
+    ;;
+x2) # issue 31 on nvidia-h200-x2 (docs/scaling.md): `calls.sh x2 q3|pp LAYOUT`, one call each, every call
+    # appending to $R/layouts, whose report renders what is there
+    MODEL=${2:?x2: q3 or pp}; LAYOUT=${3:?x2: one-gpu, split or pair-per-gpu}
+    if [[ $MODEL == q3 ]]; then
+      part "x2_q3_$LAYOUT" 560 bash bench/run_gpu.sh $R/layouts --models qwen3-tts-0.6b \
+        --layout "$LAYOUT" --phases latency,closed,report --profile quick --slots 320 --max-model-len 512 \
+        --set "$S"
+    else
+      part "x2_pp_$LAYOUT" 560 bash bench/run_gpu.sh $R/layouts --models personaplex-7b \
+        --layout "$LAYOUT" --phases realtime,report --realtime-levels 32,64 --realtime-seconds 60 \
+        --client-procs 4 --set stages.0.gpu_memory_utilization=0.86 \
+        --set stages.1.gpu_memory_utilization=0.1 --set stages.1.enforce_eager=false
+    fi
+    CALL="x2_${MODEL}_$LAYOUT"
+    ;;
+*)  echo "unknown call $CALL" >&2; exit 2 ;;
+esac
+wait
+cp $R/install.log "$OUT/" 2>/dev/null
+tar cJf "$OUT/$CALL.tar.xz" -C $R --exclude='*.log' .
