@@ -15,7 +15,7 @@
 # Each call installs (bench/run_gpu.sh --install-only), runs its parts under their own timeouts, writes each
 # part's exit status to $OUT/rc.txt and its results, packed, to $OUT/<call>.tar.xz.
 # After the lease: unpack into bench/results/h200_<date>_<session>/, pack (python -m bench.pack_results),
-# copy this script into that folder's scripts/, write docs/benchmarks.md, and queue the next calls here.
+# write docs/benchmarks.md (naming this script's commit), and queue the next calls here.
 set -u
 CALL=${1:?usage: bench/results/next_lease/calls.sh a|b|c|d|e|f|x2 MODEL LAYOUT}
 : "${OUT:?OUT: the folder that comes back}"
