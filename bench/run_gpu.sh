@@ -46,7 +46,8 @@ if [[ "${VX_INSTALLED:-0}" != 1 ]]; then
     "${PIP[@]}" --target "$REF_ENV" "$REF_WHEELS"/*.whl
   fi
 fi
-export PYTHONPATH="$VX_PKG:$VX_SITE"
+# VX_HOOK: a folder put first on the path (a diagnostic sitecustomize, e.g. bench/pageable_hook)
+export PYTHONPATH="${VX_HOOK:+$VX_HOOK:}$VX_PKG:$VX_SITE"
 [[ "$OUT_DIR" == --install-only ]] && exit 0
 
 ref_args=()

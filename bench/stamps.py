@@ -26,13 +26,17 @@ def env() -> dict[str, str]:
 
 
 def stamps(log: str) -> list[tuple[float, str, str]]:
-    """``(time, point, request id)`` of every stamp line, in time order (``-``: no request id)."""
-    out = []
+    """``(time, point, request id)`` of every stamp line, in time order (``-``: no request id). A stamp
+    under another name of a request (an ``ALIAS <name> <request id>`` line: the talker engine's take key)
+    counts as the request's."""
+    out, alias = [], {}
     for line in log.splitlines():
         parts = line.split()
         if parts[:1] == ["STAMP"] and len(parts) >= 4:
             out.append((float(parts[1]), parts[3], parts[4] if len(parts) > 4 else "-"))
-    return sorted(out)
+        elif parts[:1] == ["ALIAS"] and len(parts) == 3:
+            alias[parts[1]] = parts[2]
+    return sorted((t, point, alias.get(rid, rid)) for t, point, rid in out)
 
 
 def requests(log: str, windows: Iterable[tuple[float, float]] = ()) -> dict[str, dict[str, float]]:

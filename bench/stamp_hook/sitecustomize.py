@@ -10,6 +10,12 @@ the codec's relay opens the talker (the reference and the engine's stream are re
 the open, its first text, and submits the request to its engine; the engine's first output reaches the
 talker's event loop; the talker sends its first frames; the codec takes them; the codec's engine hands out
 the first PCM; the gateway takes it. Points after the open are stamped once per request.
+
+Inside the talker's engine (its thread; ``ENGINE_POINTS``, between ``talker.submit`` and ``talker.output``):
+the engine takes the submit, has prepared the prompt, admits the request into a slot, launches its prefill,
+has launched its first frame step, and begins collecting it. Host times: the kernels run later, so a wait
+for the GPU shows in the last hop, ``talker.collect -> talker.output``. The engine knows a request by its
+take's key (``<stream key>.<take>``): the talker's submit writes ``ALIAS <take key> <request id>`` first.
 """
 
 from __future__ import annotations
@@ -28,7 +34,11 @@ POINTS = (
     "gateway.open", "codec.open", "codec.relay_open", "talker.open", "talker.text", "talker.submit",
     "talker.output", "talker.send", "codec.frames", "codec.pcm", "gateway.pcm",
 )  # fmt: skip
+ENGINE_POINTS = (
+    "talker.engine", "talker.prepared", "talker.admit", "talker.prefill", "talker.launch", "talker.collect",
+)  # fmt: skip
 Rid = Callable[[Any, tuple[Any, ...]], str]
+Rids = Callable[[tuple[Any, ...]], list[str]]
 
 
 def _stamp(point: str, rid: str) -> None:
@@ -77,6 +87,44 @@ def _patch(cls: type, name: str, point: str, rid: Rid = _own, once: bool = True)
         setattr(cls, name, wrapped)
 
 
+def _patch_engine(cls: type, name: str, point: str, rids: Rids, after: bool = False) -> None:
+    """Stamp ``point`` on entry to ``cls.name`` (with ``after``: on its return, ``rids`` then reading the
+    result) for each request its arguments name, the first time only."""
+    orig = getattr(cls, name)
+    seen: set[str] = set()
+
+    def mark(names: list[str]) -> None:
+        for rid in names:
+            if rid not in seen:
+                seen.add(rid)
+                _stamp(point, rid)
+
+    @functools.wraps(orig)
+    def wrapped(self: Any, *a: Any, **k: Any) -> Any:
+        if not after:
+            mark(rids(a))
+            return orig(self, *a, **k)
+        out = orig(self, *a, **k)
+        mark(rids((out,)))
+        return out
+
+    setattr(cls, name, wrapped)
+
+
+def _seq_rids(seqs: Any) -> list[str]:
+    return [str(s.request.request_id) for s in seqs if s is not None]
+
+
+def _talker_engine(m: Any) -> None:
+    e = m.TalkerEngine
+    _patch_engine(e, "submit", "talker.engine", lambda a: [str(a[0].request_id)])
+    _patch_engine(e, "_check_fits", "talker.prepared", lambda a: _seq_rids(a[:1]))
+    _patch_engine(e, "_feed_text", "talker.admit", lambda a: _seq_rids(a[:1]))
+    _patch_engine(e, "_prefill_chunks", "talker.prefill", lambda a: _seq_rids(a[0]))
+    _patch_engine(e, "_launch", "talker.launch", lambda a: _seq_rids(a[0][1]) if a[0] else [], after=True)
+    _patch_engine(e, "_collect", "talker.collect", lambda a: _seq_rids(a[0][1]))
+
+
 def _gateway(m: Any) -> None:
     _patch(m.CodecStream, "open", "gateway.open", _opened, once=False)
     _patch(m.CodecStream, "_pcm", "gateway.pcm")
@@ -92,7 +140,22 @@ def _codec_relay(m: Any) -> None:
     _patch(m.TalkerRelay, "open", "codec.relay_open", _opened, once=False)
 
 
+def _alias_takes(cls: type) -> None:
+    """The engine's name of each take a stream starts (``TalkerStream._start`` names it so), as an alias."""
+    orig = cls._start
+
+    @functools.wraps(orig)
+    async def wrapped(self: Any, *a: Any, **k: Any) -> Any:
+        rid = _own(self, a)
+        if rid:
+            sys.stderr.write(f"ALIAS {self.key}.{len(self.by_key)} {rid}\n")
+        return await orig(self, *a, **k)
+
+    cls._start = wrapped
+
+
 def _talker(m: Any) -> None:
+    _alias_takes(m.TalkerStream)
     _patch(m.TalkerStream, "_open", "talker.open", _opened, once=False)
     _patch(m.TalkerStream, "_text", "talker.text")
     _patch(m.TalkerStream, "_start", "talker.submit")
@@ -105,6 +168,7 @@ PATCH: dict[str, Callable[[Any], None]] = {
     "services.codec.stream": _codec_stream,
     "services.codec.relay": _codec_relay,
     "services.talker.stream": _talker,
+    "services.talker.engine": _talker_engine,
 }
 
 

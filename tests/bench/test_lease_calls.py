@@ -7,6 +7,7 @@ from __future__ import annotations
 import re
 import shlex
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -43,3 +44,14 @@ def test_every_override_is_taken_by_a_seed(override: str) -> None:
         except ConfigError as exc:
             errors.append(f"{seed.name}: {exc}")
     pytest.fail(f"{override}: no seed takes it:\n" + "\n".join(errors))
+
+
+def test_the_pageable_hook_replaces_the_codec_launchs_copy() -> None:
+    """Call ``g``'s A/B arm: with ``bench/pageable_hook`` first on the path, the codec engine's ``to_device``
+    is the pageable copy (the hook's, not ``voxstage.host_copy``'s)."""
+    code = "import services.codec.engine as e; print(e.to_device.__module__, e.to_device.__name__)"
+    env = {"PYTHONPATH": f"{REPO / 'bench' / 'pageable_hook'}:{REPO}", "PATH": "/usr/bin:/bin"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, cwd=REPO, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["sitecustomize", "pageable_to_device"]
+    assert "copies from pageable memory" in out.stderr

@@ -32,6 +32,13 @@ def test_requests_keep_each_points_first_stamp_and_only_their_windows() -> None:
     assert set(stamps.requests(LOG, [(19.0, 21.0)])) == {"b"}
 
 
+def test_a_stamp_under_an_alias_is_its_requests() -> None:
+    log = LOG + "ALIAS ts7.0 b\nSTAMP 20.004 3 talker.engine ts7.0\nSTAMP 20.005 3 talker.engine ts9.0\n"
+    reqs = stamps.requests(log)
+    assert reqs["b"]["talker.engine"] == pytest.approx(20.004)  # the engine's name for b
+    assert "ts9.0" not in reqs and "talker.engine" not in reqs["a"]
+
+
 def test_the_summary_orders_hops_and_leaves_out_requests_cut_short() -> None:
     got = stamps.summary(stamps.requests(LOG))
     assert got["requests"] == 2  # c never reached talker.open or gateway.pcm

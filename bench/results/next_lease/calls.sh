@@ -17,7 +17,7 @@
 # After the lease: unpack into bench/results/h200_<date>_<session>/, pack (python -m bench.pack_results),
 # write docs/benchmarks.md (naming this script's commit), and queue the next calls here.
 set -u
-CALL=${1:?usage: bench/results/next_lease/calls.sh a|b|c|d|e|f|x2 MODEL LAYOUT}
+CALL=${1:?usage: bench/results/next_lease/calls.sh a|b|c|d|e|f|g|x2 MODEL LAYOUT}
 : "${OUT:?OUT: the folder that comes back}"
 R=/tmp/r; mkdir -p $R
 bash bench/run_gpu.sh --install-only > $R/install.log 2>&1
@@ -61,6 +61,18 @@ b)  # issue 28: the paced closed search from 128, first chunks leading (today's 
       --closed-start 128 "${PACE[@]}"
     part q3_paced_yield 270 bash bench/run_gpu.sh $R/q3_paced_yield "${Q3[@]}" \
       --phases closed --closed-start 128 "${PACE[@]}" --set stages.1.codec_first_chunks=yield
+    ;;
+g)  # issue 28: the paced closed search from 128 with the codec's tick launch copying from pageable memory
+    # (bench/pageable_hook, as before voxstage.host_copy) and through pinned memory (today's), back to back;
+    # issue 30: a clone's first audio hop by hop again, now with the talker engine's own points
+    part q3_paced_pageable 200 env VX_HOOK="$PWD/bench/pageable_hook" bash bench/run_gpu.sh \
+      $R/q3_paced_pageable "${Q3[@]}" --phases closed --closed-start 128 "${PACE[@]}"
+    part q3_paced_pinned 200 bash bench/run_gpu.sh $R/q3_paced_pinned "${Q3[@]}" --phases closed \
+      --closed-start 128 "${PACE[@]}"
+    part voice 180 python3 -m bench.voice_library --out $R/voice --model qwen3-tts-0.6b-base \
+      --builtin-model qwen3-tts-0.6b --device cuda --rate 1 --duration 24 --rounds 4 --frames 50 \
+      --clip-seconds 10 --warmup-requests 3 --arms uploaded,builtin --stamps
+    rm -rf $R/voice/voices_*
     ;;
 c)  # issue 28: the openai face paced from 128 (first chunks yielding), unpaced gRPC from 64 (py-spy)
     part q3_openai 270 bash bench/run_gpu.sh $R/q3_openai "${Q3[@]}" --phases openai \
