@@ -57,9 +57,14 @@ def requests(log: str, windows: Iterable[tuple[float, float]] = ()) -> dict[str,
 
 def summary(reqs: dict[str, dict[str, float]]) -> dict[str, Any]:
     """Each point's time after ``gateway.open`` and each hop between consecutive points, ms, over the
-    requests that reached every point any of them reached (a request cut short would skew the hops)."""
-    seen = {p for r in reqs.values() for p in r}
-    full = [r for r in reqs.values() if set(r) == seen and START in r]
+    requests that reached every point most of them reached (a request cut short would skew the hops; a
+    point most requests pass by, such as the prefill of a prompt the prefix cache holds, is left out)."""
+    counts: dict[str, int] = {}
+    for r in reqs.values():
+        for p in r:
+            counts[p] = counts.get(p, 0) + 1
+    seen = {p for p, n in counts.items() if 2 * n > len(reqs)}
+    full = [{p: r[p] for p in seen} for r in reqs.values() if seen <= set(r) and START in r]
     if not full:
         return {"requests": 0}
     after = {p: [1e3 * (r[p] - r[START]) for r in full] for p in seen}

@@ -60,6 +60,11 @@ class PreparedPrompt(Protocol):
 class TalkerAdapter(Protocol):
     num_groups: int
     codebook_size: int  # every emitted code lies in [0, codebook_size) (EOS rows carry no codes)
+    # True: the adapter's prefill can take a prompt's last position too and keep its hidden state, so the
+    # slot's first frame step need not run the backbone for it. The engine then prefills the last
+    # position whenever a prefill runs anyway (a prompt the prefix cache covers but for its last position
+    # still starts from a frame step alone).
+    prefills_last_position: bool = False
 
     def kv_bytes_per_token(self) -> int: ...
 
@@ -88,7 +93,8 @@ class TalkerAdapter(Protocol):
         ...
 
     def start_decode(self, slot: int, prepared: PreparedPrompt) -> None:
-        """The prompt's last position becomes the slot's first decode input."""
+        """The prompt's last position becomes the slot's first decode input (or, where the prefill took
+        that position too, ``prefills_last_position``, its hidden state the first step's)."""
         ...
 
     def launch(self, active: Sequence[bool], attn_len: int) -> object:

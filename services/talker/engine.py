@@ -11,9 +11,10 @@ the last used slot moves into the hole.
 
 Per tick: apply admissions (a request that cannot fit ``max_model_len`` is rejected at submit, never
 truncated), spend the ``max_num_batched_tokens`` budget on prefill chunks (oldest first), then one frame
-step for every slot in decode. A prompt's last position is not prefilled: it becomes the slot's first
-decode input, so every frame, including the first, comes from the same frame step. Under load the frame
-steps may be paced (``EngineConfig.pacing``, services/talker/pacing.py): spaced, and far-ahead streams held.
+step for every slot in decode. A prompt's last position is the slot's first decode input; an adapter
+that keeps the prefill's hidden state (``prefills_last_position``) prefills it too when a prefill runs
+anyway, and the first frame step then needs no backbone pass for that row. Under load the frame steps may
+be paced (``EngineConfig.pacing``, services/talker/pacing.py): spaced, and far-ahead streams held.
 
 A failure belongs to its request: before each call into the adapter the engine notes which requests that
 call works on (``_working``); when a tick raises, ``recover`` ends exactly those (``Finish.ERROR``, slot
@@ -59,6 +60,7 @@ class _Seq:
     slot: int = -1
     phase: _Phase = _Phase.PREFILL
     prefilled: int = 0  # prompt positions already in the KV cache
+    prefill_last: bool = False  # the prefill takes the last position too (``prefills_last_position``)
     frames: int = 0  # frames delivered
     launched: int = 0  # frame steps launched (frames + those in flight)
     done: bool = False
@@ -68,7 +70,9 @@ class _Seq:
 
     @property
     def prefill_target(self) -> int:
-        return self.prepared.length - 1  # the last position is the first decode input
+        # The last position is the first decode input; an adapter that keeps the prefill's hidden state
+        # takes it in the prefill instead, when there is one to run (its first step then skips the backbone).
+        return self.prepared.length - (0 if self.prefill_last else 1)
 
     @property
     def position(self) -> int:
@@ -278,6 +282,9 @@ class TalkerEngine(Steppable[TalkerOutput]):
                     self.prefix_hits += 1
                     self.prefill_tokens_saved += reused
                     metrics.PREFILL_TOKENS.labels(source="prefix_cache").inc(reused)
+            # Decided once the prefix is in: a prompt the cache covers but for its last position has no
+            # prefill to fold that position into, and starts from a whole frame step as before.
+            seq.prefill_last = self.adapter.prefills_last_position and seq.prefilled < seq.prefill_target
         self._working = []
 
     def _prefill(self) -> None:

@@ -47,17 +47,35 @@ class PackedDecodeAdapter(TalkerAdapter):
         """Every value ``variant`` can return (each is a graph of its own per bucket)."""
         return [()]
 
+    def decode_key(self, b: int, length: int, variant: tuple[int, ...]) -> tuple[int, ...] | None:
+        """The graph key of a step of batch bucket ``b`` over context bucket ``length`` in ``variant``; a
+        family may fold buckets a variant does not read into one, or say None: never launched."""
+        return (b, length, *variant)
+
     def step_io(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The frame step's device tensors: ``active [slots]`` (its input mask), ``codes [slots, G]`` and
         ``eos [slots]`` (its outputs)."""
         raise NotImplementedError
 
-    def allocate_launch(self, model: PrefillModel, kv: KVPoolLike, num_slots: int, max_len: int) -> None:
-        """The launch ring and the prefill runner over ``kv``, once the slots' device state exists."""
+    def allocate_launch(
+        self,
+        model: PrefillModel,
+        kv: KVPoolLike,
+        num_slots: int,
+        max_len: int,
+        last_out: torch.Tensor | None = None,
+    ) -> None:
+        """The launch ring and the prefill runner over ``kv``, once the slots' device state exists
+        (``last_out``: ``Prefill``'s, for an adapter with ``prefills_last_position``)."""
         self.num_slots, self.max_len = num_slots, max_len
         self.host = HostRing(num_slots, self.num_groups, self.device)
         self.prefill_runner = Prefill(
-            model, kv, max_len=max_len, min_attn_bucket=self.min_attn_bucket, dtype=self.dtype
+            model,
+            kv,
+            max_len=max_len,
+            min_attn_bucket=self.min_attn_bucket,
+            dtype=self.dtype,
+            last_out=last_out,
         )
         if self.graphs is not None:  # graphs were enabled before the slots existed (the stage's order)
             self.prefill_runner.enable_cuda_graphs()
@@ -72,7 +90,8 @@ class PackedDecodeAdapter(TalkerAdapter):
         # Host buffers come from a pinned ring: with async scheduling two steps can be outstanding, and a
         # pinned buffer must not be rewritten before the device has used it.
         self.host.upload_active(active, mask[:b])
-        key = (b, length, *self.variant(active))
+        key = self.decode_key(b, length, self.variant(active))
+        assert key is not None  # ``variant`` never picks an unlaunched key
         if self.graphs is not None:
             self.graphs.run(*key)
         else:
@@ -105,7 +124,8 @@ class PackedDecodeAdapter(TalkerAdapter):
         """Every (batch, context, *variant) decode key and (rows, length, context) prefill key the engine
         can reach."""
         buckets = decode_graph_keys(self.num_slots, self.max_len, self.min_attn_bucket)
-        decode = [(*k, *v) for k in buckets for v in self.variants()]
+        keys = (self.decode_key(b, c, v) for b, c in buckets for v in self.variants())
+        decode = list(dict.fromkeys(k for k in keys if k is not None))
         return decode, self.prefill_runner.graph_keys()
 
     def capture_all_graphs(self, variants: list[tuple[int, ...]] | None = None) -> int:

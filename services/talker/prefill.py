@@ -38,7 +38,8 @@ class KVPoolLike(Protocol):
 
 class PrefillModel(Protocol):
     """A backbone over input embeddings: ``model(x [B, T, H], positions [B, T], pool, slot_ids [B],
-    attn_len)`` writes the rows' K/V into their slots (the output is not used here)."""
+    attn_len)`` writes the rows' K/V into their slots and returns their hidden states ``[B, T, H]`` (kept
+    only at each row's last position, and only with ``last_out``)."""
 
     @property
     def hidden_size(self) -> int: ...
@@ -75,9 +76,12 @@ class Prefill:
         max_len: int,
         min_attn_bucket: int,
         dtype: torch.dtype | None = None,
+        last_out: torch.Tensor | None = None,
     ) -> None:
-        """``dtype``: the activations' (the model's); the pool's when None, which an fp8 pool is not."""
-        self.model, self.kv = model, kv
+        """``dtype``: the activations' (the model's); the pool's when None, which an fp8 pool is not.
+        ``last_out [slots, hidden]``: where each chunk's output at its last position goes, by slot (what a
+        slot's first frame step takes when the prefill ran its prompt's last position)."""
+        self.model, self.kv, self.last_out = model, kv, last_out
         self.max_len, self.min_attn_bucket = max_len, min_attn_bucket
         self.max_tokens = MAX_TOKENS  # rows x padded length of one graphed forward
         self.max_length = min(max_len, MAX_LENGTH)  # padded length of one row
@@ -86,6 +90,8 @@ class Prefill:
         self._pos = torch.zeros(MAX_ROWS, self.max_length, device=dev, dtype=torch.int64)
         self._steps = torch.arange(self.max_length, device=dev, dtype=torch.int64)
         self._slots = torch.zeros(MAX_ROWS, device=dev, dtype=torch.int64)
+        self._lasts = torch.zeros(MAX_ROWS, device=dev, dtype=torch.int64)  # each row's last real position
+        self._rows = torch.arange(MAX_ROWS, device=dev)
         self.padded = True  # a test turns padding off to check that it changes nothing in fp32
         self.graphs: GraphCache | None = None
         self.forwards = 0  # forwards run, for tests and benchmarks
@@ -140,7 +146,10 @@ class Prefill:
             self._x[i, n:t].zero_()
             torch.add(self._steps[:t], c.start, out=self._pos[i, :t])
         slots = [c.slot for c in group] + [group[0].slot] * (rows - len(group))
-        self._slots[:rows].copy_(upload(slots, self._slots.device), non_blocking=True)
+        lasts = [c.embeds.shape[0] - 1 for c in group] + [group[0].embeds.shape[0] - 1] * (rows - len(group))
+        both = upload(slots + lasts, self._slots.device)  # one copy up for the two tables
+        self._slots[:rows].copy_(both[:rows], non_blocking=True)
+        self._lasts[:rows].copy_(both[rows:], non_blocking=True)
         context = self.context_bucket(max(c.start for c in group) + t)
         if self.graphs is not None:
             self.graphs.run(rows, t, context)
@@ -151,9 +160,13 @@ class Prefill:
     def _run_exact(self, c: PrefillChunk) -> None:
         positions = torch.arange(c.start, c.end, device=self._pos.device).unsqueeze(0)
         slot_ids = upload([c.slot], self._pos.device)
-        self.model(c.embeds.unsqueeze(0), positions, self.kv, slot_ids, c.end)
+        h = self.model(c.embeds.unsqueeze(0), positions, self.kv, slot_ids, c.end)
+        if self.last_out is not None:
+            self.last_out[c.slot] = h[0, -1]
         self.forwards += 1
 
     def core(self, rows: int, t: int, attn_len: int) -> None:
         """The captured forward: ``rows`` chunks of ``t`` tokens (zero-padded) into slots ``_slots``."""
-        self.model(self._x[:rows, :t], self._pos[:rows, :t], self.kv, self._slots[:rows], attn_len)
+        h = self.model(self._x[:rows, :t], self._pos[:rows, :t], self.kv, self._slots[:rows], attn_len)
+        if self.last_out is not None:  # padding rows repeat row 0: the same slot gets the same values
+            self.last_out.index_copy_(0, self._slots[:rows], h[self._rows[:rows], self._lasts[:rows]])

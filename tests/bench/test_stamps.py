@@ -39,6 +39,12 @@ def test_a_stamp_under_an_alias_is_its_requests() -> None:
     assert "ts9.0" not in reqs and "talker.engine" not in reqs["a"]
 
 
+def test_a_point_most_requests_pass_by_is_left_out() -> None:
+    log = LOG + "STAMP 10.004 3 talker.prefill a\n"  # one of three requests prefilled
+    got = stamps.summary(stamps.requests(log))
+    assert got["requests"] == 2 and "talker.prefill" not in got["after_open_ms"]
+
+
 def test_the_summary_orders_hops_and_leaves_out_requests_cut_short() -> None:
     got = stamps.summary(stamps.requests(LOG))
     assert got["requests"] == 2  # c never reached talker.open or gateway.pcm

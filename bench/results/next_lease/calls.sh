@@ -17,7 +17,7 @@
 # After the lease: unpack into bench/results/h200_<date>_<session>/, pack (python -m bench.pack_results),
 # write docs/benchmarks.md (naming this script's commit), and queue the next calls here.
 set -u
-CALL=${1:?usage: bench/results/next_lease/calls.sh a|b|c|d|e|f|g|x2 MODEL LAYOUT}
+CALL=${1:?usage: bench/results/next_lease/calls.sh a|b|c|d|e|f|g|h|x2 MODEL LAYOUT}
 : "${OUT:?OUT: the folder that comes back}"
 R=/tmp/r; mkdir -p $R
 bash bench/run_gpu.sh --install-only > $R/install.log 2>&1
@@ -73,6 +73,17 @@ g)  # issue 28: the paced closed search from 128 with the codec's tick launch co
       --builtin-model qwen3-tts-0.6b --device cuda --rate 1 --duration 24 --rounds 4 --frames 50 \
       --clip-seconds 10 --warmup-requests 3 --arms uploaded,builtin --stamps
     rm -rf $R/voice/voices_*
+    ;;
+h)  # issue 30: a first frame from the prefill's hidden state (the clone's prompt prefills anyway; its first
+    # step then skips the backbone): the CUDA graph and no-sync tests, the clone's first audio hop by hop
+    # against the built-in voice's, and issue 28's latency aims (TTFA at 1 req/s, c=1 RTF) after the change
+    part gputests 120 python3 -m pytest -q -m gpu tests/gpu/test_cuda_graphs.py tests/gpu/test_no_host_syncs.py \
+      tests/unit/talker/test_qwen3_tts_talker_cuda.py
+    part voice 210 python3 -m bench.voice_library --out $R/voice --model qwen3-tts-0.6b-base \
+      --builtin-model qwen3-tts-0.6b --device cuda --rate 1 --duration 32 --rounds 4 --frames 50 \
+      --clip-seconds 10 --warmup-requests 3 --arms uploaded,uploaded_xvector,builtin --stamps
+    rm -rf $R/voice/voices_*
+    part q3_latency 200 bash bench/run_gpu.sh $R/q3_latency "${Q3[@]}" --phases latency,report
     ;;
 c)  # issue 28: the openai face paced from 128 (first chunks yielding), unpaced gRPC from 64 (py-spy)
     part q3_openai 270 bash bench/run_gpu.sh $R/q3_openai "${Q3[@]}" --phases openai \

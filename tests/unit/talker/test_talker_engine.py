@@ -256,8 +256,11 @@ def test_startup_capture_covers_every_key_the_engine_can_use(
     for n in range(1, 7):
         for attn in range(1, 301):
             for sampler in Sampler:
-                assert (bucket(n, 6), bucket(attn, 300, adapter.min_attn_bucket), sampler) in decode
-    assert len(decode) == 4 * 4 * 3  # (1, 2, 4, 6) x (64, 128, 256, 300) x the sampler variants
+                assert (bucket(n, 6), bucket(attn, 300, adapter.min_attn_bucket), sampler, 0) in decode
+                # A head-only step (rows starting from their prefill's hidden state) reads no context.
+                assert (bucket(n, 6), adapter.min_attn_bucket, sampler, 1) in decode
+    # (1, 2, 4, 6) x (64, 128, 256, 300) x the sampler variants, and head-only (1, 2, 4, 6) x the samplers
+    assert len(decode) == 4 * 4 * 3 + 4 * 3
     # Every padded forward the prefill runs (random ticks of up to 6 chunks) uses a key in the list.
     runner = adapter.prefill_runner
     used: list[tuple[int, int, int]] = []
@@ -286,18 +289,48 @@ def test_each_step_takes_the_sampler_variant_of_its_active_rows(
     used: list[tuple[int, int, int]] = []
     core = adapter.decode_core
 
-    def record(b: int, attn_len: int, sampler: int = Sampler.FULL) -> None:
-        used.append((b, attn_len, sampler))
-        core(b, attn_len, sampler)
+    def record(b: int, attn_len: int, sampler: int = Sampler.FULL, head_only: int = 0) -> None:
+        used.append((b, attn_len, sampler, head_only))
+        core(b, attn_len, sampler, head_only)
 
     adapter.decode_core = record  # type: ignore[method-assign]
     nucleus = SamplingParams(temperature=0.9, top_k=50, top_p=0.9)
     # A greedy request alone, then a top-k one joins, then a top-p one: each step's variant is the least
     # specialised of the rows it runs.
     drive(engine, [request(0, GREEDY, 12), request(1, SAMPLED, 6), request(2, nucleus, 3)], stagger=4)
-    variants = [v for _, _, v in used]
+    variants = [v for _, _, v, _ in used]
     assert variants[0] == Sampler.GREEDY and {Sampler.TOP_K, Sampler.FULL} <= set(variants)
     assert set(used) <= set(adapter.graph_keys()[0])
+
+
+@pytest.mark.parametrize("sampling", [GREEDY, SAMPLED], ids=["greedy", "sampled"])
+def test_a_first_frame_from_its_prefills_hidden_state_equals_a_whole_steps(
+    tiny_custom_voice: Qwen3TTSTalker, tiny_tokenizer: QwenTextTokenizer, sampling: SamplingParams
+) -> None:
+    """The prefill takes a prompt's last position too, and a step whose rows all start there skips the
+    backbone (``head_only``): the frames are those of the old way (the last position run by the first
+    step), in fp32, for lone requests and for one joining a running one (that step runs whole)."""
+    reqs = [request(0, sampling, 10), request(1, sampling, 8), request(2, sampling, 6)]
+    outs, steps = [], []
+    for fold in (False, True):
+        engine = make_engine(tiny_custom_voice, tiny_tokenizer, 3, max_num_batched_tokens=512)
+        adapter = engine.adapter
+        assert isinstance(adapter, Qwen3TTSAdapter)
+        adapter.prefills_last_position = fold
+        used: list[int] = []
+        core = adapter.decode_core
+
+        def record(b: int, attn_len: int, sampler: int = Sampler.FULL, head_only: int = 0) -> None:
+            used.append(head_only)  # noqa: B023 - each pass records into its own list
+            core(b, attn_len, sampler, head_only)  # noqa: B023
+
+        adapter.decode_core = record  # type: ignore[method-assign]
+        outs.append(drive(engine, reqs, stagger=3))
+        steps.append(used)
+    assert_same_frames(outs[0], outs[1], reqs)
+    assert sum(steps[0]) == 0
+    assert steps[1].count(1) >= 1  # the first request's first step, alone
+    assert len(steps[1]) == len(steps[0])
 
 
 def test_one_tick_of_arrivals_prefills_in_one_forward_with_the_same_codes(

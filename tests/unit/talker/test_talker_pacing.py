@@ -45,7 +45,7 @@ def engine(
 ) -> TalkerEngine:
     pacing = Pacing(min_step_interval_s=interval, ahead_s=ahead_s, ride_s=ride_s, from_streams=from_streams)
     cfg = EngineConfig(
-        max_num_seqs=4, max_model_len=192, max_num_batched_tokens=64, async_scheduling=True, pacing=pacing
+        max_num_seqs=4, max_model_len=192, max_num_batched_tokens=128, async_scheduling=True, pacing=pacing
     )
     return TalkerEngine(Qwen3TTSAdapter(model, tok), cfg)
 

@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from services.talker.kv import kv_cache_fp8
+from services.talker.launch import Pending
 from services.talker.packed import PackedDecodeAdapter
 from services.talker.sampling import Sampler, SamplingParams
 from services.talker.slot_writes import IMMEDIATE, ImmediateWrites, SlotWrites
@@ -197,7 +198,15 @@ class _PrefixEntry:
         return 2 * self.k.numel() * self.k.element_size()
 
 
+# A step whose active rows all start from a prefill's hidden state skips the backbone (``decode_core``'s
+# ``head_only``); graphed for batch buckets up to this many rows (a lone new request at low load), beyond
+# which a step runs whole: its new rows are then recomputed at their last prompt position.
+HEAD_ONLY_ROWS = 8
+
+
 class Qwen3TTSAdapter(PackedDecodeAdapter):
+    prefills_last_position = True
+
     def __init__(
         self,
         model: Qwen3TTSTalker,
@@ -244,7 +253,12 @@ class Qwen3TTSAdapter(PackedDecodeAdapter):
         self.eos_out = torch.zeros(num_slots, device=dev, dtype=torch.bool)
         # Host copy of each slot's sampler variant (talker and code predictor alike): picks a step's graph.
         self.samplers = [Sampler.GREEDY] * num_slots
-        self.allocate_launch(m, self.kv, num_slots, max_len)
+        # The prefill's hidden state at a prompt's last position, per slot, and (host) which slots' first
+        # step may take it: their prefill ran that position (``prefills_last_position``).
+        self.first_h = torch.zeros(num_slots, m.hidden_size, device=dev, dtype=self.dtype)
+        self.first_ready = [False] * num_slots
+        self._prefilled_to = [0] * num_slots
+        self.allocate_launch(m, self.kv, num_slots, max_len, self.first_h)
 
     def prepare(self, spec: SpeechSpec) -> QwenPrepared:
         return QwenPrepared(self, spec)
@@ -280,6 +294,8 @@ class Qwen3TTSAdapter(PackedDecodeAdapter):
             min_new_tokens=min_frames, writes=self._writes,
         )  # fmt: skip
         self.samplers[slot] = Sampler.for_params((sampling, subtalker))
+        self.first_ready[slot] = False
+        self._prefilled_to[slot] = 0
         self._writes.put(self.positions, slot, 0)
 
     def append_text(self, slot: int, queued: int, ids: Sequence[int], complete: bool) -> None:
@@ -309,11 +325,14 @@ class Qwen3TTSAdapter(PackedDecodeAdapter):
         for slot, _, start, n in chunks:
             # Parking position: a masked decode row writes its junk K/V here, which the next chunk overwrites.
             self._writes.put(self.positions, slot, start + n)
+            self._prefilled_to[slot] = start + n
 
     def start_decode(self, slot: int, prepared: QwenPrepared) -> None:
         assert prepared.prompt is not None
         self.next_input[slot] = prepared.prompt.prefill_embeds[-1].to(self.dtype)
         self._writes.put(self.positions, slot, prepared.length - 1)
+        # The prefill ran the last position: its hidden state (``first_h``) is the first step's.
+        self.first_ready[slot] = self._prefilled_to[slot] == prepared.length
 
     # -- the tick (launch, collect and CUDA graphs: ``PackedDecodeAdapter``) ---------------------------------
     def step_io(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -321,25 +340,47 @@ class Qwen3TTSAdapter(PackedDecodeAdapter):
 
     def variant(self, active: Sequence[bool]) -> tuple[int, ...]:
         # Only active rows count: an inactive row's codes are dropped and its slot state restored below.
-        return (int(min((self.samplers[i] for i, a in enumerate(active) if a), default=Sampler.GREEDY)),)
+        rows = [i for i, a in enumerate(active) if a]
+        sampler = int(min((self.samplers[i] for i in rows), default=Sampler.GREEDY))
+        head_only = len(active) <= HEAD_ONLY_ROWS and bool(rows) and all(self.first_ready[i] for i in rows)
+        return (sampler, int(head_only))
 
     def variants(self) -> list[tuple[int, ...]]:
-        return [(int(v),) for v in Sampler]
+        return [(int(v), head_only) for v in Sampler for head_only in (0, 1)]
+
+    def decode_key(self, b: int, length: int, variant: tuple[int, ...]) -> tuple[int, ...] | None:
+        if not variant[1]:
+            return (b, length, *variant)
+        # A head-only step reads no context: one graph per batch bucket, and none past HEAD_ONLY_ROWS.
+        return (b, self.min_attn_bucket, *variant) if b <= HEAD_ONLY_ROWS else None
+
+    def launch(self, active: Sequence[bool], attn_len: int) -> Pending:
+        handle = super().launch(active, attn_len)
+        for i, a in enumerate(active):
+            if a:
+                self.first_ready[i] = False  # its first step is under way, whichever graph runs it
+        return handle
 
     def set_prefix_cache(self, max_bytes: int) -> None:
         self.prefix_cache_bytes = max_bytes
 
     def graph_variants(self, sampling: SamplingParams, subtalker: SamplingParams) -> list[Any] | None:
         """The variant requests with these settings decode with (the deploy default's, captured first)."""
-        return [(int(Sampler.for_params((sampling, subtalker))),)]
+        sampler = int(Sampler.for_params((sampling, subtalker)))
+        return [(sampler, 0), (sampler, 1)]
 
-    def decode_core(self, b: int, attn_len: int, sampler: int = Sampler.FULL) -> None:
-        """The captured unit: static shapes for a given (b, attn_len, sampler variant), no host syncs."""
+    def decode_core(self, b: int, attn_len: int, sampler: int = Sampler.FULL, head_only: int = 0) -> None:
+        """The captured unit: static shapes for a given (b, attn_len, sampler variant), no host syncs.
+        ``head_only``: every active row's hidden state is its prefill's (``first_h``), whose K/V at this
+        position the prefill wrote: the backbone does not run."""
         st = self.state
         active = self.active[:b]
         x = self.next_input[:b].unsqueeze(1)
         pos = self.positions[:b]
-        h = self.model(x, pos.unsqueeze(1), self.kv, None, attn_len)[:, 0]
+        if head_only:
+            h = self.first_h[:b]
+        else:
+            h = self.model(x, pos.unsqueeze(1), self.kv, None, attn_len)[:, 0]
         frames_before = st.frames[:b].clone()
         seen_before = st.seen_c0[:b].clone()
         variant = Sampler(sampler)
@@ -354,9 +395,10 @@ class Qwen3TTSAdapter(PackedDecodeAdapter):
     @torch.inference_mode()
     def move_slot(self, src: int, dst: int, kv_len: int) -> None:
         self.kv.copy_slot(src, dst, kv_len)
-        for t in (self.next_input, self.positions):
+        for t in (self.next_input, self.positions, self.first_h):
             t[dst] = t[src]
         self.samplers[dst] = self.samplers[src]
+        self.first_ready[dst], self._prefilled_to[dst] = self.first_ready[src], self._prefilled_to[src]
         st = self.state
         for t in (st.seen_c0, st.frames, st.seed, st.min_new_tokens, st.text_ids, st.text_len, st.text_done):
             t[dst] = t[src]
