@@ -166,7 +166,7 @@ def talker_setting(run: Run, adapter: Any, chunks: list[Any], b: int, ctx: int, 
     arm_slots(adapter, chunks, b, SAMPLERS[sampler])
     active = [True] * b
     variant = adapter.variant(active)
-    if variant != (int(Sampler[sampler.upper()]),):
+    if variant != (int(Sampler[sampler.upper()]), 0):  # (sampler, head_only): a whole step
         raise RuntimeError(f"slots armed for {sampler} decode as variant {variant}")
     # Every call advances each slot by one position; all of them must stay inside the context bucket.
     room = ctx - 1 - max(c[1].length for c in chunks[:b]) - run.warmup - 2 * run.calls  # 2: eager fallback

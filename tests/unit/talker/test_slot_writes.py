@@ -56,19 +56,32 @@ def test_gathered_writes_leave_the_state_the_immediate_ones_leave() -> None:
 
 
 def test_flush_makes_one_indexed_write_per_tensor(monkeypatch: pytest.MonkeyPatch) -> None:
+    from services.talker import slot_writes
+
     calls: list[tuple[int, ...]] = []
+    uploads: list[torch.dtype] = []
     index_put = torch.Tensor.index_put_
+    to_device = slot_writes.to_device
 
     def counted(self: torch.Tensor, *a: object, **k: object) -> torch.Tensor:
         calls.append(tuple(self.shape))
         return index_put(self, *a, **k)  # type: ignore[arg-type]
 
+    def counted_upload(host: torch.Tensor, device: torch.device) -> torch.Tensor:
+        uploads.append(host.dtype)
+        return to_device(host, device)
+
     monkeypatch.setattr(torch.Tensor, "index_put_", counted)
+    monkeypatch.setattr(slot_writes, "to_device", counted_upload)
+    monkeypatch.setattr(slot_writes, "upload", lambda v, d: counted_upload(torch.tensor(v), d))
     t = tensors()
     writes = SlotWrites()
     apply(writes, t)
     writes.flush()
     assert sorted(calls) == sorted(tuple(x.shape) for x in t.values())
+    # One upload of every place, one of the values of each dtype (bool, int64, float32), not two a tensor.
+    want = [torch.int64, torch.bool, torch.int64, torch.float32]
+    assert sorted(map(str, uploads)) == sorted(map(str, want))
 
 
 @pytest.mark.parametrize("sampling", [SAMPLED, GREEDY])
