@@ -169,4 +169,6 @@ class Prefill:
         """The captured forward: ``rows`` chunks of ``t`` tokens (zero-padded) into slots ``_slots``."""
         h = self.model(self._x[:rows, :t], self._pos[:rows, :t], self.kv, self._slots[:rows], attn_len)
         if self.last_out is not None:  # padding rows repeat row 0: the same slot gets the same values
-            self.last_out.index_copy_(0, self._slots[:rows], h[self._rows[:rows], self._lasts[:rows]])
+            # Clamped: a graph's warm-up and capture run on whatever the tables hold from an earlier call.
+            last = self._lasts[:rows].clamp(max=t - 1)
+            self.last_out.index_copy_(0, self._slots[:rows], h[self._rows[:rows], last])
