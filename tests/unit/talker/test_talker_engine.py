@@ -361,6 +361,25 @@ def test_graphs_enabled_before_the_slots_exist_reach_the_prefill(
     assert adapter.graphs is not None and adapter.prefill_runner.graphs is not None
 
 
+def test_a_prefill_forward_runs_on_the_tables_an_earlier_longer_chunk_left(
+    tiny_custom_voice: Qwen3TTSTalker, tiny_tokenizer: QwenTextTokenizer
+) -> None:
+    """A graph's warm-up and capture run the forward of a (rows, length) key on whatever the static tables
+    hold: after a 100-token chunk a 16-token key must still run (its last-position gather stays in the
+    chunk), and the real chunk's kept hidden state is its last position's."""
+    from services.talker.models.qwen3_tts.prefill import PrefillChunk
+
+    adapter = Qwen3TTSAdapter(tiny_custom_voice, tiny_tokenizer)
+    adapter.allocate(2, 256)
+    runner = adapter.prefill_runner
+    embeds = torch.randn(100, tiny_custom_voice.hidden_size)
+    runner.run([PrefillChunk(1, embeds, 0)])
+    kept = adapter.first_h[1].clone()
+    out = tiny_custom_voice(embeds.unsqueeze(0), torch.arange(100).unsqueeze(0), adapter.kv, None, 128)
+    torch.testing.assert_close(kept, out[0, -1].to(kept.dtype))
+    runner.core(1, 16, 64)  # as a capture of that key would, with the tables left at 100 tokens
+
+
 def test_a_follower_takes_the_freed_slot_ahead_of_the_queue(
     tiny_custom_voice: Qwen3TTSTalker, tiny_tokenizer: QwenTextTokenizer
 ) -> None:
