@@ -6,12 +6,11 @@
 #   run(command="export OUT; bash bench/results/next_lease/calls.sh a", carry=["build/bench_wheels"],
 #       timeout_s=600)
 #
-# `a` and `b` ran on 2026-12-05 (bench/results/h200_2026-12-05_twelfth/: the paced search fell to 64 from
-# the tenth session's 128, unexplained). First next time: an A/B of the codec's tick launch through pinned
-# memory against the pageable copy it replaced (a switch to add), in the paced search of `b`; then `e`,
-# then `c`, `d` and `f` on a later
-# lease (and, on an nvidia-h200-x2 lease, `x2 q3 one-gpu|split|pair-per-gpu` and `x2 pp one-gpu|split`,
-# issue 31).
+# `a` and `b` ran on 2026-12-05 (twelfth session), `g` and a first `h` the same day (thirteenth session,
+# bench/results/h200_2026-12-05_thirteenth/: the pinned codec launch is not what moved the paced search;
+# `h` stopped at a prefill graph capture, fixed since). First next time: `h` (a clone's first frame from its
+# prefill, issue 30, and the latency aims), then `e`, then `c`, `d` and `f` (and, on an nvidia-h200-x2
+# lease, `x2 q3 one-gpu|split|pair-per-gpu` and `x2 pp one-gpu|split`, issue 31).
 # Each call installs (bench/run_gpu.sh --install-only), runs its parts under their own timeouts, writes each
 # part's exit status to $OUT/rc.txt and its results, packed, to $OUT/<call>.tar.xz.
 # After the lease: unpack into bench/results/h200_<date>_<session>/, pack (python -m bench.pack_results),
