@@ -225,7 +225,6 @@ class Qwen3TTSAdapter(PackedDecodeAdapter):
         # step may take it: their prefill ran that position (``prefills_last_position``).
         self.first_h = torch.zeros(num_slots, m.hidden_size, device=dev, dtype=self.dtype)
         self.first_ready = [False] * num_slots
-        self._prefilled_to = [0] * num_slots
         self.allocate_launch(m, self.kv, num_slots, max_len, self.first_h)
 
     def prepare(self, spec: SpeechSpec) -> QwenPrepared:
@@ -263,7 +262,6 @@ class Qwen3TTSAdapter(PackedDecodeAdapter):
         )  # fmt: skip
         self.samplers[slot] = Sampler.for_params((sampling, subtalker))
         self.first_ready[slot] = False
-        self._prefilled_to[slot] = 0
         self._writes.put(self.positions, slot, 0)
 
     def append_text(self, slot: int, queued: int, ids: Sequence[int], complete: bool) -> None:
@@ -290,17 +288,16 @@ class Qwen3TTSAdapter(PackedDecodeAdapter):
             embeds = prepared.prompt.prefill_embeds[start : start + n].to(self.dtype)
             work.append(PrefillChunk(slot, embeds, start))
         self.prefill_runner.run(work)
-        for slot, _, start, n in chunks:
+        for slot, prepared, start, n in chunks:
             # Parking position: a masked decode row writes its junk K/V here, which the next chunk overwrites.
             self._writes.put(self.positions, slot, start + n)
-            self._prefilled_to[slot] = start + n
+            # The chunk ran the prompt's last position: its hidden state (``first_h``) is the first step's.
+            self.first_ready[slot] = start + n == prepared.length
 
     def start_decode(self, slot: int, prepared: QwenPrepared) -> None:
         assert prepared.prompt is not None
         self.next_input[slot] = prepared.prompt.prefill_embeds[-1].to(self.dtype)
         self._writes.put(self.positions, slot, prepared.length - 1)
-        # The prefill ran the last position: its hidden state (``first_h``) is the first step's.
-        self.first_ready[slot] = self._prefilled_to[slot] == prepared.length
 
     # -- the tick (launch, collect and CUDA graphs: ``PackedDecodeAdapter``) ---------------------------------
     def step_io(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -366,7 +363,7 @@ class Qwen3TTSAdapter(PackedDecodeAdapter):
         for t in (self.next_input, self.positions, self.first_h):
             t[dst] = t[src]
         self.samplers[dst] = self.samplers[src]
-        self.first_ready[dst], self._prefilled_to[dst] = self.first_ready[src], self._prefilled_to[src]
+        self.first_ready[dst] = self.first_ready[src]
         st = self.state
         for t in (st.seen_c0, st.frames, st.seed, st.min_new_tokens, st.text_ids, st.text_len, st.text_done):
             t[dst] = t[src]
