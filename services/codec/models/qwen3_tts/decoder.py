@@ -86,9 +86,44 @@ class SplitResidualVQ(nn.Module):
         dim = cfg.codebook_vector_dim
         self.rvq_first = ResidualVQ(1, cfg.codebook_size, dim, cfg.codebook_dim)
         self.rvq_rest = ResidualVQ(cfg.num_quantizers - 1, cfg.codebook_size, dim, cfg.codebook_dim)
+        self._table: tuple[tuple[object, ...], torch.Tensor] | None = None
+
+    def codebooks(self) -> list[EuclideanCodebook]:
+        return [layer._codebook for rvq in (self.rvq_first, self.rvq_rest) for layer in rvq.vq.layers]
+
+    def table(self) -> torch.Tensor | None:
+        """Every codebook's entries, divided, stacked ``[Q * size, dim]`` (code c of codebook j is row
+        ``j * size + c``), kept per weight version; None where the weights carry no version (inference
+        tensors) and so no safe cache key. Dividing the table once gives the same values as dividing the
+        gathered rows (``EuclideanCodebook.decode``)."""
+        books = self.codebooks()
+        try:
+            key = tuple(
+                (p._version, p.data_ptr(), p.dtype) for b in books for p in (b.embedding_sum, b.cluster_usage)
+            )
+        except RuntimeError:
+            return None
+        if self._table is not None and self._table[0] == key:
+            return self._table[1]
+        with torch.no_grad():
+            table = torch.cat([b.embedding_sum / b.cluster_usage[:, None].clamp(min=b.eps) for b in books])
+        # A table first built inside a graph capture holds values only once that graph replays: not kept.
+        if table.device.type != "cuda" or not torch.cuda.is_current_stream_capturing():
+            self._table = (key, table)
+        return table
 
     def decode(self, codes: torch.Tensor) -> torch.Tensor:
-        return self.rvq_first.decode(codes[:, :1]) + self.rvq_rest.decode(codes[:, 1:])
+        """``[B, Q, T]`` -> ``[B, codebook_dim, T]``. One lookup for all Q codebooks instead of ~5 launches
+        per codebook (about 80 of a streaming decode's kernels); the acoustic vectors summed in codebook
+        order."""
+        table = self.table()
+        if table is None:
+            return self.rvq_first.decode(codes[:, :1]) + self.rvq_rest.decode(codes[:, 1:])
+        q, size = codes.shape[1], self.rvq_first.vq.layers[0]._codebook.embedding_sum.shape[0]
+        offsets = torch.arange(0, q * size, size, device=codes.device)
+        vectors = F.embedding(codes + offsets[:, None], table)  # [B, Q, T, dim]
+        first = self.rvq_first.output_proj(vectors[:, 0].transpose(1, 2))
+        return first + self.rvq_rest.output_proj(vectors[:, 1:].sum(dim=1).transpose(1, 2))
 
 
 class DecoderTransformer(nn.Module):

@@ -9,6 +9,7 @@ Audio8 codec (``services.codec.stream_layers``); what stays here has this checkp
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from services.codec.stream_layers import (
@@ -18,7 +19,7 @@ from services.codec.stream_layers import (
     WindowKVAttention,
     run_blocks,
 )
-from voxstage.nn.layers import RMSNorm, SwiGLU, apply_rope
+from voxstage.nn.layers import FusedLinears, RMSNorm, SwiGLU, apply_rope
 from voxstage.nn.snake import snake
 
 from .config import Qwen3DecoderConfig
@@ -111,6 +112,14 @@ class WindowAttention(WindowKVAttention):
         self.k_proj = nn.Linear(cfg.hidden_size, self.kv_heads * self.head_dim, bias=bias)
         self.v_proj = nn.Linear(cfg.hidden_size, self.kv_heads * self.head_dim, bias=bias)
         self.o_proj = nn.Linear(self.heads * self.head_dim, cfg.hidden_size, bias=bias)
+        self._qkv: FusedLinears | None = None
+
+    def fuse_projections(self) -> None:
+        """Put q/k/v's weights in one tensor (their parameters become views of it) so a call runs one GEMM
+        instead of three; done after the model is placed, since moving it replaces the parameters. Biased
+        projections stay separate."""
+        if self.q_proj.bias is None:
+            self._qkv = FusedLinears(self.q_proj, self.k_proj, self.v_proj)
 
     def forward(
         self,
@@ -121,11 +130,16 @@ class WindowAttention(WindowKVAttention):
         ctx: StreamContext | None = None,
     ) -> torch.Tensor:
         b, t, _ = x.shape
-        q = self.q_proj(x).view(b, t, self.heads, self.head_dim).transpose(1, 2)
-        k = self.k_proj(x).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
-        v = self.v_proj(x).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
-        q = apply_rope(q, cos, sin)
-        k, v = self.with_history(apply_rope(k, cos, sin), v, ctx)
+        h, kvh, d = self.heads, self.kv_heads, self.head_dim
+        fused = self._qkv.weight() if self._qkv is not None else None
+        if fused is None:
+            qkv = torch.cat([self.q_proj(x), self.k_proj(x), self.v_proj(x)], dim=-1)
+        else:
+            qkv = F.linear(x, fused)
+        qkv = qkv.view(b, t, h + 2 * kvh, d).transpose(1, 2)
+        # One rotary pass over q and k together (elementwise per head, so the same values): half the kernels.
+        q, k = apply_rope(qkv[:, : h + kvh], cos, sin).split([h, kvh], dim=1)
+        k, v = self.with_history(k, qkv[:, h + kvh :], ctx)
         out = self.attend_heads(q, k, v, mask)
         return self.o_proj(out.transpose(1, 2).reshape(b, t, self.heads * self.head_dim))
 

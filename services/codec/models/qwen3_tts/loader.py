@@ -21,7 +21,7 @@ from voxstage.nn.layers import RMSNorm
 from .checkpoint_io import read_prefixed_tensors
 from .config import DecoderConfigError, Qwen3DecoderConfig, decoder_config_from_tokenizer_json
 from .decoder import EuclideanCodebook, Qwen3TokenizerDecoder
-from .layers import LayerScale, SnakeBeta
+from .layers import LayerScale, SnakeBeta, WindowAttention
 
 DECODER_PREFIX = "decoder."
 
@@ -48,6 +48,9 @@ def _place(
     # codebooks through ``dtype`` on the way.
     for name, child in model.named_children():
         child.to(device=device, dtype=torch.float32 if name == "quantizer" else dtype)
+    for module in model.modules():
+        if isinstance(module, WindowAttention):
+            module.fuse_projections()
     return model.eval().requires_grad_(False)
 
 
