@@ -254,9 +254,12 @@ def run_codec(run: Run, args: argparse.Namespace, levers: set[str], emit: Callab
     for dtype in dtypes:
         base: Record = {"part": "codec", "size": run.size, "ctx": None}
         try:
-            model = random_decoder(
-                decoder_preset(f"qwen3-tts-{run.size}"), 0, device=run.device, dtype=DTYPES[dtype]
-            )
+            # Built outside inference mode, as the stage loads it: the decoder keeps tables computed from its
+            # weights (the quantizer's codebooks, SnakeBeta's scales) only for weights with a version counter.
+            with torch.inference_mode(False):
+                model = random_decoder(
+                    decoder_preset(f"qwen3-tts-{run.size}"), 0, device=run.device, dtype=DTYPES[dtype]
+                )
             pool = StreamingDecoder(model, 2 * max_b)  # the upper half: GraphedDecode's scratch slots
         except Exception as exc:
             emit(failed(base | {"stage": "build", "levers": {"dtype": dtype}}, exc))

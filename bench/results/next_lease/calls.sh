@@ -9,14 +9,15 @@
 # `a` and `b` ran on 2026-12-05 (twelfth session), `g` and a first `h` the same day (thirteenth session,
 # bench/results/h200_2026-12-05_thirteenth/: the pinned codec launch is not what moved the paced search;
 # `h` stopped at a prefill graph capture, fixed since). First next time: `h` (a clone's first frame from its
-# prefill, issue 30, and the latency aims), then `e`, then `c`, `d` and `f` (and, on an nvidia-h200-x2
+# prefill, issue 30, and the latency aims), then `k` (the codec's kernels per decode call after the
+# fourteenth session's cut), `e`, then `c`, `d` and `f` (and, on an nvidia-h200-x2
 # lease, `x2 q3 one-gpu|split|pair-per-gpu` and `x2 pp one-gpu|split`, issue 31).
 # Each call installs (bench/run_gpu.sh --install-only), runs its parts under their own timeouts, writes each
 # part's exit status to $OUT/rc.txt and its results, packed, to $OUT/<call>.tar.xz.
 # After the lease: unpack into bench/results/h200_<date>_<session>/, pack (python -m bench.pack_results),
 # write docs/benchmarks.md (naming this script's commit), and queue the next calls here.
 set -u
-CALL=${1:?usage: bench/results/next_lease/calls.sh a|b|c|d|e|f|g|h|x2 MODEL LAYOUT}
+CALL=${1:?usage: bench/results/next_lease/calls.sh a|b|c|d|e|f|g|h|k|x2 MODEL LAYOUT}
 : "${OUT:?OUT: the folder that comes back}"
 R=/tmp/r; mkdir -p $R
 bash bench/run_gpu.sh --install-only > $R/install.log 2>&1
@@ -84,6 +85,15 @@ h)  # issue 30: a first frame from the prefill's hidden state (the clone's promp
     part gputests 120 python3 -m pytest -q -m gpu tests/gpu/test_cuda_graphs.py tests/gpu/test_no_host_syncs.py \
       tests/unit/talker/test_qwen3_tts_talker_cuda.py
     part q3_latency 200 bash bench/run_gpu.sh $R/q3_latency "${Q3[@]}" --phases latency,report
+    ;;
+k)  # issue 28: the codec's decode call after one lookup for all 16 codebooks and one q/k/v GEMM and rotary
+    # pass per attention layer (kernels and device ms per call; bench/results/h200_2026-12-01/qwen3_levers:
+    # 871 kernels, 2.41 ms busy at 1x1 and 924, 107 ms at 64x25 in fp32, the served dtype), then the served
+    # codec's start-up cost fit (3.87 ms + 66 us a frame-row in the tenth session) from a latency run
+    mkdir -p $R/prof
+    part prof_codec 240 python3 -m bench.families.qwen3_tts.profile_gpu --out $R/prof/profile_codec_0.6b.json \
+      --parts codec --levers dtype --quick
+    part q3_latency_k 200 bash bench/run_gpu.sh $R/q3_latency_k "${Q3[@]}" --phases latency,report
     ;;
 c)  # issue 28: the openai face paced from 128 (first chunks yielding), unpaced gRPC from 64 (py-spy)
     part q3_openai 270 bash bench/run_gpu.sh $R/q3_openai "${Q3[@]}" --phases openai \

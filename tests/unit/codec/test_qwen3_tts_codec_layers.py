@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import torch
 
-from services.codec.models.qwen3_tts.decoder import SplitResidualVQ
+from services.codec.models import load_codec
+from services.codec.models.qwen3_tts.decoder import Qwen3TokenizerDecoder, SplitResidualVQ
 from services.codec.models.qwen3_tts.layers import SnakeBeta, WindowAttention
 from services.codec.models.qwen3_tts.loader import random_init
 from services.codec.models.qwen3_tts.presets import decoder_preset
+from voxstage.presets import resolve_model
 
 
 def formula(act: SnakeBeta, x: torch.Tensor) -> torch.Tensor:
@@ -97,3 +99,16 @@ def test_one_qkv_gemm_gives_the_separate_projections_output() -> None:
     finally:
         for a, k in zip(attns, kept, strict=True):
             a._qkv = k
+
+
+def test_the_codec_stage_loads_a_decoder_that_keeps_its_tables() -> None:
+    """The stage's load (``load_codec``) leaves weights with version counters and the q/k/v views intact, so
+    its decodes take the stacked codebook table and the one q/k/v GEMM (a load under inference mode would
+    silently fall back to the per-codebook lookup)."""
+    runtime = load_codec(resolve_model("qwen3-tts-tiny"), device="cpu", dtype=torch.float32, max_streams=2)
+    decoder = runtime.decoder.model
+    assert isinstance(decoder, Qwen3TokenizerDecoder)
+    with torch.inference_mode():
+        assert decoder.quantizer.table() is not None
+    for layer in decoder.pre_transformer.layers:
+        assert layer.self_attn._qkv is not None and layer.self_attn._qkv.weight() is not None
