@@ -219,11 +219,39 @@ def filter_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.T
 def filter_top_k(logits: torch.Tensor, top_k: torch.Tensor) -> torch.Tensor:
     """``filter_top_k_top_p`` for rows without top-p whose ``top_k`` is off or at most ``TOP_K_CAP``: the
     same threshold (the k-th largest value, ties kept) from a selection instead of a full sort."""
-    width = min(TOP_K_CAP, logits.shape[-1])
-    largest = torch.topk(logits, width, dim=-1).values
-    kth = largest.gather(-1, (top_k.clamp(1, width) - 1).unsqueeze(-1))
-    kth = kth.masked_fill((top_k <= 0).unsqueeze(-1), float("-inf"))
+    col, off = _top_k_columns(top_k, logits.shape[-1])
+    return _mask_top_k(logits, col, off)
+
+
+def _top_k_columns(top_k: torch.Tensor, vocab_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each row's k-th largest column in a top-``TOP_K_CAP`` selection, and whether its top-k is off
+    (``[B, 1]`` each)."""
+    width = min(TOP_K_CAP, vocab_size)
+    return (top_k.clamp(1, width) - 1).unsqueeze(-1), (top_k <= 0).unsqueeze(-1)
+
+
+def _mask_top_k(logits: torch.Tensor, col: torch.Tensor, off: torch.Tensor) -> torch.Tensor:
+    largest = torch.topk(logits, min(TOP_K_CAP, logits.shape[-1]), dim=-1).values
+    kth = largest.gather(-1, col).masked_fill(off, float("-inf"))
     return logits.masked_fill(logits < kth, float("-inf"))
+
+
+@dataclass(frozen=True)
+class DrawRows:
+    """What ``sample`` derives from its rows' ``SamplingTensors`` before it draws: computed once for the
+    draws of one step that share rows and parameters (a frame's code-predictor groups), not once per draw.
+    The same expressions, so the same values."""
+
+    greedy: torch.Tensor  # [B] bool
+    temperature: torch.Tensor  # [B, 1] float32, 1 on greedy rows
+    top_k: tuple[torch.Tensor, torch.Tensor] | None  # ``_top_k_columns`` (for ``Sampler.TOP_K`` only)
+
+    @classmethod
+    def of(cls, params: SamplingTensors, vocab_size: int, sampler: Sampler) -> DrawRows:
+        greedy = params.temperature <= 0
+        temp = torch.where(greedy, torch.ones_like(params.temperature), params.temperature)
+        top_k = _top_k_columns(params.top_k, vocab_size) if sampler is Sampler.TOP_K else None
+        return cls(greedy, temp.to(torch.float32).unsqueeze(-1), top_k)
 
 
 def sample(
@@ -237,6 +265,7 @@ def sample(
     all_greedy: bool = False,
     noise: torch.Tensor | None = None,
     sampler: Sampler = Sampler.FULL,
+    rows: DrawRows | None = None,
 ) -> torch.Tensor:
     """Draw one token per row of ``logits [B, V]``; returns int64 ``[B]``.
 
@@ -247,7 +276,8 @@ def sample(
     device data); it skips the sort and the noise and gives the same tokens. ``noise [B, V]``, when given,
     is ``gumbel_noise(seed, step, stream, V)`` computed by the caller (a frame's groups draw theirs in one
     batched call instead of one hash chain each). ``sampler`` is the batch's ``Sampler`` variant (a host-side
-    promise like ``all_greedy``, which is ``Sampler.GREEDY``).
+    promise like ``all_greedy``, which is ``Sampler.GREEDY``). ``rows``, when given, is
+    ``DrawRows.of(params, V, sampler)`` computed by the caller once for several draws.
     """
     scores = logits.float()
     if seen is not None:
@@ -257,11 +287,13 @@ def sample(
     greedy_tok = scores.argmax(dim=-1)
     if all_greedy or sampler is Sampler.GREEDY:
         return greedy_tok
-    greedy = params.temperature <= 0
-    temp = torch.where(greedy, torch.ones_like(params.temperature), params.temperature).to(scores.dtype)
-    scaled = scores / temp.unsqueeze(-1)
+    if rows is None:
+        rows = DrawRows.of(params, scores.shape[-1], sampler)
+    greedy = rows.greedy
+    scaled = scores / rows.temperature
     if sampler is Sampler.TOP_K:
-        scaled = filter_top_k(scaled, params.top_k)
+        assert rows.top_k is not None, "DrawRows made for another sampler"
+        scaled = _mask_top_k(scaled, *rows.top_k)
     else:
         scaled = filter_top_k_top_p(scaled, params.top_k, params.top_p)
     if noise is None:

@@ -9,8 +9,8 @@
 # `a` and `b` ran on 2026-12-05 (twelfth session), `g` and a first `h` the same day (thirteenth session,
 # bench/results/h200_2026-12-05_thirteenth/: the pinned codec launch is not what moved the paced search;
 # `h` stopped at a prefill graph capture, fixed since). First next time: `h` (a clone's first frame from its
-# prefill, issue 30, and the latency aims), then `k` (the codec's kernels per decode call after the
-# fourteenth session's cut), `e`, then `c`, `d` and `f` (and, on an nvidia-h200-x2
+# prefill, issue 30, and the latency aims), then `k` (kernels per codec call and talker step after the
+# fourteenth session's cuts), `e`, then `c`, `d` and `f` (and, on an nvidia-h200-x2
 # lease, `x2 q3 one-gpu|split|pair-per-gpu` and `x2 pp one-gpu|split`, issue 31).
 # Each call installs (bench/run_gpu.sh --install-only), runs its parts under their own timeouts, writes each
 # part's exit status to $OUT/rc.txt and its results, packed, to $OUT/<call>.tar.xz.
@@ -86,14 +86,16 @@ h)  # issue 30: a first frame from the prefill's hidden state (the clone's promp
       tests/unit/talker/test_qwen3_tts_talker_cuda.py
     part q3_latency 200 bash bench/run_gpu.sh $R/q3_latency "${Q3[@]}" --phases latency,report
     ;;
-k)  # issue 28: the codec's decode call after one lookup for all 16 codebooks and one q/k/v GEMM and rotary
-    # pass per attention layer (kernels and device ms per call; bench/results/h200_2026-12-01/qwen3_levers:
-    # 871 kernels, 2.41 ms busy at 1x1 and 924, 107 ms at 64x25 in fp32, the served dtype), then the served
-    # codec's start-up cost fit (3.87 ms + 66 us a frame-row in the tenth session) from a latency run
+k)  # issue 28: kernels and device ms per call after the fourteenth session's cuts, against the profiles of
+    # bench/results/h200_2026-12-01/qwen3_levers (same tool): the codec's decode (one lookup for all 16
+    # codebooks, one q/k/v GEMM and rotary pass a layer; 871 kernels, 2.41 ms busy at 1x1 and 924, 107 ms at
+    # 64x25 in fp32, the served dtype) and the talker's frame step (the code predictor's draws sharing their
+    # rows' derived parameters; 1,599 kernels with top-k at B=1), then the served codec's start-up cost fit
+    # (3.87 ms + 66 us a frame-row in the tenth session) and the latency aims from a latency run
     mkdir -p $R/prof
-    part prof_codec 240 python3 -m bench.families.qwen3_tts.profile_gpu --out $R/prof/profile_codec_0.6b.json \
-      --parts codec --levers dtype --quick
-    part q3_latency_k 200 bash bench/run_gpu.sh $R/q3_latency_k "${Q3[@]}" --phases latency,report
+    part prof 300 python3 -m bench.families.qwen3_tts.profile_gpu --out $R/prof/profile_0.6b.json \
+      --parts talker,codec --levers sampler,dtype --quick
+    part q3_latency_k 240 bash bench/run_gpu.sh $R/q3_latency_k "${Q3[@]}" --phases latency,report
     ;;
 c)  # issue 28: the openai face paced from 128 (first chunks yielding), unpaced gRPC from 64 (py-spy)
     part q3_openai 270 bash bench/run_gpu.sh $R/q3_openai "${Q3[@]}" --phases openai \

@@ -9,6 +9,7 @@ import torch
 
 from services.talker.sampling import (
     TOP_K_CAP,
+    DrawRows,
     Sampler,
     SamplingParams,
     SamplingTensors,
@@ -263,6 +264,31 @@ def test_sampler_variants_draw_what_the_full_path_draws(vocab: int) -> None:
     greedy = SamplingTensors(torch.zeros(n), params.top_k, params.top_p, params.repetition_penalty)
     assert torch.equal(draw(Sampler.GREEDY, greedy), draw(Sampler.FULL, greedy))
     assert not torch.equal(full, draw(Sampler.FULL, greedy))  # the sampled rows really sample
+
+
+@pytest.mark.parametrize("sampler", [Sampler.TOP_K, Sampler.FULL])
+def test_draw_rows_made_once_draw_what_each_draw_derives_itself(sampler: Sampler) -> None:
+    """A frame's code-predictor groups share ``DrawRows``: every group draws the tokens it would draw with
+    its own derivation (greedy rows mixed in)."""
+    n, vocab = 16, 2048
+    gen = torch.Generator().manual_seed(3)
+    params = SamplingTensors(
+        temperature=torch.rand(n, generator=gen) + 0.3,
+        top_k=torch.randint(0, TOP_K_CAP + 1, (n,), generator=gen),
+        top_p=torch.ones(n) if sampler is Sampler.TOP_K else torch.full((n,), 0.8),
+        repetition_penalty=torch.ones(n),
+    )
+    params.temperature[::4] = 0.0
+    shared = DrawRows.of(params, vocab, sampler)
+    seeds, steps = torch.arange(n) * 7 + 1, torch.arange(n) % 5
+    for group in range(1, 4):
+        logits = _random_logits(n, vocab, seed=group)
+        own = sample(logits, params, seeds, steps, stream=group, sampler=sampler)
+        given = sample(logits, params, seeds, steps, stream=group, sampler=sampler, rows=shared)
+        assert torch.equal(given, own)
+    if sampler is Sampler.FULL:  # no top-k columns were made for it: a top-k draw must not take them
+        with pytest.raises(AssertionError, match="another sampler"):
+            sample(logits, params, seeds, steps, sampler=Sampler.TOP_K, rows=shared)
 
 
 def test_sampler_variant_is_the_least_specialised_of_a_batch() -> None:

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ...sampling import SamplingParams, SamplingTable, sample
+from ...sampling import DrawRows, Sampler, SamplingParams, SamplingTable, sample
 from .config import AGENT_STREAMS
 from .model import PersonaPlexLM, RingKV
 
@@ -159,12 +159,14 @@ def depformer_part(
     steps, seed, params = state.steps[:b], state.seed[:b], state.audio.tensors.head(b)
     forced, force = state.forced[:b], state.force[:b]
     token, made = text, []
+    # The rows' temperature once for all the codebooks' draws, not once per draw.
+    rows = None if all_greedy else DrawRows.of(params, model.linears[0].out_features, Sampler.FULL)
     for k in range(model.config.steps):
         x = model.depformer.step(
             model.depformer_input(k, h, token), k, scratch.k, scratch.v, scratch.index[k, :b]
         )
         logits = model.linears[k](x)
-        token = sample(logits, params, seed, steps, stream=1 + k, all_greedy=all_greedy)
+        token = sample(logits, params, seed, steps, stream=1 + k, all_greedy=all_greedy, rows=rows)
         token = torch.where(force[:, 1 + k], forced[:, 1 + k], token)
         made.append(token)
     return torch.stack(made, dim=1)
