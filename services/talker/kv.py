@@ -169,13 +169,18 @@ def attend_pool(
     layer's pools (read only); returns ``[B, T, heads * hd]`` (before the output projection).
 
     ``mask`` (``grouped_causal_mask``) and ``positions [B, T]`` state the same ``key <= query`` rule: the
-    PyTorch path reads the mask, the Triton decode kernel (CUDA, ``T <= MAX_KERNEL_TOKENS``) the positions,
-    reading K/V from the pool by slot instead of gathering them first. ``scales``: an fp8 pool's (the
-    kernel folds them into q.k and the output; the PyTorch path dequantizes what it gathered)."""
+    PyTorch path reads the mask, the Triton decode kernel (CUDA; a prefill's tokens as rows of their own,
+    ``token_rows``) the positions, reading K/V from the pool by slot instead of gathering them first.
+    ``scales``: an fp8 pool's (the kernel folds them into q.k and the output; the PyTorch path dequantizes
+    what it gathered)."""
     b, t, nh, hd = q.shape
     kernel = _pool_kernel(q)
-    if kernel is not None:
+    if kernel is not None and t <= MAX_KERNEL_TOKENS:
         return kernel.pool_attention(q, k_pool, v_pool, slot_ids, positions, attn_len, scales=scales)
+    if kernel is not None:  # a prefill chunk: each token its own query row
+        flat_q, flat_slots, flat_pos = token_rows(q, slot_ids, positions)
+        out = kernel.pool_attention(flat_q, k_pool, v_pool, flat_slots, flat_pos, attn_len, scales=scales)
+        return out.view(b, t, nh * hd)
     nkv = k_pool.shape[1]
     group = nh // nkv
     if slot_ids is None:  # a view, not a gather
@@ -213,10 +218,23 @@ def attend(
     return attend_pool(q, k_pool, v_pool, slot_ids, attn_len, mask, write[1], scales)
 
 
-# Above this many tokens per row (chunked prefill) the call stays on SDPA: the kernel holds all of a KV
-# head's group * T query rows in one tile, which only pays for decode (T = 1, or 2 on the code predictor's
-# first step).
+# The kernel holds all of a KV head's group * T query rows in one tile, which only pays for decode (T = 1, or
+# 2 on the code predictor's first step). Above this many tokens per row (a prefill chunk) each token becomes a
+# row of its own (``token_rows``): one program per token and KV head walks that token's keys, instead of the
+# SDPA path's gather of every row's cache, layout copies and mask (about six launches a layer).
 MAX_KERNEL_TOKENS = 4
+
+
+def token_rows(
+    q: torch.Tensor, slot_ids: torch.Tensor | None, positions: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A call of ``B`` rows of ``T`` tokens as ``B * T`` rows of one token: ``q [B*T, 1, heads, hd]``, each
+    token's slot ``[B*T]`` and position ``[B*T, 1]``. A token attends to the keys at or before its position
+    either way, so the result is the same attention."""
+    b, t = positions.shape
+    slots = slot_ids if slot_ids is not None else torch.arange(b, device=positions.device)
+    flat_slots = slots.unsqueeze(1).expand(b, t).reshape(b * t)
+    return q.reshape(b * t, 1, *q.shape[2:]), flat_slots, positions.reshape(b * t, 1)
 
 
 def _load_kernel() -> ModuleType | None:
@@ -224,8 +242,8 @@ def _load_kernel() -> ModuleType | None:
 
 
 def _pool_kernel(q: torch.Tensor) -> ModuleType | None:
-    """The Triton module when it applies: CUDA, decode-sized ``T``, and the ``voxstage.nn.fused`` switch on
-    (one switch for every Triton kernel, so benchmarks and A/B tests flip them together)."""
-    if not q.is_cuda or q.shape[1] > MAX_KERNEL_TOKENS or not fused.enabled():
+    """The Triton module when it applies: CUDA and the ``voxstage.nn.fused`` switch on (one switch for every
+    Triton kernel, so benchmarks and A/B tests flip them together)."""
+    if not q.is_cuda or not fused.enabled():
         return None
     return _load_kernel()

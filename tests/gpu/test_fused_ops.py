@@ -134,8 +134,8 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
 @torch.no_grad()
 def test_qwen3_stack_kernels_on_equals_off(preset: str, which: str) -> None:
     """The fused layer path against the module path in bf16, both measured against fp32 (28 random-init
-    layers amplify a bf16 step to a few percent either way): a chunked prefill (T=5, slots gathered: SDPA
-    read) and a batched decode over rows 0..B-1 (T=1: the decode-attention kernel), outputs and K/V."""
+    layers amplify a bf16 step to a few percent either way): a chunked prefill (T=5: its tokens as rows of
+    the decode-attention kernel) and a batched decode over rows 0..B-1 (T=1), outputs and K/V."""
     model = _qwen3(preset, torch.bfloat16)
     reference = _qwen3(preset, torch.float32)
     reference.load_state_dict(model.state_dict())

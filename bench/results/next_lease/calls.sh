@@ -9,9 +9,9 @@
 # `a` and `b` ran on 2026-12-05 (twelfth session), `g` and a first `h` the same day (thirteenth session,
 # bench/results/h200_2026-12-05_thirteenth/: the pinned codec launch is not what moved the paced search;
 # `h` stopped at a prefill graph capture, fixed since). First next time: `h` (a clone's first frame from its
-# prefill, issue 30, and the latency aims), then `k` (kernels per codec call and talker step after the
-# fourteenth session's cuts), `e`, then `c`, `d` and `f` (and, on an nvidia-h200-x2
-# lease, `x2 q3 one-gpu|split|pair-per-gpu` and `x2 pp one-gpu|split`, issue 31).
+# prefill and a prefill's attention in the pool kernel, issue 30), then `k` (kernels per codec call and
+# talker step after the fourteenth session's cuts, and the latency aims), `e`, then `c`, `d` and `f` (and,
+# on an nvidia-h200-x2 lease, `x2 q3 one-gpu|split|pair-per-gpu` and `x2 pp one-gpu|split`, issue 31).
 # Each call installs (bench/run_gpu.sh --install-only), runs its parts under their own timeouts, writes each
 # part's exit status to $OUT/rc.txt and its results, packed, to $OUT/<call>.tar.xz.
 # After the lease: unpack into bench/results/h200_<date>_<session>/, pack (python -m bench.pack_results),
@@ -76,15 +76,18 @@ g)  # issue 28: the paced closed search from 128 with the codec's tick launch co
     rm -rf $R/voice/voices_*
     ;;
 h)  # issue 30: a first frame from the prefill's hidden state (the clone's prompt prefills anyway; its first
-    # step then skips the backbone): the clone's first audio hop by hop against the built-in voice's, the
-    # CUDA graph and no-sync tests, then issue 28's latency aims (TTFA at 1 req/s, c=1 RTF) after the change
+    # step then skips the backbone), and a prefill's attention in the pool kernel (its tokens as rows): the
+    # clone's first audio hop by hop against the built-in voice's, the engines' parts with a phased profile
+    # (kernels per part: the prefill forward was 516-576), the GPU tests of the paths that changed (the
+    # latency aims run in `k`)
     part voice 200 python3 -m bench.voice_library --out $R/voice --model qwen3-tts-0.6b-base \
       --builtin-model qwen3-tts-0.6b --device cuda --rate 1 --duration 24 --rounds 4 --frames 50 \
       --clip-seconds 10 --warmup-requests 3 --arms uploaded,uploaded_xvector,builtin --stamps
     rm -rf $R/voice/voices_*
-    part gputests 120 python3 -m pytest -q -m gpu tests/gpu/test_cuda_graphs.py tests/gpu/test_no_host_syncs.py \
-      tests/unit/talker/test_qwen3_tts_talker_cuda.py
-    part q3_latency 200 bash bench/run_gpu.sh $R/q3_latency "${Q3[@]}" --phases latency,report
+    part voice_ttfa 110 python3 bench/families/qwen3_tts/voice_ttfa.py --out $R/voice_ttfa.json
+    part gputests 170 python3 -m pytest -q -m gpu tests/gpu/test_cuda_graphs.py \
+      tests/gpu/test_no_host_syncs.py tests/unit/talker/test_qwen3_tts_talker_cuda.py \
+      tests/gpu/test_fused_ops.py tests/gpu/test_pool_attention.py
     ;;
 k)  # issue 28: kernels and device ms per call after the fourteenth session's cuts, against the profiles of
     # bench/results/h200_2026-12-01/qwen3_levers (same tool): the codec's decode (one lookup for all 16

@@ -153,3 +153,34 @@ def test_strided_q() -> None:
     want = attend_pool(q, k_pool, v_pool, slot_ids, 80, mask, positions)
     got = triton_attention.pool_attention(view, k_pool, v_pool, slot_ids, positions, 80, 2)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("t", [5, 16, 37])
+@pytest.mark.parametrize("slots", [True, False])
+def test_a_prefill_chunk_routes_its_tokens_as_rows(
+    monkeypatch: pytest.MonkeyPatch, dtype: torch.dtype, t: int, slots: bool
+) -> None:
+    """``attend_pool`` with more than ``MAX_KERNEL_TOKENS`` tokens a row (a prefill chunk) hands the kernel
+    one row per token (``token_rows``) and gives the SDPA path's attention: chunks starting after a cached
+    prefix, a padding row repeating row 0's slot and positions (as ``Prefill`` pads), or rows 0..B-1."""
+    from services.talker import kv
+
+    g = torch.Generator().manual_seed(t)
+    group, nkv, hd, attn_len = 2, 2, 32, 90
+    starts = torch.tensor([0, 7, 40, 0])
+    positions = starts.unsqueeze(1) + torch.arange(t).unsqueeze(0)
+    q = torch.randn(4, t, nkv * group, hd, generator=g).to(dtype)
+    k_pool = torch.randn(9, nkv, attn_len + 5, hd, generator=g).to(dtype)
+    v_pool = torch.randn(9, nkv, attn_len + 5, hd, generator=g).to(dtype)
+    slot_ids = torch.tensor([7, 2, 5, 7]) if slots else None
+    q[3] = q[0]  # the padding row: row 0 again
+    mask = kv.grouped_causal_mask(positions, attn_len, group)
+    want = kv.attend_pool(q, k_pool, v_pool, slot_ids, attn_len, mask, positions)  # CPU: SDPA
+    monkeypatch.setattr(kv, "_pool_kernel", lambda q: triton_attention)
+    got = kv.attend_pool(q, k_pool, v_pool, slot_ids, attn_len, mask, positions)
+    assert got.shape == want.shape == (4, t, nkv * group * hd) and got.dtype == dtype
+    tol = 1e-5 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(got.float(), want.float(), rtol=tol, atol=tol)
+    if slots:
+        assert torch.equal(got[3], got[0])  # a padding row computes what row 0 does
