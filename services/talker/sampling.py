@@ -39,12 +39,36 @@ def _mix32(x: torch.Tensor) -> torch.Tensor:
     return x ^ (x >> 16)
 
 
+def seed_keys(seed: torch.Tensor) -> torch.Tensor:
+    """The seed's part of each row's key, ``[B]`` (what ``step_keys`` mixes its step into)."""
+    seed = seed.to(torch.int64)
+    return _mix32(_mix32((seed & _M32) ^ _GOLDEN) ^ ((seed >> 32) & _M32))
+
+
+def _mix32_int(x: int) -> int:
+    """``_mix32`` of one value in Python integers (the same bits)."""
+    x ^= x >> 16
+    x = (x * _MUL_A) & _M32
+    x ^= x >> 15
+    x = (x * _MUL_B) & _M32
+    return x ^ (x >> 16)
+
+
+def seed_key(seed: int) -> int:
+    """``seed_keys`` of one int64 seed on the host: a slot's, written once at admission, so a frame step
+    mixes in only its step (two of ``step_keys``' three hash rounds, some 20 launches, not repeated every
+    frame)."""
+    return _mix32_int(_mix32_int((seed & _M32) ^ _GOLDEN) ^ ((seed >> 32) & _M32))
+
+
+def step_keys_from(seed_key: torch.Tensor, step: torch.Tensor) -> torch.Tensor:
+    """``step_keys`` from the rows' ``seed_keys``."""
+    return _mix32(seed_key ^ (step.to(torch.int64) & _M32))
+
+
 def step_keys(seed: torch.Tensor, step: torch.Tensor) -> torch.Tensor:
     """The ``(seed, step)`` part of each row's key, ``[B]``: computed once for all of a step's streams."""
-    seed = seed.to(torch.int64)
-    h = _mix32((seed & _M32) ^ _GOLDEN)
-    h = _mix32(h ^ ((seed >> 32) & _M32))
-    return _mix32(h ^ (step.to(torch.int64) & _M32))
+    return step_keys_from(seed_keys(seed), step)
 
 
 def stream_keys(base: torch.Tensor, stream: int | torch.Tensor) -> torch.Tensor:

@@ -19,7 +19,10 @@ from services.talker.sampling import (
     gumbel_from_keys,
     gumbel_noise,
     sample,
+    seed_key,
+    seed_keys,
     step_keys,
+    step_keys_from,
     stream_keys,
     uniform_noise,
     unit_from_bits,
@@ -202,6 +205,35 @@ def test_batched_stream_noise_equals_per_stream_noise() -> None:
     assert torch.equal(
         gumbel_from_keys(stream_keys(step_keys(seed, step), 0), 300), gumbel_noise(seed, step, 0, 300)
     )
+
+
+SEEDS = [0, 1, -1, 7, 2**31, 2**32 + 9, 2**63 - 1, -(2**63), 123456789123456789, -987654321987]
+
+
+def test_a_seed_key_on_the_host_is_the_device_one() -> None:
+    """Slots keep ``seed_key(seed)`` written at admission; a step mixes in only its step."""
+    device = seed_keys(torch.tensor(SEEDS, dtype=torch.int64))
+    assert device.tolist() == [seed_key(s) for s in SEEDS]
+    assert all(0 <= k < 2**32 for k in device.tolist())
+
+
+def test_step_keys_from_seed_keys_are_the_three_round_hash() -> None:
+    """The keys every seeded draw has used: the seed's low word, its high word, then the step, one mixing
+    round each (written out here, independently of how ``sampling`` composes them)."""
+    from services.talker.sampling import _GOLDEN, _M32, _mix32
+
+    seed = torch.tensor(SEEDS, dtype=torch.int64)
+    step = torch.arange(len(SEEDS), dtype=torch.int64) * 37
+    h = _mix32((seed & _M32) ^ _GOLDEN)
+    h = _mix32(h ^ ((seed >> 32) & _M32))
+    want = _mix32(h ^ (step & _M32))
+    assert torch.equal(step_keys(seed, step), want)
+    host_keys = torch.tensor([seed_key(s) for s in SEEDS], dtype=torch.int64)
+    assert torch.equal(step_keys_from(host_keys, step), want)
+    # The draws of one step from the slots' seed keys, batched over streams: each draw's own noise.
+    batched = gumbel_from_keys(stream_keys(step_keys_from(host_keys, step), torch.arange(1, 9)), 64)
+    for k in range(1, 9):
+        assert torch.equal(batched[:, k - 1], gumbel_noise(seed, step, k, 64))
 
 
 def test_noise_is_finite_at_the_extreme_hashes() -> None:

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 
 import torch
 
-from services.talker.sampling import SamplingParams, gumbel_from_keys, step_keys, stream_keys
+from services.talker.sampling import SamplingParams, gumbel_from_keys, seed_key, step_keys_from, stream_keys
 
 NUM_SEMANTIC = 4096
 EOS_INDEX = NUM_SEMANTIC  # compact column of <|im_end|>
@@ -158,6 +158,7 @@ class Audio8SamplingState:
     """
 
     seed: torch.Tensor  # [S] int64
+    seed_key: torch.Tensor  # [S] int64: ``sampling.seed_key`` of the seed (the draws' keys mix in the step)
     temperature: torch.Tensor  # [S] float32; <= 0 greedy
     top_k: torch.Tensor  # [S] int64; <= 0 off
     top_p: torch.Tensor  # [S] float32; 1 off
@@ -191,6 +192,7 @@ class Audio8SamplingState:
 
         return cls(
             seed=full(0, torch.int64),
+            seed_key=full(0, torch.int64),
             temperature=full(0.0, torch.float32),
             top_k=full(0, torch.int64),
             top_p=full(1.0, torch.float32),
@@ -234,6 +236,7 @@ class Audio8SamplingState:
         check_sampling_params(params)
         check_sampling_params(fast, "subtalker_sampling")
         self.seed[slot].fill_(seed)
+        self.seed_key[slot].fill_(seed_key(seed))
         self.temperature[slot].fill_(params.effective_temperature)
         self.top_k[slot].fill_(params.top_k)
         self.top_p[slot].fill_(params.top_p)
@@ -290,7 +293,7 @@ def sample_semantic(
     else:
         temperature = state.temperature[rows]
         top_k = state.top_k[rows]
-        base = step_keys(state.seed[rows], t)
+        base = step_keys_from(state.seed_key[rows], t)
         # Streams 0 (SEMANTIC_STREAM) and 1 (RAS_STREAM) in one call; arange, not a host list, so the
         # step stays capturable.
         noise = gumbel_from_keys(stream_keys(base, torch.arange(2, device=logits.device)), vocab)  # [B, 2, V]
@@ -342,7 +345,7 @@ def fast_noise(
     same numbers ``sample_fast`` would draw one codebook at a time)."""
     t = _as_rows(step, rows)
     streams = FAST_STREAM_BASE + torch.arange(1, num_codebooks, device=rows.device)
-    return gumbel_from_keys(stream_keys(step_keys(state.seed[rows], t), streams), FAST_VOCAB)
+    return gumbel_from_keys(stream_keys(step_keys_from(state.seed_key[rows], t), streams), FAST_VOCAB)
 
 
 def sample_fast(
@@ -368,6 +371,6 @@ def sample_fast(
         return logits.float().argmax(dim=-1)
     if noise is None:
         t = _as_rows(step, rows)
-        keys = stream_keys(step_keys(state.seed[rows], t), FAST_STREAM_BASE + codebook_index)
+        keys = stream_keys(step_keys_from(state.seed_key[rows], t), FAST_STREAM_BASE + codebook_index)
         noise = gumbel_from_keys(keys, logits.shape[-1])
     return draw(logits, state.fast_temperature[rows], state.fast_top_k[rows], state.fast_top_p[rows], noise)

@@ -27,7 +27,17 @@ from dataclasses import dataclass
 
 import torch
 
-from ...sampling import DrawRows, Sampler, SamplingParams, SamplingTable, sample
+from ...sampling import (
+    DrawRows,
+    Sampler,
+    SamplingParams,
+    SamplingTable,
+    gumbel_from_keys,
+    sample,
+    seed_key,
+    step_keys_from,
+    stream_keys,
+)
 from .config import AGENT_STREAMS
 from .model import PersonaPlexLM, RingKV
 
@@ -45,6 +55,7 @@ class DuplexState:
     forced: torch.Tensor  # [S, 9] int64: forced text/agent tokens of the next step
     force: torch.Tensor  # [S, 9] bool: which of them are forced (cleared once stepped)
     seed: torch.Tensor  # [S] int64
+    seed_key: torch.Tensor  # [S] int64: ``sampling.seed_key`` of the seed (the draws' keys mix in the step)
     active: torch.Tensor  # [S] bool
     text: SamplingTable
     audio: SamplingTable
@@ -63,6 +74,7 @@ class DuplexState:
             forced=zeros(num_slots, OUT_ROWS),
             force=zeros(num_slots, OUT_ROWS, dtype=torch.bool),
             seed=zeros(num_slots),
+            seed_key=zeros(num_slots),
             active=zeros(num_slots, dtype=torch.bool),
             text=SamplingTable(num_slots, device),
             audio=SamplingTable(num_slots, device),
@@ -77,6 +89,7 @@ class DuplexState:
         # fill_ passes the value as a kernel argument; ``t[slot] = value`` copies a host scalar and waits for
         # the device (a join burst paid it per session).
         self.seed[slot].fill_(seed)
+        self.seed_key[slot].fill_(seed_key(seed))
         self.text.set_row(slot, text)
         self.audio.set_row(slot, audio)
         self.steps[slot].fill_(0)
@@ -91,6 +104,7 @@ class DuplexState:
             self.forced,
             self.force,
             self.seed,
+            self.seed_key,
             self.out,
             self.out_valid,
         ):
@@ -142,7 +156,18 @@ def temporal_part(
     column[:, USER_ROW] = state.user[:b, 0]
     h = model.transformer.decode(model.embed(column), steps, kv, attn_len, model.out_norm)
     logits = model.text_linear(h)
-    text = sample(logits, state.text.tensors.head(b), state.seed[:b], steps, stream=0, all_greedy=all_greedy)
+    noise = None  # stream 0's, keyed from the slots' seed keys (``gumbel_noise``'s numbers)
+    if not all_greedy:
+        noise = gumbel_from_keys(stream_keys(step_keys_from(state.seed_key[:b], steps), 0), logits.shape[-1])
+    text = sample(
+        logits,
+        state.text.tensors.head(b),
+        state.seed[:b],
+        steps,
+        stream=0,
+        all_greedy=all_greedy,
+        noise=noise,
+    )
     return h, torch.where(state.force[:b, 0], state.forced[:b, 0], text)
 
 
@@ -159,14 +184,23 @@ def depformer_part(
     steps, seed, params = state.steps[:b], state.seed[:b], state.audio.tensors.head(b)
     forced, force = state.forced[:b], state.force[:b]
     token, made = text, []
-    # The rows' temperature once for all the codebooks' draws, not once per draw.
-    rows = None if all_greedy else DrawRows.of(params, model.linears[0].out_features, Sampler.FULL)
-    for k in range(model.config.steps):
+    card, n = model.linears[0].out_features, model.config.steps
+    # The rows' temperature and the draws' noise (streams 1..n) once for all the codebooks, not once per
+    # draw: the same numbers as each draw's own ``gumbel_noise``, a fraction of the launches.
+    rows = noise = None
+    if not all_greedy:
+        rows = DrawRows.of(params, card, Sampler.FULL)
+        base = step_keys_from(state.seed_key[:b], steps)
+        noise = gumbel_from_keys(stream_keys(base, torch.arange(1, 1 + n, device=steps.device)), card)
+    for k in range(n):
         x = model.depformer.step(
             model.depformer_input(k, h, token), k, scratch.k, scratch.v, scratch.index[k, :b]
         )
         logits = model.linears[k](x)
-        token = sample(logits, params, seed, steps, stream=1 + k, all_greedy=all_greedy, rows=rows)
+        draw_noise = None if noise is None else noise[:, k]
+        token = sample(
+            logits, params, seed, steps, stream=1 + k, all_greedy=all_greedy, noise=draw_noise, rows=rows
+        )
         token = torch.where(force[:, 1 + k], forced[:, 1 + k], token)
         made.append(token)
     return torch.stack(made, dim=1)

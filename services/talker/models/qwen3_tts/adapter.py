@@ -365,7 +365,8 @@ class Qwen3TTSAdapter(PackedDecodeAdapter):
         self.samplers[dst] = self.samplers[src]
         self.first_ready[dst] = self.first_ready[src]
         st = self.state
-        for t in (st.seen_c0, st.frames, st.seed, st.min_new_tokens, st.text_ids, st.text_len, st.text_done):
+        for t in (st.seen_c0, st.frames, st.seed, st.seed_key, st.min_new_tokens, st.text_ids, st.text_len,
+                  st.text_done):  # fmt: skip
             t[dst] = t[src]
         for table in (st.talker.tensors, st.subtalker.tensors):
             for t in (table.temperature, table.top_k, table.top_p, table.repetition_penalty):

@@ -34,7 +34,8 @@ from ...sampling import (
     SamplingTable,
     gumbel_from_keys,
     sample,
-    step_keys,
+    seed_key,
+    step_keys_from,
     stream_keys,
 )
 from ...slot_writes import IMMEDIATE, ImmediateWrites
@@ -53,6 +54,7 @@ class FrameState:
     seen_c0: torch.Tensor  # [S, V] bool
     frames: torch.Tensor  # [S] int64
     seed: torch.Tensor  # [S] int64
+    seed_key: torch.Tensor  # [S] int64: ``sampling.seed_key`` of the slot's seed (its draws' keys)
     min_new_tokens: torch.Tensor  # [S] int64
     text_ids: torch.Tensor  # [S, max_text] int64
     text_len: torch.Tensor  # [S] int64
@@ -74,6 +76,7 @@ class FrameState:
             seen_c0=zeros(num_slots, vocab, dtype=torch.bool),
             frames=zeros(num_slots),
             seed=zeros(num_slots),
+            seed_key=zeros(num_slots),
             min_new_tokens=zeros(num_slots),
             text_ids=zeros(num_slots, max_text),
             text_len=zeros(num_slots),
@@ -105,6 +108,7 @@ class FrameState:
         writes.put(self.seen_c0, slot, False)
         writes.put(self.frames, slot, 0)
         writes.put(self.seed, slot, seed)
+        writes.put(self.seed_key, slot, seed_key(seed))
         writes.put(self.min_new_tokens, slot, min_new_tokens)
         writes.put(self.text_len, slot, 0)
         writes.put(self.text_done, slot, False)
@@ -168,7 +172,13 @@ def frame_step(
     # The random draws of all G samples of this frame in two batched calls (c0's vocabulary, then the
     # code predictor's for groups 1..G-1) instead of one hash chain per group: the same numbers, ~1/8 of
     # the kernels.
-    base = step_keys(seed, t)
+    keys: list[torch.Tensor] = []  # the rows' step keys, made once, and only if a draw samples
+
+    def noise_for(streams: int | torch.Tensor, vocab: int) -> torch.Tensor:
+        if not keys:
+            keys.append(step_keys_from(state.seed_key[slot_ids], t))
+        return gumbel_from_keys(stream_keys(keys[0], streams), vocab)
+
     c0 = sample(
         model.logits(hidden),
         state.talker.tensors.index(slot_ids),
@@ -178,9 +188,7 @@ def frame_step(
         seen=state.seen_c0[slot_ids],
         banned=model.c0_banned.unsqueeze(0) | eos_too_early,
         sampler=samplers[0],
-        noise=None
-        if samplers[0] is Sampler.GREEDY
-        else gumbel_from_keys(stream_keys(base, 0), cfg.vocab_size),
+        noise=None if samplers[0] is Sampler.GREEDY else noise_for(0, cfg.vocab_size),
     )
     state.seen_c0.index_put_((slot_ids, c0), torch.ones_like(c0, dtype=torch.bool))
 
@@ -194,7 +202,7 @@ def frame_step(
     noise = None
     if samplers[1] is not Sampler.GREEDY:
         streams = torch.arange(1, groups, device=device)
-        noise = gumbel_from_keys(stream_keys(base, streams), cp.lm_head[0].out_features)  # [B, G-1, V]
+        noise = noise_for(streams, cp.lm_head[0].out_features)  # [B, G-1, V]
 
     # The rows' temperature and top-k columns once for all G-1 draws (about 6 launches each otherwise).
     vocab = cp.lm_head[0].out_features
