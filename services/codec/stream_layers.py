@@ -23,6 +23,23 @@ from torch import nn
 _SDPA_GQA = tuple(int(p) for p in torch.__version__.split(".")[:2]) >= (2, 5)
 
 
+_STEPS: dict[tuple[int, str], torch.Tensor] = {}
+
+
+def _steps(size: int, device: torch.device) -> torch.Tensor:
+    """``arange(size)`` on ``device``, kept between decode calls. One first made inside a graph capture would
+    hold values only once that graph replays: it is not kept (the capture's warm-up runs make it first)."""
+    key = (size, str(device))
+    steps = _STEPS.get(key)
+    if steps is None:
+        capturing = device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+        with torch.inference_mode(False):  # a plain tensor: usable in and out of inference mode
+            steps = torch.arange(size, device=device)
+        if not capturing:
+            _STEPS[key] = steps
+    return steps
+
+
 class StreamContext:
     """Histories in and out of one streaming step of B rows.
 
@@ -58,7 +75,8 @@ class StreamContext:
         cache_key = (scale, size, str(joined.device))
         index = self._index.get(cache_key)
         if index is None:
-            index = self.lengths[:, None] * scale + torch.arange(size, device=joined.device)
+            # One launch per state size and rate, not three (the steps are kept between calls): the same ints.
+            index = torch.add(_steps(size, joined.device), self.lengths[:, None], alpha=scale)
             self._index[cache_key] = index
         view = [1] * joined.dim()
         view[0], view[dim] = joined.shape[0], size
