@@ -71,6 +71,14 @@ def step_keys(seed: torch.Tensor, step: torch.Tensor) -> torch.Tensor:
     return step_keys_from(seed_keys(seed), step)
 
 
+def slot_noise(
+    seed_key: torch.Tensor, step: torch.Tensor, stream: int | torch.Tensor, vocab_size: int
+) -> torch.Tensor:
+    """``gumbel_noise`` of rows from their slots' ``seed_key`` (``[B, V]``, or ``[B, S, V]`` for ``S``
+    streams at once): the same numbers."""
+    return gumbel_from_keys(stream_keys(step_keys_from(seed_key, step), stream), vocab_size)
+
+
 def stream_keys(base: torch.Tensor, stream: int | torch.Tensor) -> torch.Tensor:
     """Row keys for one stream id (``[B]``) or for several at once (``stream [S]`` -> ``[B, S]``)."""
     if isinstance(stream, int):

@@ -21,6 +21,7 @@ from services.talker.sampling import (
     sample,
     seed_key,
     seed_keys,
+    slot_noise,
     step_keys,
     step_keys_from,
     stream_keys,
@@ -230,8 +231,9 @@ def test_step_keys_from_seed_keys_are_the_three_round_hash() -> None:
     assert torch.equal(step_keys(seed, step), want)
     host_keys = torch.tensor([seed_key(s) for s in SEEDS], dtype=torch.int64)
     assert torch.equal(step_keys_from(host_keys, step), want)
-    # The draws of one step from the slots' seed keys, batched over streams: each draw's own noise.
-    batched = gumbel_from_keys(stream_keys(step_keys_from(host_keys, step), torch.arange(1, 9)), 64)
+    # The draws of one step from the slots' seed keys (``slot_noise``), batched over streams: each draw's
+    # own noise.
+    batched = slot_noise(host_keys, step, torch.arange(1, 9), 64)
     for k in range(1, 9):
         assert torch.equal(batched[:, k - 1], gumbel_noise(seed, step, k, 64))
 

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 
 import torch
 
-from services.talker.sampling import SamplingParams, gumbel_from_keys, seed_key, step_keys_from, stream_keys
+from services.talker.sampling import SamplingParams, seed_key, slot_noise
 
 NUM_SEMANTIC = 4096
 EOS_INDEX = NUM_SEMANTIC  # compact column of <|im_end|>
@@ -293,10 +293,9 @@ def sample_semantic(
     else:
         temperature = state.temperature[rows]
         top_k = state.top_k[rows]
-        base = step_keys_from(state.seed_key[rows], t)
         # Streams 0 (SEMANTIC_STREAM) and 1 (RAS_STREAM) in one call; arange, not a host list, so the
         # step stays capturable.
-        noise = gumbel_from_keys(stream_keys(base, torch.arange(2, device=logits.device)), vocab)  # [B, 2, V]
+        noise = slot_noise(state.seed_key[rows], t, torch.arange(2, device=logits.device), vocab)  # [B, 2, V]
         order, cum = _sort_stats(scores)
         normal = _tempered_draw(
             scores, _removed(order, cum, top_k, state.top_p[rows]), temperature, noise[:, 0]
@@ -345,7 +344,7 @@ def fast_noise(
     same numbers ``sample_fast`` would draw one codebook at a time)."""
     t = _as_rows(step, rows)
     streams = FAST_STREAM_BASE + torch.arange(1, num_codebooks, device=rows.device)
-    return gumbel_from_keys(stream_keys(step_keys_from(state.seed_key[rows], t), streams), FAST_VOCAB)
+    return slot_noise(state.seed_key[rows], t, streams, FAST_VOCAB)
 
 
 def sample_fast(
@@ -371,6 +370,5 @@ def sample_fast(
         return logits.float().argmax(dim=-1)
     if noise is None:
         t = _as_rows(step, rows)
-        keys = stream_keys(step_keys_from(state.seed_key[rows], t), FAST_STREAM_BASE + codebook_index)
-        noise = gumbel_from_keys(keys, logits.shape[-1])
+        noise = slot_noise(state.seed_key[rows], t, FAST_STREAM_BASE + codebook_index, logits.shape[-1])
     return draw(logits, state.fast_temperature[rows], state.fast_top_k[rows], state.fast_top_p[rows], noise)

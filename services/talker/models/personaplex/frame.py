@@ -27,17 +27,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ...sampling import (
-    DrawRows,
-    Sampler,
-    SamplingParams,
-    SamplingTable,
-    gumbel_from_keys,
-    sample,
-    seed_key,
-    step_keys_from,
-    stream_keys,
-)
+from ...sampling import DrawRows, Sampler, SamplingParams, SamplingTable, sample, seed_key, slot_noise
 from .config import AGENT_STREAMS
 from .model import PersonaPlexLM, RingKV
 
@@ -158,7 +148,7 @@ def temporal_part(
     logits = model.text_linear(h)
     noise = None  # stream 0's, keyed from the slots' seed keys (``gumbel_noise``'s numbers)
     if not all_greedy:
-        noise = gumbel_from_keys(stream_keys(step_keys_from(state.seed_key[:b], steps), 0), logits.shape[-1])
+        noise = slot_noise(state.seed_key[:b], steps, 0, logits.shape[-1])
     text = sample(
         logits,
         state.text.tensors.head(b),
@@ -190,8 +180,7 @@ def depformer_part(
     rows = noise = None
     if not all_greedy:
         rows = DrawRows.of(params, card, Sampler.FULL)
-        base = step_keys_from(state.seed_key[:b], steps)
-        noise = gumbel_from_keys(stream_keys(base, torch.arange(1, 1 + n, device=steps.device)), card)
+        noise = slot_noise(state.seed_key[:b], steps, torch.arange(1, 1 + n, device=steps.device), card)
     for k in range(n):
         x = model.depformer.step(
             model.depformer_input(k, h, token), k, scratch.k, scratch.v, scratch.index[k, :b]
