@@ -82,12 +82,26 @@ def test_key_splits_and_rows_without_slots(splits: int, slots: bool) -> None:
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
 
 
-def test_prefill_keeps_sdpa() -> None:
-    # T above MAX_KERNEL_TOKENS runs the SDPA path even with the kernels on: bit-identical to kernels off.
-    q, k_pool, v_pool, slot_ids, positions = _case(1, 16, 16, 8, 128, 300, torch.bfloat16)
-    mask = kv.grouped_causal_mask(positions, 300, 2)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("b,t", [(1, 16), (1, 128), (8, 37)])
+@pytest.mark.parametrize("slots", [True, False])
+def test_a_prefill_chunk_takes_the_kernel_token_by_token(
+    dtype: torch.dtype, shape: tuple[int, int, int], b: int, t: int, slots: bool
+) -> None:
+    """T above MAX_KERNEL_TOKENS (a prefill chunk) runs the kernel with each token as a row of its own
+    (``kv.token_rows``), within the decode tolerance of SDPA; a row padded as ``Prefill`` pads (row 0
+    again) computes exactly what row 0 does."""
+    q, k_pool, v_pool, slot_ids, positions = _case(b, t, *shape, 300, dtype, slots)
+    if b > 1 and slot_ids is not None:
+        q[-1], positions[-1], slot_ids[-1] = q[0], positions[0], slot_ids[0]
+    mask = kv.grouped_causal_mask(positions, 300, shape[0] // shape[1])
     got = kv.attend_pool(q, k_pool, v_pool, slot_ids, 300, mask, positions)
-    assert torch.equal(got, _reference(q, k_pool, v_pool, slot_ids, positions, 300))
+    want = _reference(q, k_pool, v_pool, slot_ids, positions, 300)
+    assert got.dtype == dtype and got.shape == want.shape
+    torch.testing.assert_close(got, want, rtol=TOL[dtype], atol=TOL[dtype])
+    if b > 1 and slot_ids is not None:
+        assert torch.equal(got[-1], got[0])
 
 
 @pytest.mark.parametrize("b", [1, 8])  # batch 1 splits the keys (two kernels), batch 8 does not
