@@ -1,53 +1,24 @@
 """Codec engine: per-stream streaming state, a chunk schedule, and batched decodes each tick.
 
 Model-agnostic: it drives any ``StreamingCodec`` (a slot pool whose ``decode(codes [B,Q,T], slots [B],
-lengths [B])`` advances only the named slots). Streams that started at different times and have chunks of
-different sizes share a decode call: a tick groups its chunks by frame bucket (one call per bucket), rows
-are right-padded to the bucket and ``lengths`` says how many frames of each row are real, so padding never
-touches a stream's state.
+lengths [B])`` advances only the named slots). A tick groups the streams' ready chunks into decode calls
+(``services.codec.schedule``: ``fifo``, every ready chunk, one call per frame bucket; ``deadline``, chunks by
+when each stream's player runs dry within a bounded tick), rows right-padded to the call's bucket with
+``lengths`` keeping padding out of every stream's state. What docs/architecture.md ("Codec engine", "The
+codec tick schedule") sets out and this module implements:
 
-Chunk schedule (deploy file, ``voxstage.chunking``): the first chunk goes out once
-``initial_codec_chunk_frames`` frames are buffered (per-request override allowed); later ones grow up to
-``codec_chunk_frames`` (or are all ``codec_chunk_frames`` with the ramp off); the remainder is flushed at end
-of stream. When the talker runs ahead (the usual case), every whole steady chunk that is ready decodes in one
-go so the codec never falls behind its producer; the first chunk and the ramp's go one per tick even then, so
-their PCM does not depend on when the frames came (``ChunkSchedule.take``).
-
-Segments: ``end_segment`` marks where a stream's take ended (docs/api.md "Segments"). Decodes never cross
-the mark, the frames before it go out even if they are not a whole chunk, the output that reaches it says
-``segment_end``, and the chunk schedule starts afresh after it. The decoder's state runs on across the mark:
-the next take's audio continues from the previous one's (no re-warm, no click at the seam), so a segment is
-not bit-identical to the same take decoded alone.
-
-Async scheduling (the stage's ``async_scheduling: true``): ``step`` first collects the decodes the previous
-step launched, then launches this tick's and returns without waiting for them, so the device decodes while
-the engine thread hands out audio and takes in frames. Audio reaches its consumer one ``step`` later than in
-the synchronous form (which collects its own launch before returning); the PCM is the same. Either way every
-bucket of a tick is launched before any is read back, its audio copied out through pinned host memory.
-Buckets launch smallest first. With ``early_handout`` on (the default), an async ``step`` that has audio in
-hand does not wait for a bucket still decoding: it returns and collects that one next time (a stream is not
-scheduled again while a decode of it is in flight), so a young stream's first chunk need not wait for a bulk
-decode of other streams' steady chunks. It is on because the serving benchmark says so (H200, 0.6B through
-the gateway: 48 and 64 gap-free closed-loop streams in two runs with it, 24 without), though the codec alone,
-fed on a fixed clock, shows a few short stalls with it that it does not show without (docs/benchmarks.md,
-issue 14, which also has the playback-deadline policy that was tried and dropped).
-
-Tick policy (the stage's ``codec_tick_policy``, ``services.codec.schedule``): ``fifo``, the above, decodes
-every ready chunk each tick. ``deadline`` takes ready chunks in order of when each stream's player runs dry
-while the tick's estimated device time (``calibrate``: measured at the warm-up) stays within
-``tick_budget_s``, so a young stream's next chunk never queues behind more than a budget of bulk work; in
-async scheduling it launches a tick before it collects the previous one (the device goes straight from one
-to the next) and hands each tick out in launch order (``early_handout`` is a fifo switch).
-
-Voice-clone prefix: a stream may open with reference codes, decoded on their own (never with the talker's
-frames) before anything else, their audio dropped. With ``voice_states`` (services/codec/voice_states.py) a
-voice-library voice's stream opens from the slot state its first stream reached after the same prefix,
-instead of decoding it again: the same state, so the same PCM.
-
-Overlap+crop (``left_context > 0``, the deploy file's ``codec_decode: overlap_crop``): instead of carrying
-state, each chunk is decoded from a reset slot behind up to ``left_context`` of the stream's earlier frames,
-whose audio is cropped. It is what vllm-omni does, only approximate unless the context covers the decoder's
-receptive field, and kept as a documented alternative (docs/models.md gives its measured error).
+* the chunk schedule (``voxstage.chunking``): a first chunk, a ramp, steady chunks, the remainder at the end;
+  the first and ramp chunks decode one per tick, so their PCM does not depend on when their frames came;
+* segments (``end_segment``): decodes never cross a take's mark and the schedule restarts after it, while
+  the decoder state runs on (no re-warm at the seam);
+* async scheduling: ``step`` collects what the previous step launched and launches this tick's without
+  waiting (audio one ``step`` later, the same PCM); every call of a tick launches before any is read back,
+  smallest bucket first, and with ``early_handout`` (``fifo``) audio in hand goes out without waiting for a
+  bulk decode still running;
+* a voice-clone prefix decoded alone with its audio dropped, or, for a voice-library voice, the slot state
+  its first stream reached restored instead (``voice_states``: the same state, so the same PCM);
+* overlap+crop (``left_context > 0``): each chunk decoded from a reset slot behind earlier frames whose audio
+  is cropped, kept as a documented, approximate alternative (docs/models.md).
 """
 
 from __future__ import annotations
@@ -177,7 +148,7 @@ class CodecEngine(Steppable[CodecOutput]):
         self.max_wait_s = max_wait_s
         self.cost = cost  # the deadline policy's DecodeCost: measured by calibrate() at the worker's warm-up
         self.planned_s = 0.0  # the last tick's estimated device seconds (deadline policy; benchmarks read it)
-        self.early_handout = True  # on evidence (module docstring); bench/codec_schedule.py switches it
+        self.early_handout = True  # on evidence (docs/architecture.md, "fifo"); codec_schedule.py flips it
         if voice_states is not None and left_context:
             raise ValueError("voice_states needs the stateful decode (left_context 0); overlap+crop has none")
         # Decoder states after a voice-library voice's reference prefix (services/codec/voice_states.py);
@@ -271,7 +242,7 @@ class CodecEngine(Steppable[CodecOutput]):
     # -- introspection ----------------------------------------------------------------------------------
     def has_work(self) -> bool:
         return bool(self._inflight) or any(
-            self._ready_frames(s) or self._drained(s) or self._mark_due(s) for s in self._streams.values()
+            self._ready_frames(s) or s.drained() or s.mark_due() for s in self._streams.values()
         )
 
     def active(self) -> int:
@@ -371,16 +342,16 @@ class CodecEngine(Steppable[CodecOutput]):
     def _settle(self, idle: list[StreamState], outputs: list[CodecOutput]) -> None:
         """Terminal outputs owed by idle streams with nothing left to decode."""
         # A segment whose frames all went out already (or that had none) still owes its end marker.
-        for stream in [s for s in idle if self._mark_due(s)]:
-            self._pass_mark(stream)
-            final = self._drained(stream)
+        for stream in [s for s in idle if s.mark_due()]:
+            stream.pass_mark()
+            final = stream.drained()
             outputs.append(
                 CodecOutput(stream.stream_id, np.zeros(0, np.float32), stream.sample_offset, final, 0, True)
             )
             if final:
                 self._release(self._streams.pop(stream.stream_id))
         # An input that ended exactly on a chunk boundary still owes its consumer a terminal message.
-        for stream in [s for s in idle if self._drained(s) and s.stream_id in self._streams]:
+        for stream in [s for s in idle if s.drained() and s.stream_id in self._streams]:
             outputs.append(
                 CodecOutput(stream.stream_id, np.zeros(0, np.float32), stream.sample_offset, True, 0)
             )
@@ -511,10 +482,10 @@ class CodecEngine(Steppable[CodecOutput]):
             if pcm.size:
                 stream.observe_chunk(real >= self.schedule.steady_frames, pcm.size / self.sample_rate,
                                      launched.ready[i], launched.launched_at, now)  # fmt: skip
-            seg_end = self._mark_due(stream)
+            seg_end = stream.mark_due()
             if seg_end:
-                self._pass_mark(stream)
-            final = self._drained(stream)
+                stream.pass_mark()
+            final = stream.drained()
             if real or final or seg_end:
                 if pcm.size and stream.first_audio_at is None:
                     stream.first_audio_at = now  # the player's clock (the deadline policy) starts here
@@ -540,20 +511,6 @@ class CodecEngine(Steppable[CodecOutput]):
         # Frames in flight count as out: the chunk after them is the one a follower decodes (``_follows``).
         emitted = s.segment_emitted + s.flight_frames
         return self.schedule.take(emitted, s.pending_frames, s.ended, s.initial_frames)
-
-    @staticmethod
-    def _mark_due(s: StreamState) -> bool:
-        return bool(s.marks) and s.prefix_frames == 0 and s.marks[0] == s.emitted_frames
-
-    @staticmethod
-    def _pass_mark(s: StreamState) -> None:
-        s.marks.popleft()
-        s.segment_emitted = 0
-        s.dry_at = None  # the gateway's player restarts with the next segment
-
-    @staticmethod
-    def _drained(s: StreamState) -> bool:
-        return s.ended and s.pending_frames == 0 and not s.marks and not s.in_flight
 
     def _snapshots(self) -> SnapshotCodec:
         # voice_states is only given with a pool that has snapshot/restore (build_engine asks the runtime).

@@ -101,6 +101,19 @@ class StreamState:
         metrics.CODEC_CHUNK_WAIT.labels(chunk=kind).observe(now - ready)
         metrics.CODEC_CHUNK_DECODE.labels(chunk=kind).observe(now - launched)
 
+    def mark_due(self) -> bool:
+        """Whether the segment mark ahead is reached: its frames are all decoded (no prefix left)."""
+        return bool(self.marks) and self.prefix_frames == 0 and self.marks[0] == self.emitted_frames
+
+    def pass_mark(self) -> None:
+        self.marks.popleft()
+        self.segment_emitted = 0
+        self.dry_at = None  # the gateway's player restarts with the next segment
+
+    def drained(self) -> bool:
+        """Input ended, every frame decoded and handed out, no mark or decode left."""
+        return self.ended and self.pending_frames == 0 and not self.marks and not self.in_flight
+
     def take(self, n: int) -> tuple[np.ndarray, float]:
         """The next ``n`` buffered frames, and when the last of them arrived (the chunk's frames all in)."""
         buf = np.concatenate(self.pending, axis=0) if len(self.pending) > 1 else self.pending[0]
