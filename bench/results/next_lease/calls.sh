@@ -10,14 +10,14 @@
 # bench/results/h200_2026-12-05_thirteenth/: the pinned codec launch is not what moved the paced search;
 # `h` stopped at a prefill graph capture, fixed since). First next time: `h` (a clone's first frame from its
 # prefill and a prefill's attention in the pool kernel, issue 30), then `k` (kernels per codec call and
-# talker step after the fourteenth session's cuts, and the latency aims), `e`, then `c`, `d` and `f` (and,
-# on an nvidia-h200-x2 lease, `x2 q3 one-gpu|split|pair-per-gpu` and `x2 pp one-gpu|split`, issue 31).
+# talker step after the fourteenth session's cuts) and `l` (the latency aims), `e`, then `c`, `d` and `f`
+# (and, on an nvidia-h200-x2 lease, `x2 q3 one-gpu|split|pair-per-gpu` and `x2 pp one-gpu|split`, issue 31).
 # Each call installs (bench/run_gpu.sh --install-only), runs its parts under their own timeouts, writes each
 # part's exit status to $OUT/rc.txt and its results, packed, to $OUT/<call>.tar.xz.
 # After the lease: unpack into bench/results/h200_<date>_<session>/, pack (python -m bench.pack_results),
 # write docs/benchmarks.md (naming this script's commit), and queue the next calls here.
 set -u
-CALL=${1:?usage: bench/results/next_lease/calls.sh a|b|c|d|e|f|g|h|k|x2 MODEL LAYOUT}
+CALL=${1:?usage: bench/results/next_lease/calls.sh a|b|c|d|e|f|g|h|k|l|x2 MODEL LAYOUT}
 : "${OUT:?OUT: the folder that comes back}"
 R=/tmp/r; mkdir -p $R
 bash bench/run_gpu.sh --install-only > $R/install.log 2>&1
@@ -91,14 +91,19 @@ h)  # issue 30: a first frame from the prefill's hidden state (the clone's promp
     ;;
 k)  # issue 28: kernels and device ms per call after the fourteenth session's cuts, against the profiles of
     # bench/results/h200_2026-12-01/qwen3_levers (same tool): the codec's decode (one lookup for all 16
-    # codebooks, one q/k/v GEMM and rotary pass a layer; 871 kernels, 2.41 ms busy at 1x1 and 924, 107 ms at
-    # 64x25 in fp32, the served dtype) and the talker's frame step (the code predictor's draws sharing their
-    # rows' derived parameters; 1,599 kernels with top-k at B=1), then the served codec's start-up cost fit
-    # (3.87 ms + 66 us a frame-row in the tenth session) and the latency aims from a latency run
+    # codebooks, one q/k/v and one gate/up GEMM, one rotary pass, residual add + RMSNorm and SiLU-product
+    # kernels a layer; 871 kernels, 2.41 ms busy at 1x1 and 924, 107 ms at 64x25 in fp32, the served dtype)
+    # and the talker's frame step (draws sharing their rows' derived parameters, slots' seed keys; 1,599
+    # kernels with top-k at B=1); first the codec's GPU tests of those paths
+    part gputests_codec 120 python3 -m pytest -q -m gpu tests/gpu/test_codec_fused.py \
+      tests/unit/codec/test_qwen3_tts_decoder_gpu.py tests/gpu/test_codec_deadline_cuda.py
     mkdir -p $R/prof
     part prof 300 python3 -m bench.families.qwen3_tts.profile_gpu --out $R/prof/profile_0.6b.json \
       --parts talker,codec --levers sampler,dtype --quick
-    part q3_latency_k 240 bash bench/run_gpu.sh $R/q3_latency_k "${Q3[@]}" --phases latency,report
+    ;;
+l)  # issue 28: the latency aims after the fourteenth session's cuts (TTFA at 1 req/s, c=1 RTF), and the
+    # served codec's start-up cost fit (3.87 ms + 66 us a frame-row in the tenth session) in its log
+    part q3_latency 240 bash bench/run_gpu.sh $R/q3_latency "${Q3[@]}" --phases latency,report
     ;;
 c)  # issue 28: the openai face paced from 128 (first chunks yielding), unpaced gRPC from 64 (py-spy)
     part q3_openai 270 bash bench/run_gpu.sh $R/q3_openai "${Q3[@]}" --phases openai \

@@ -75,6 +75,11 @@ class SwiGLU(nn.Module):
         self.down_proj = nn.Linear(hidden, dim, bias=bias)
         self._gate_up = None if bias else FusedLinears(self.gate_proj, self.up_proj)
 
+    def fuse(self) -> None:
+        """Put gate and up in one tensor again (after moving the module replaced its parameters)."""
+        if self.gate_proj.bias is None:
+            self._gate_up = FusedLinears(self.gate_proj, self.up_proj)
+
     def gate_up_weight(self) -> torch.Tensor | None:
         """``[gate; up]`` as one weight (one GEMM gives ``[gate | up]``), or None if it is not intact."""
         return self._gate_up.weight() if self._gate_up is not None else None

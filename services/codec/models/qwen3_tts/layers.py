@@ -19,6 +19,7 @@ from services.codec.stream_layers import (
     WindowKVAttention,
     run_blocks,
 )
+from voxstage.nn import fused
 from voxstage.nn.layers import FusedLinears, RMSNorm, SwiGLU, apply_rope
 from voxstage.nn.snake import snake
 
@@ -164,3 +165,15 @@ class TransformerLayer(nn.Module):
     ) -> torch.Tensor:
         x = x + self.self_attn_layer_scale(self.self_attn(self.input_layernorm(x), cos, sin, mask, ctx))
         return x + self.mlp_layer_scale(self.mlp(self.post_attention_layernorm(x)))
+
+    def fuse_projections(self) -> None:
+        """One GEMM for q/k/v and one for gate/up (after the model is placed: moving it replaced them)."""
+        self.self_attn.fuse_projections()
+        self.mlp.fuse()
+
+    def mlp_fused(self, h: torch.Tensor) -> torch.Tensor:
+        """SwiGLU on rows ``h [N, H]`` with the SiLU-product as one kernel (``voxstage.nn.fused``)."""
+        gate_up = self.mlp.gate_up_weight()
+        if gate_up is None:
+            return self.mlp(h)
+        return self.mlp.down_proj(fused.silu_mul(F.linear(h, gate_up)))

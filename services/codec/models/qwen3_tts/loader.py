@@ -21,7 +21,7 @@ from voxstage.nn.layers import RMSNorm
 from .checkpoint_io import read_prefixed_tensors
 from .config import DecoderConfigError, Qwen3DecoderConfig, decoder_config_from_tokenizer_json
 from .decoder import EuclideanCodebook, Qwen3TokenizerDecoder
-from .layers import LayerScale, SnakeBeta, WindowAttention
+from .layers import LayerScale, SnakeBeta, TransformerLayer
 
 DECODER_PREFIX = "decoder."
 
@@ -49,7 +49,7 @@ def _place(
     for name, child in model.named_children():
         child.to(device=device, dtype=torch.float32 if name == "quantizer" else dtype)
     for module in model.modules():
-        if isinstance(module, WindowAttention):
+        if isinstance(module, TransformerLayer):
             module.fuse_projections()
     return model.eval().requires_grad_(False)
 
