@@ -77,17 +77,17 @@ g)  # issue 28: the paced closed search from 128 with the codec's tick launch co
     ;;
 h)  # issue 30: a first frame from the prefill's hidden state (the clone's prompt prefills anyway; its first
     # step then skips the backbone), and a prefill's attention in the pool kernel (its tokens as rows): the
-    # clone's first audio hop by hop against the built-in voice's, the engines' parts with a phased profile
-    # (kernels per part: the prefill forward was 516-576), the GPU tests of the paths that changed (the
-    # latency aims run in `k`)
+    # GPU tests of the paths that changed first (a failure there explains a stack that will not start),
+    # then the clone's first audio hop by hop against the built-in voice's and the engines' parts with a
+    # phased profile (kernels per part: the prefill forward was 516-576)
+    part gputests 170 python3 -m pytest -q -m gpu tests/gpu/test_cuda_graphs.py \
+      tests/gpu/test_no_host_syncs.py tests/unit/talker/test_qwen3_tts_talker_cuda.py \
+      tests/gpu/test_fused_ops.py tests/gpu/test_pool_attention.py
     part voice 200 python3 -m bench.voice_library --out $R/voice --model qwen3-tts-0.6b-base \
       --builtin-model qwen3-tts-0.6b --device cuda --rate 1 --duration 24 --rounds 4 --frames 50 \
       --clip-seconds 10 --warmup-requests 3 --arms uploaded,uploaded_xvector,builtin --stamps
     rm -rf $R/voice/voices_*
     part voice_ttfa 110 python3 bench/families/qwen3_tts/voice_ttfa.py --out $R/voice_ttfa.json
-    part gputests 170 python3 -m pytest -q -m gpu tests/gpu/test_cuda_graphs.py \
-      tests/gpu/test_no_host_syncs.py tests/unit/talker/test_qwen3_tts_talker_cuda.py \
-      tests/gpu/test_fused_ops.py tests/gpu/test_pool_attention.py
     ;;
 k)  # issue 28: kernels and device ms per call after the fourteenth session's cuts, against the profiles of
     # bench/results/h200_2026-12-01/qwen3_levers (same tool): the codec's decode (one lookup for all 16

@@ -158,8 +158,9 @@ def test_strided_q() -> None:
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("t", [5, 16, 37])
 @pytest.mark.parametrize("slots", [True, False])
+@pytest.mark.parametrize("group,nkv", [(2, 2), (7, 1)])  # Qwen3-TTS's GQA group, Audio8's odd one
 def test_a_prefill_chunk_routes_its_tokens_as_rows(
-    monkeypatch: pytest.MonkeyPatch, dtype: torch.dtype, t: int, slots: bool
+    monkeypatch: pytest.MonkeyPatch, dtype: torch.dtype, t: int, slots: bool, group: int, nkv: int
 ) -> None:
     """``attend_pool`` with more than ``MAX_KERNEL_TOKENS`` tokens a row (a prefill chunk) hands the kernel
     one row per token (``token_rows``) and gives the SDPA path's attention: chunks starting after a cached
@@ -167,7 +168,7 @@ def test_a_prefill_chunk_routes_its_tokens_as_rows(
     from services.talker import kv
 
     g = torch.Generator().manual_seed(t)
-    group, nkv, hd, attn_len = 2, 2, 32, 90
+    hd, attn_len = 32, 90
     starts = torch.tensor([0, 7, 40, 0])
     positions = starts.unsqueeze(1) + torch.arange(t).unsqueeze(0)
     q = torch.randn(4, t, nkv * group, hd, generator=g).to(dtype)
