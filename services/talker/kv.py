@@ -164,6 +164,7 @@ def attend_pool(
     mask: torch.Tensor,
     positions: torch.Tensor,
     scales: Scales = None,
+    tokens: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """Attend ``q [B, T, heads, hd]`` (rotated) over positions ``[0, attn_len)`` of the rows' slots in one
     layer's pools (read only); returns ``[B, T, heads * hd]`` (before the output projection).
@@ -172,13 +173,14 @@ def attend_pool(
     PyTorch path reads the mask, the Triton decode kernel (CUDA; a prefill's tokens as rows of their own,
     ``token_rows``) the positions, reading K/V from the pool by slot instead of gathering them first.
     ``scales``: an fp8 pool's (the kernel folds them into q.k and the output; the PyTorch path dequantizes
-    what it gathered)."""
+    what it gathered). ``tokens``: each token's slot and position ``[B*T]`` when the caller has them
+    already (``StackCall``: one table per forward instead of one per layer)."""
     b, t, nh, hd = q.shape
     kernel = _pool_kernel(q)
     if kernel is not None and t <= MAX_KERNEL_TOKENS:
         return kernel.pool_attention(q, k_pool, v_pool, slot_ids, positions, attn_len, scales=scales)
     if kernel is not None:  # a prefill chunk: each token its own query row
-        flat_q, flat_slots, flat_pos = token_rows(q, slot_ids, positions)
+        flat_q, flat_slots, flat_pos = token_rows(q, slot_ids, positions, tokens)
         out = kernel.pool_attention(flat_q, k_pool, v_pool, flat_slots, flat_pos, attn_len, scales=scales)
         return out.view(b, t, nh * hd)
     nkv = k_pool.shape[1]
@@ -226,15 +228,20 @@ MAX_KERNEL_TOKENS = 4
 
 
 def token_rows(
-    q: torch.Tensor, slot_ids: torch.Tensor | None, positions: torch.Tensor
+    q: torch.Tensor,
+    slot_ids: torch.Tensor | None,
+    positions: torch.Tensor,
+    tokens: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """A call of ``B`` rows of ``T`` tokens as ``B * T`` rows of one token: ``q [B*T, 1, heads, hd]``, each
-    token's slot ``[B*T]`` and position ``[B*T, 1]``. A token attends to the keys at or before its position
-    either way, so the result is the same attention."""
+    token's slot ``[B*T]`` and position ``[B*T, 1]`` (from ``tokens``, each token's slot and position, when
+    given). A token attends to the keys at or before its position either way: the same attention."""
     b, t = positions.shape
+    flat_q = q.reshape(b * t, 1, *q.shape[2:])
+    if tokens is not None:
+        return flat_q, tokens[0], tokens[1].view(b * t, 1)
     slots = slot_ids if slot_ids is not None else torch.arange(b, device=positions.device)
-    flat_slots = slots.unsqueeze(1).expand(b, t).reshape(b * t)
-    return q.reshape(b * t, 1, *q.shape[2:]), flat_slots, positions.reshape(b * t, 1)
+    return flat_q, slots.unsqueeze(1).expand(b, t).reshape(b * t), positions.reshape(b * t, 1)
 
 
 def _load_kernel() -> ModuleType | None:

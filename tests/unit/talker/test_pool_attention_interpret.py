@@ -185,3 +185,40 @@ def test_a_prefill_chunk_routes_its_tokens_as_rows(
     torch.testing.assert_close(got.float(), want.float(), rtol=tol, atol=tol)
     if slots:
         assert torch.equal(got[3], got[0])  # a padding row computes what row 0 does
+
+
+def test_the_qwen3_backbones_fused_prefill_takes_its_call_tables_token_rows(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The talker's fused stack hands a prefill chunk's attention to the kernel with the call's per-token
+    slot and position tables (``StackCall``, built once per forward): the same hidden states and K/V as the
+    module path (SDPA), within fp32 rounding."""
+    from services.talker import kv
+    from services.talker.models.qwen3_tts.backbone import KVCache
+    from services.talker.models.qwen3_tts.config import parse_config
+    from services.talker.models.qwen3_tts.loader import random_init
+    from services.talker.models.qwen3_tts.presets import preset_config, preset_generation_config
+    from voxstage.nn import fused, triton_kernels
+
+    monkeypatch.setattr(fused, "_kernels_for", lambda t: triton_kernels if fused.enabled() else None)
+    monkeypatch.setattr(kv, "_pool_kernel", lambda q: triton_attention if fused.enabled() else None)
+    cfg = parse_config(preset_config("qwen3-tts-tiny", "custom_voice"), preset_generation_config())
+    backbone = random_init(cfg, seed=3).model.eval()
+    gen = torch.Generator().manual_seed(7)
+    cache = KVCache.allocate(backbone.cfg, num_slots=4, max_len=48)
+    cache.k.copy_(torch.randn(cache.k.shape, generator=gen))
+    cache.v.copy_(torch.randn(cache.v.shape, generator=gen))
+    x = torch.randn(2, 9, backbone.cfg.hidden_size, generator=gen)
+    positions = torch.tensor([[3, 4, 5, 6, 7, 8, 9, 10, 11], [0, 1, 2, 3, 4, 5, 6, 7, 8]])
+    out = []
+    try:
+        for enabled in (True, False):
+            fused.set_triton(enabled)
+            c = KVCache(cache.k.clone(), cache.v.clone())
+            with torch.no_grad():
+                out.append((backbone(x, positions, c, torch.tensor([2, 0]), 32), c))
+    finally:
+        fused.set_triton(True)
+    (h1, c1), (h0, c0) = out
+    torch.testing.assert_close(h1, h0, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(c1.k, c0.k, rtol=1e-5, atol=1e-5)

@@ -28,3 +28,15 @@ def test_tokens_as_rows_attend_as_their_chunk(slots: bool) -> None:
     mask = grouped_causal_mask(flat_pos, attn_len, group)
     got = attend_pool(flat_q, k_pool, v_pool, flat_slots, attn_len, mask, flat_pos)
     torch.testing.assert_close(got.view(b, t, -1), want, rtol=1e-5, atol=1e-5)
+
+
+def test_a_calls_token_tables_give_the_same_rows() -> None:
+    """``tokens`` (a ``StackCall``'s per-token slots and positions, built once per forward) stand for the
+    flattening ``token_rows`` would do itself."""
+    positions = torch.tensor([[4, 5, 6], [0, 1, 2]])
+    slot_ids = torch.tensor([3, 1])
+    q = torch.randn(2, 3, 4, 8)
+    own = token_rows(q, slot_ids, positions)
+    given = token_rows(q, slot_ids, positions, (torch.tensor([3, 3, 3, 1, 1, 1]), positions.reshape(-1)))
+    for a, b in zip(own, given, strict=True):
+        assert torch.equal(a, b)

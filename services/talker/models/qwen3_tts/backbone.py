@@ -158,7 +158,8 @@ class Qwen3Attention(nn.Module):
             scales,
         )
         q = q.reshape(batch, n // batch, nh, hd)
-        out = attend_pool(q, k_pool, v_pool, slot_ids, attn_len, call.mask, call.positions, scales)
+        tokens = (call.token_slot, call.token_pos)  # a prefill's tokens as the kernel's rows (kv.token_rows)
+        out = attend_pool(q, k_pool, v_pool, slot_ids, attn_len, call.mask, call.positions, scales, tokens)
         return self.o_proj(out.reshape(n, nh * hd))
 
 
