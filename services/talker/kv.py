@@ -223,7 +223,7 @@ def attend(
 # The kernel holds all of a KV head's group * T query rows in one tile, which only pays for decode (T = 1, or
 # 2 on the code predictor's first step). Above this many tokens per row (a prefill chunk) each token becomes a
 # row of its own (``token_rows``): one program per token and KV head walks that token's keys, instead of the
-# SDPA path's gather of every row's cache, layout copies and mask (about six launches a layer).
+# SDPA path's gather of every row's cache, layout copies and mask (about five launches a layer).
 MAX_KERNEL_TOKENS = 4
 
 

@@ -33,7 +33,7 @@ from voxstage.checkpoint import CheckpointError, load_state_dict_strict, read_js
 from .checkpoint_io import read_codec_state, released_layout
 from .codec import Audio8Codec
 from .config import Audio8CodecConfig, Audio8ConfigError, TransformerGeometry
-from .transformer import WindowTransformer
+from .transformer import FeedForward, WindowTransformer
 
 CODEC_FILENAME = "codec.pth"
 # The reference builds its pre-module and encoder transformer with head_dim 64 (heads = dim // 64).
@@ -172,6 +172,9 @@ def _place(model: Audio8Codec, device: str | torch.device, dtype: torch.dtype) -
     fp32 = {model.quantizer.semantic_quantizer, model.quantizer.quantizer}
     for part in (model.encoder, model.decoder, *model.quantizer.children()):
         part.to(device=device, dtype=torch.float32 if part in fp32 else dtype)
+    for module in model.modules():
+        if isinstance(module, FeedForward):
+            module.fuse()  # gate and up as one GEMM (the move replaced their parameters)
     return model.eval().requires_grad_(False)
 
 

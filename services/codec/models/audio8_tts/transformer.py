@@ -20,7 +20,8 @@ from torch import nn
 
 from services.codec import stream_layers
 from services.codec.stream_layers import StreamContext, WindowKVAttention
-from voxstage.nn.layers import RMSNorm
+from voxstage.nn import fused
+from voxstage.nn.layers import FusedLinears, RMSNorm
 
 from .config import TransformerGeometry
 
@@ -69,10 +70,10 @@ class Attention(WindowKVAttention):
     ) -> torch.Tensor:
         b, t, _ = x.shape
         hd, kvh = self.head_dim, self.kv_heads
-        q, k, v = self.wqkv(x).split((self.heads * hd, kvh * hd, kvh * hd), dim=-1)
-        q = apply_interleaved_rope(q.view(b, t, self.heads, hd), cos, sin)
-        k = apply_interleaved_rope(k.view(b, t, kvh, hd), cos, sin).transpose(1, 2)
-        k, v = self.with_history(k, v.view(b, t, kvh, hd).transpose(1, 2), ctx)
+        qkv = self.wqkv(x).view(b, t, self.heads + 2 * kvh, hd)
+        # One rotary pass over q and k together (elementwise per head, so the same values): half the kernels.
+        q, k = apply_interleaved_rope(qkv[:, :, : self.heads + kvh], cos, sin).split((self.heads, kvh), dim=2)
+        k, v = self.with_history(k.transpose(1, 2), qkv[:, :, self.heads + kvh :].transpose(1, 2), ctx)
         # Queries grouped per kv head ([B, KV, G, T, D]) broadcast against [B, KV, 1, Tk, D]: GQA without
         # materialising repeated keys/values.
         q = q.transpose(1, 2).reshape(b, kvh, self.heads // kvh, t, hd)
@@ -86,9 +87,28 @@ class FeedForward(nn.Module):
         self.w1 = nn.Linear(dim, hidden, bias=False)  # gate
         self.w3 = nn.Linear(dim, hidden, bias=False)  # up
         self.w2 = nn.Linear(hidden, dim, bias=False)  # down
+        self._gate_up: FusedLinears | None = None
+
+    def fuse(self) -> None:
+        """Gate and up in one tensor, one GEMM (after the model is placed: moving it replaced them)."""
+        self._gate_up = FusedLinears(self.w1, self.w3)
+
+    def _gate_up_weight(self) -> torch.Tensor | None:
+        return self._gate_up.weight() if self._gate_up is not None else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+        gate_up = self._gate_up_weight()
+        if gate_up is None:
+            return self.w2(F.silu(self.w1(x)) * self.w3(x))
+        gate, up = F.linear(x, gate_up).chunk(2, dim=-1)
+        return self.w2(F.silu(gate) * up)
+
+    def forward_fused(self, h: torch.Tensor) -> torch.Tensor:
+        """On rows ``h [N, D]`` with the SiLU-product as one kernel (``voxstage.nn.fused``)."""
+        gate_up = self._gate_up_weight()
+        if gate_up is None:
+            return self(h)
+        return self.w2(fused.silu_mul(F.linear(h, gate_up)))
 
 
 class LayerScale(nn.Module):
@@ -145,6 +165,32 @@ class WindowTransformer(nn.Module):
         :func:`window_mask`."""
         cos, sin = rope_table(positions, self.geom.head_dim, self.geom.rope_base)
         h = x.transpose(1, 2)
+        if fused.kernels_active(h):
+            return self._layers_fused(h, cos, sin, mask, ctx).transpose(1, 2)
         for layer in self.layers:
             h = layer(h, cos, sin, mask, ctx)
         return self.norm(h).transpose(1, 2)
+
+    def _layers_fused(
+        self,
+        h: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        mask: torch.Tensor,
+        ctx: StreamContext | None,
+    ) -> torch.Tensor:
+        """The layers and the final norm with the Triton glue kernels (CUDA): each residual add (after its
+        layer scale) fused with the norm after it, the SiLU-product one kernel (as in the Qwen3-TTS codec
+        and the talkers); within an fp32 rounding step of the module path."""
+        b, t, d = h.shape
+        following = [layer.attention_norm for layer in self.layers[1:]] + [self.norm]
+        first = self.layers[0].attention_norm
+        s, n = fused.add_rmsnorm(h.reshape(b * t, d).contiguous(), None, first.weight, first.eps)
+        for layer, nxt in zip(self.layers, following, strict=True):
+            a = layer.attention(n.view(b, t, d), cos, sin, mask, ctx).reshape(b * t, d)
+            post = layer.ffn_norm
+            s, n = fused.add_rmsnorm(s, layer.attention_layer_scale(a), post.weight, post.eps)
+            s, n = fused.add_rmsnorm(
+                s, layer.ffn_layer_scale(layer.feed_forward.forward_fused(n)), nxt.weight, nxt.eps
+            )
+        return n.view(b, t, d)
