@@ -14,10 +14,15 @@ streams through an in-place context of its own in its family folder and does not
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from voxstage.nn import fused
+from voxstage.nn.layers import RMSNorm
 
 # ``scaled_dot_product_attention(enable_gqa=True)`` (grouped K/V heads without copies) arrived in torch 2.5.
 _SDPA_GQA = tuple(int(p) for p in torch.__version__.split(".")[:2]) >= (2, 5)
@@ -248,3 +253,32 @@ class WindowKVAttention(nn.Module):
         scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
         probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(v.dtype)
         return torch.matmul(probs, v)
+
+
+@dataclass(frozen=True)
+class PrenormParts:
+    """One pre-norm transformer layer as ``prenorm_layers_fused`` runs it: ``x + attention_scale(attention(
+    norm_in(x)))``, then ``+ ffn_scale(ffn(norm_post(·)))``."""
+
+    norm_in: RMSNorm
+    attention: Callable[[torch.Tensor], torch.Tensor]  # [B, T, D] -> [B, T, D]
+    attention_scale: Callable[[torch.Tensor], torch.Tensor]
+    norm_post: RMSNorm
+    ffn: Callable[[torch.Tensor], torch.Tensor]  # rows [N, D] -> [N, D]
+    ffn_scale: Callable[[torch.Tensor], torch.Tensor]
+
+
+def prenorm_layers_fused(h: torch.Tensor, layers: Sequence[PrenormParts], final: RMSNorm) -> torch.Tensor:
+    """``layers`` then ``final`` on ``h [B, T, D]`` with the Triton glue kernels (CUDA; the codecs' decoders
+    run in fp32, where RMSNorm is six launches): each residual add, after its layer scale, fused with the
+    norm after it, as in the talkers' stacks. It rounds where the kernels do, within an fp32 step of the
+    module path."""
+    b, t, d = h.shape
+    following = [layer.norm_in for layer in layers[1:]] + [final]
+    first = layers[0].norm_in
+    s, n = fused.add_rmsnorm(h.reshape(b * t, d).contiguous(), None, first.weight, first.eps)
+    for layer, nxt in zip(layers, following, strict=True):
+        a = layer.attention(n.view(b, t, d)).reshape(b * t, d)
+        s, n = fused.add_rmsnorm(s, layer.attention_scale(a), layer.norm_post.weight, layer.norm_post.eps)
+        s, n = fused.add_rmsnorm(s, layer.ffn_scale(layer.ffn(n)), nxt.weight, nxt.eps)
+    return n.view(b, t, d)

@@ -14,12 +14,14 @@ the offline angles; a stream keeps the last ``window - 1`` post-RoPE keys/values
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from services.codec import stream_layers
-from services.codec.stream_layers import StreamContext, WindowKVAttention
+from services.codec.stream_layers import PrenormParts, StreamContext, WindowKVAttention, prenorm_layers_fused
 from voxstage.nn import fused
 from voxstage.nn.layers import FusedLinears, RMSNorm
 
@@ -141,6 +143,13 @@ class TransformerBlock(nn.Module):
         x = x + self.attention_layer_scale(self.attention(self.attention_norm(x), cos, sin, mask, ctx))
         return x + self.ffn_layer_scale(self.feed_forward(self.ffn_norm(x)))
 
+    def fused_parts(
+        self, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor, ctx: StreamContext | None
+    ) -> PrenormParts:
+        attend = functools.partial(self.attention, cos=cos, sin=sin, mask=mask, ctx=ctx)
+        parts = (self.attention_norm, attend, self.attention_layer_scale, self.ffn_norm)
+        return PrenormParts(*parts, self.feed_forward.forward_fused, self.ffn_layer_scale)
+
 
 class WindowTransformer(nn.Module):
     """Channels-first in and out (``[B, C, T]``), as it sits between convs."""
@@ -166,31 +175,8 @@ class WindowTransformer(nn.Module):
         cos, sin = rope_table(positions, self.geom.head_dim, self.geom.rope_base)
         h = x.transpose(1, 2)
         if fused.kernels_active(h):
-            return self._layers_fused(h, cos, sin, mask, ctx).transpose(1, 2)
+            parts = [layer.fused_parts(cos, sin, mask, ctx) for layer in self.layers]
+            return prenorm_layers_fused(h, parts, self.norm).transpose(1, 2)
         for layer in self.layers:
             h = layer(h, cos, sin, mask, ctx)
         return self.norm(h).transpose(1, 2)
-
-    def _layers_fused(
-        self,
-        h: torch.Tensor,
-        cos: torch.Tensor,
-        sin: torch.Tensor,
-        mask: torch.Tensor,
-        ctx: StreamContext | None,
-    ) -> torch.Tensor:
-        """The layers and the final norm with the Triton glue kernels (CUDA): each residual add (after its
-        layer scale) fused with the norm after it, the SiLU-product one kernel (as in the Qwen3-TTS codec
-        and the talkers); within an fp32 rounding step of the module path."""
-        b, t, d = h.shape
-        following = [layer.attention_norm for layer in self.layers[1:]] + [self.norm]
-        first = self.layers[0].attention_norm
-        s, n = fused.add_rmsnorm(h.reshape(b * t, d).contiguous(), None, first.weight, first.eps)
-        for layer, nxt in zip(self.layers, following, strict=True):
-            a = layer.attention(n.view(b, t, d), cos, sin, mask, ctx).reshape(b * t, d)
-            post = layer.ffn_norm
-            s, n = fused.add_rmsnorm(s, layer.attention_layer_scale(a), post.weight, post.eps)
-            s, n = fused.add_rmsnorm(
-                s, layer.ffn_layer_scale(layer.feed_forward.forward_fused(n)), nxt.weight, nxt.eps
-            )
-        return n.view(b, t, d)

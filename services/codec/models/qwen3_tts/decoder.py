@@ -20,6 +20,7 @@ from services.codec.stream_layers import (
     CausalConvTranspose1d,
     ConvNeXtBlock,
     StreamContext,
+    prenorm_layers_fused,
     window_mask,
 )
 from voxstage.nn import fused
@@ -160,32 +161,11 @@ class DecoderTransformer(nn.Module):
         cos, sin = rope_cos_sin(positions, self.inv_freq(h.device), h.dtype)
         cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
         if fused.kernels_active(h):
-            return self.output_proj(self._layers_fused(h, cos, sin, mask, ctx))
+            parts = [layer.fused_parts(cos, sin, mask, ctx) for layer in self.layers]
+            return self.output_proj(prenorm_layers_fused(h, parts, self.norm))
         for layer in self.layers:
             h = layer(h, cos, sin, mask, ctx)
         return self.output_proj(self.norm(h))
-
-    def _layers_fused(
-        self,
-        h: torch.Tensor,
-        cos: torch.Tensor,
-        sin: torch.Tensor,
-        mask: torch.Tensor,
-        ctx: StreamContext | None,
-    ) -> torch.Tensor:
-        """The layers and the final norm with the Triton glue kernels (CUDA): each residual add (after its
-        layer scale) is fused with the norm after it and SwiGLU's SiLU-product is one kernel, as in the
-        talker's stack; it rounds where the kernels do, within an fp32 rounding step of the module path."""
-        b, t, d = h.shape
-        following = [layer.input_layernorm for layer in self.layers[1:]] + [self.norm]
-        first = self.layers[0].input_layernorm
-        s, n = fused.add_rmsnorm(h.reshape(b * t, d).contiguous(), None, first.weight, first.eps)
-        for layer, nxt in zip(self.layers, following, strict=True):
-            a = layer.self_attn(n.view(b, t, d), cos, sin, mask, ctx).reshape(b * t, d)
-            post = layer.post_attention_layernorm
-            s, n = fused.add_rmsnorm(s, layer.self_attn_layer_scale(a), post.weight, post.eps)
-            s, n = fused.add_rmsnorm(s, layer.mlp_layer_scale(layer.mlp_fused(n)), nxt.weight, nxt.eps)
-        return n.view(b, t, d)
 
 
 class Qwen3TokenizerDecoder(nn.Module):

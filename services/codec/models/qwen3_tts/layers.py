@@ -8,6 +8,8 @@ Audio8 codec (``services.codec.stream_layers``); what stays here has this checkp
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -15,6 +17,7 @@ from torch import nn
 from services.codec.stream_layers import (
     CausalConv1d,
     CausalConvTranspose1d,
+    PrenormParts,
     StreamContext,
     WindowKVAttention,
     run_blocks,
@@ -170,6 +173,14 @@ class TransformerLayer(nn.Module):
         """One GEMM for q/k/v and one for gate/up (after the model is placed: moving it replaced them)."""
         self.self_attn.fuse_projections()
         self.mlp.fuse()
+
+    def fused_parts(
+        self, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor, ctx: StreamContext | None
+    ) -> PrenormParts:
+        attend = functools.partial(self.self_attn, cos=cos, sin=sin, mask=mask, ctx=ctx)
+        norms = (self.input_layernorm, self.post_attention_layernorm)
+        scales = (self.self_attn_layer_scale, self.mlp_layer_scale)
+        return PrenormParts(norms[0], attend, scales[0], norms[1], self.mlp_fused, scales[1])
 
     def mlp_fused(self, h: torch.Tensor) -> torch.Tensor:
         """SwiGLU on rows ``h [N, H]`` with the SiLU-product as one kernel (``voxstage.nn.fused``)."""
