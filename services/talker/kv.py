@@ -239,9 +239,12 @@ def token_rows(
     b, t = positions.shape
     flat_q = q.reshape(b * t, 1, *q.shape[2:])
     if tokens is not None:
-        return flat_q, tokens[0], tokens[1].view(b * t, 1)
-    slots = slot_ids if slot_ids is not None else torch.arange(b, device=positions.device)
-    return flat_q, slots.unsqueeze(1).expand(b, t).reshape(b * t), positions.reshape(b * t, 1)
+        slots, flat_pos = tokens[0], tokens[1].view(b * t, 1)
+    else:
+        slots = slot_ids if slot_ids is not None else torch.arange(b, device=positions.device)
+        slots, flat_pos = slots.unsqueeze(1).expand(b, t).reshape(b * t), positions.reshape(b * t, 1)
+    # The kernel reads one slot per row at unit stride: a one-row chunk's slots are a broadcast (stride 0).
+    return flat_q, slots.contiguous(), flat_pos
 
 
 def _load_kernel() -> ModuleType | None:

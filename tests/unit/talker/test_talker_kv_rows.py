@@ -40,3 +40,13 @@ def test_a_calls_token_tables_give_the_same_rows() -> None:
     given = token_rows(q, slot_ids, positions, (torch.tensor([3, 3, 3, 1, 1, 1]), positions.reshape(-1)))
     for a, b in zip(own, given, strict=True):
         assert torch.equal(a, b)
+
+
+def test_a_lone_chunks_token_slots_are_not_a_broadcast() -> None:
+    """The kernel reads one slot per row at unit stride; a one-row chunk's slots, expanded, are a stride-0
+    view (reading it row by row ran past its one element on the GPU: an illegal memory access)."""
+    positions = torch.arange(16).unsqueeze(0)
+    q = torch.randn(1, 16, 2, 4)
+    for tokens in (None, (torch.tensor([5]).unsqueeze(1).expand(1, 16).reshape(16), positions.reshape(-1))):
+        _, slots, _ = token_rows(q, torch.tensor([5]), positions, tokens)
+        assert slots.stride() == (1,) and slots.tolist() == [5] * 16

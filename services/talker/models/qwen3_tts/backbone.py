@@ -292,7 +292,7 @@ class Qwen3Backbone(nn.Module):
             sin=sin.unsqueeze(2),
             mask=mask,
             write=write,
-            token_slot=write[0].expand(b, t).reshape(-1),
+            token_slot=write[0].expand(b, t).reshape(-1).contiguous(),  # the pool kernel reads unit stride
             token_pos=positions.reshape(-1),
         )
 
