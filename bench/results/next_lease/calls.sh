@@ -8,7 +8,9 @@
 #
 # `a` and `b` ran on 2026-12-05 (twelfth session), `g` and a first `h` the same day (thirteenth session,
 # bench/results/h200_2026-12-05_thirteenth/: the pinned codec launch is not what moved the paced search;
-# `h` stopped at a prefill graph capture, fixed since). First next time: `h` (a clone's first frame from its
+# `h` stopped at a prefill graph capture, fixed since). On 2026-12-05 (fourteenth session) `h` and `k` ran on
+# an H100 only (bench/results/h100_2026-12-05_fourteenth/): the H200's numbers are still to take. First next
+# time: `h` (a clone's first frame from its
 # prefill and a prefill's attention in the pool kernel, issue 30), then `k` (kernels per codec call and
 # talker step after the fourteenth session's cuts) and `l` (the latency aims), `e`, then `c`, `d` and `f`
 # (and, on an nvidia-h200-x2 lease, `x2 q3 one-gpu|split|pair-per-gpu` and `x2 pp one-gpu|split`, issue 31).
