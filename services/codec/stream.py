@@ -9,6 +9,7 @@ leaves, and one ``end_of_stream`` last, relayed from the talker's.
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import math
 import time
@@ -208,11 +209,16 @@ class CodecStream(CodecStageStream):
             )
         self.pcm_credit = op.initial_credit.amount
         codes, xvec = await self._reference(op.reference)
-        # Marked open before the await: if this handler is cancelled while the command is in flight, the
-        # engine still opens the stream, and close() must free it.
+        if not srv.worker.has_room():  # refused before the talker spends a prefill on it
+            busy = f"all {srv.worker.engine.max_streams} codec streams are busy"
+            raise StageFailure("RESOURCE_EXHAUSTED", busy)
+        # The engine opens the stream (a clone's decoder state restored) while the talker opens and makes its
+        # first frames: its answer is awaited after the talker's, off the way to the first audio. Marked open
+        # now: if this handler is cancelled while the command is in flight, the engine still opens the
+        # stream, and close() must free it.
         self.engine_open = True
         try:
-            self.slot = await srv.worker.open(
+            opening = srv.worker.open(
                 self.key,
                 initial_frames=sched.initial_chunk_frames,
                 prefix=codes,
@@ -222,10 +228,35 @@ class CodecStream(CodecStageStream):
         except StageFailure:
             self.engine_open = False
             raise
-        writer = srv.shm_writer
-        self._lend_shm(writer, op)
-        timeout = self.context.time_remaining()
-        self.relay = TalkerRelay(self, srv.pool, op.talker_address, timeout)
+        try:
+            talker_open = self._talker_open(op, sched, codes, xvec, window_frames)
+            writer = srv.shm_writer
+            self._lend_shm(writer, op)
+            self.relay = TalkerRelay(self, srv.pool, op.talker_address, self.context.time_remaining())
+            talked = await self._open_talker(talker_open, op.talker_address, rt.num_groups)
+        except BaseException:
+            await self._engine_opened(opening, refused_ok=True)
+            raise
+        # A refusal here (no free slot) ends the stream through fail(), which cancels the talker's call.
+        await self._engine_opened(opening, refused_ok=not talked)
+        if not talked:
+            return
+        if op.initial_text:  # it went to the talker inside its open (talker_open is a copy of ours)
+            assert self.relay is not None
+            self.end_of_input = op.initial_end_of_input
+            self.relay.input_given(ended=op.initial_end_of_input)
+        fmt = {"pcm_format": self.fmt, "sample_rate_hz": self.rate, "channels": 1}
+        self._send_opened(op, rt, **fmt, chunk_schedule=sched, transport=self._hello(writer, op))
+
+    def _talker_open(
+        self,
+        op: S.StreamOpen,
+        sched: S.ChunkSchedule,
+        codes: np.ndarray | None,
+        xvec: np.ndarray | None,
+        window_frames: int,
+    ) -> S.StreamOpen:
+        """The talker's ``open``: ours, with the schedule in force, the reference encoded, its own credit."""
         talker_open = S.StreamOpen()
         talker_open.CopyFrom(op)
         talker_open.ClearField("talker_address")
@@ -238,14 +269,17 @@ class CodecStream(CodecStageStream):
         talker_open.initial_credit.CopyFrom(
             S.Credit(unit=S.CREDIT_UNIT_FRAMES, amount=window_frames + sched.steady_chunk_frames)
         )
-        if not await self._open_talker(talker_open, op.talker_address, rt.num_groups):
-            return
-        if op.initial_text:  # it went to the talker inside its open (talker_open is a copy of ours)
-            assert self.relay is not None
-            self.end_of_input = op.initial_end_of_input
-            self.relay.input_given(ended=op.initial_end_of_input)
-        fmt = {"pcm_format": self.fmt, "sample_rate_hz": self.rate, "channels": 1}
-        self._send_opened(op, rt, **fmt, chunk_schedule=sched, transport=self._hello(writer, op))
+        return talker_open
+
+    async def _engine_opened(self, opening: asyncio.Task[int], refused_ok: bool) -> None:
+        """The engine's answer to the open: the slot, or its refusal (raised unless ``refused_ok``: the
+        stream already ends for another reason)."""
+        try:
+            self.slot = await opening
+        except StageFailure:
+            self.engine_open = False
+            if not refused_ok:
+                raise
 
     async def _reference(self, ref: S.VoiceReference) -> tuple[np.ndarray | None, np.ndarray | None]:
         """(ICL codes, x-vector) for a voice-clone request; both None without a reference."""

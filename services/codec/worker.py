@@ -12,6 +12,7 @@ codes, or the stream is gone) ends that stream only, through its listener's ``on
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from dataclasses import dataclass
@@ -95,7 +96,12 @@ class CodecWorker(SessionWorker[CodecOutput, PcmListener]):
         return await self._call(run)
 
     # -- streams -------------------------------------------------------------------------------------------
-    async def open(
+    def has_room(self) -> bool:
+        """A slot is free, as far as the loop can tell (the engine, deciding on its thread, has the last
+        word): every stream the engine holds has a listener until its last output or its cancel."""
+        return len(self._listeners) < self.engine.max_streams
+
+    def open(
         self,
         key: str,
         *,
@@ -103,16 +109,26 @@ class CodecWorker(SessionWorker[CodecOutput, PcmListener]):
         prefix: np.ndarray | None,
         listener: PcmListener,
         voice_key: str = "",
-    ) -> int:
-        """Admit a stream (its slot index); ``prefix`` codes are decoded first and their audio dropped, or,
-        for a voice-library voice (``voice_key``) whose state the engine keeps, not decoded at all."""
+    ) -> asyncio.Task[int]:
+        """Admit a stream: handed to the engine thread now (codes pushed later follow it); the task gives its
+        slot index, or the ``StageFailure`` that refused it. ``prefix`` codes are decoded first and their
+        audio dropped, or, for a voice-library voice (``voice_key``) whose state the engine keeps, not
+        decoded at all."""
         self._listeners[key] = listener
         try:
-            return await self._call(
+            fut = self._submit(
                 lambda: self.engine.open(
                     key, initial_frames=initial_frames, prefix=prefix, prefix_key=voice_key
                 )
             )
+        except BaseException:
+            self._listeners.pop(key, None)
+            raise
+        return asyncio.ensure_future(self._opened(key, fut))
+
+    async def _opened(self, key: str, fut: asyncio.Future[int]) -> int:
+        try:
+            return await self._result(fut)
         except BaseException:
             self._listeners.pop(key, None)
             raise

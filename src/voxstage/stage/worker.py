@@ -93,10 +93,19 @@ class StageWorker(Generic[O, L]):
     async def _call(self, fn: Callable[[], T]) -> T:
         """Run ``fn`` on the engine thread; its exceptions come back as the ``StageFailure`` the protocol
         assigns them (docs/protocol.md §7)."""
+        return await self._result(self._submit(fn))
+
+    def _submit(self, fn: Callable[[], T]) -> asyncio.Future[T]:
+        """Hand ``fn`` to the engine thread now, in order with every command handed before it; ``_result``
+        of the future is its value. For a caller with other work to start before that result (the codec
+        opens the talker while its engine opens the stream)."""
         if self.failed is not None:
             raise StageFailure("INTERNAL", f"{self.role} engine failed: {self.failed}")
+        return asyncio.wrap_future(self._thread.call(fn))
+
+    async def _result(self, fut: asyncio.Future[T]) -> T:
         try:
-            return await asyncio.wrap_future(self._thread.call(fn))
+            return await fut
         except StageFailure:
             raise
         except self.admission_errors as exc:
@@ -184,9 +193,9 @@ class SessionWorker(StageWorker[O, SL]):
         for key, fn in batch:
             self._guard(key, fn)
 
-    async def _call(self, fn: Callable[[], T]) -> T:
+    def _submit(self, fn: Callable[[], T]) -> asyncio.Future[T]:
         self.flush_commands()
-        return await super()._call(fn)
+        return super()._submit(fn)
 
     def _guard(self, key: str, fn: Callable[[], None]) -> None:
         try:

@@ -19,6 +19,7 @@ from services.codec.models.qwen3_tts.decoder import Qwen3TokenizerDecoder
 from services.codec.models.qwen3_tts.loader import random_init
 from services.codec.models.qwen3_tts.presets import decoder_preset
 from services.codec.worker import CodecWorker
+from voxstage.stage.errors import StageFailure
 
 TOL = 1e-5
 
@@ -141,3 +142,36 @@ async def test_a_cancel_comes_after_the_pushes_before_it(worker: CodecWorker) ->
     assert order == ["push", "cancel"]
     assert snapshot.slots_in_use == 0
     assert listeners["a"].errors == [] and not listeners["a"].done.done()
+
+
+@pytest.mark.asyncio
+async def test_an_open_is_handed_over_at_once_and_codes_pushed_before_its_answer_follow_it(
+    worker: CodecWorker, model: Qwen3TokenizerDecoder
+) -> None:
+    """The stream's codec opens the talker while the engine opens the stream: the open must reach the engine
+    thread before the call returns, so frames pushed before its answer is awaited find the stream open."""
+    handoffs = count_handoffs(worker)
+    listener, codes = Listener(), codes_for(3, 12)
+    opening = worker.open("a", initial_frames=1, prefix=None, listener=listener)
+    assert handoffs[0] == 1  # no await yet
+    worker.push("a", codes)
+    await worker.finish("a")
+    assert await opening >= 0
+    assert await asyncio.wait_for(listener.done, 30) == "final"
+    np.testing.assert_allclose(np.concatenate(listener.pcm), offline(model, codes), atol=TOL)
+
+
+@pytest.mark.asyncio
+async def test_room_is_what_the_engine_holds_and_a_refused_open_forgets_its_listener(
+    worker: CodecWorker,
+) -> None:
+    await open_streams(worker, "abc")
+    assert not worker.has_room()  # three streams: the engine's every slot
+    refused = worker.open("a", initial_frames=1, prefix=None, listener=Listener())  # already open
+    with pytest.raises(StageFailure) as err:
+        await refused
+    assert err.value.code == "INVALID_ARGUMENT" and "already open" in err.value.message
+    worker.cancel("b")
+    assert worker.has_room()
+    snapshot = await worker.snapshot()
+    assert snapshot.slots_in_use == 2
