@@ -3,9 +3,9 @@
 A request's text went to the codec only once the stages had answered ``opened``: a round trip through
 gateway, codec and talker on the way to first audio (about 5 ms on the CI box, most of the 9 ms between the
 client's time to first audio and the gateway's; docs/benchmarks.md). The input is now read ahead as the
-stream opens: when its first item has arrived by the time ``open`` is written and is a text the pump would
-pass, it goes inside the open (``StreamOpen.initial_text``, docs/protocol.md §2), and so does the end of
-input when it came right after that text (a whole-text request: HTTP, ``Synthesize``). The codec hands both
+stream opens, the open waiting a moment for it (``settle``): when its first item has arrived by the time
+``open`` is written and is a text the pump would pass, it goes inside the open (``StreamOpen.initial_text``,
+docs/protocol.md §2), and so does the end of input when it came right after that text (a whole-text request: HTTP, ``Synthesize``). The codec hands both
 to the talker inside the talker's open. Anything else (no text yet, a flush first, a text the pump refuses,
 sentence auto-flush, which splits texts) goes the usual way after ``opened``. A retried open carries the same.
 """
@@ -13,6 +13,7 @@ sentence auto-flush, which splits texts) goes the usual way after ``opened``. A 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import AsyncIterable, AsyncIterator, Callable
 from typing import Any, Generic, TypeVar
@@ -20,6 +21,13 @@ from typing import Any, Generic, TypeVar
 from gateway.errors import GatewayError
 
 _END = object()
+# How long an open waits for the client's first text and its end (``settle``). A client that writes its
+# config and text together (gRPC StreamingSynthesize) has both read within a few loop turns, and a text in
+# the open saves its own trip through codec and talker behind it (about 3 ms on an H200 box, where the
+# text came a second message after the open) and, for an in-context clone, whose prompt needs the whole
+# text or enough of it, the wait for the end of input. A client whose text comes later (an LLM's deltas)
+# loses at most this much of the open's overlap with it.
+SETTLE_S = 0.002
 T = TypeVar("T")  # an input: a text (str) or what else the pump takes (a flush)
 
 
@@ -52,6 +60,18 @@ class FirstInput(Generic[T]):
             future.set_result(item)
             if i == 0 and not isinstance(item, str):
                 return  # only a first text is read past
+
+    async def settle(self, timeout_s: float = SETTLE_S) -> None:
+        """Give the client's first input (and, after a first text, the next item: the end of a whole-text
+        request) up to ``timeout_s`` to arrive before the open is written."""
+        if not self._enabled:
+            return
+        first, second = self._ahead
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(timeout_s):
+                await asyncio.wait([first])
+                if isinstance(_value(first), str):
+                    await asyncio.wait([second])
 
     def for_open(self) -> tuple[str, bool]:
         """``(text, input ended)`` for the open written now (``("", False)``: nothing rides in it)."""

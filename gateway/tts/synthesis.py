@@ -327,7 +327,7 @@ class Synthesizer:
             TakeBudget(job, text_field).add(text)
 
         first = FirstInput(inputs, passes, enabled=flusher is None)  # a flusher splits texts: no early one
-        await asyncio.sleep(0)  # the first input's read gets a turn before the open is written
+        await first.settle()  # a text already on its way rides in the open
         try:
             opening = self._open(job, deadline, text_deltas, first, acct.whole_clip)
             codec, talker, stream, opened = await opening

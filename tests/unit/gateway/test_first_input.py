@@ -5,6 +5,7 @@ when the text is not there yet. The stages' side is tests/integration/test_stage
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator
 
 import pytest
@@ -101,3 +102,25 @@ async def test_a_failing_input_fails_the_pump_not_the_open() -> None:
             got.append(x)
     assert got == ["hi"]
     first.close()
+
+
+async def test_the_open_waits_a_moment_for_a_text_and_its_end_and_no_longer() -> None:
+    whole = FirstInput(items("hi"), refuse_long)  # text and end a few loop turns after the config
+    await whole.settle()
+    assert whole.for_open() == ("hi", True)
+    whole.close()
+
+    async def later() -> AsyncIterator[object]:  # an LLM's first delta, long after the config
+        await asyncio.sleep(1.0)
+        yield "late"
+
+    slow = FirstInput(later(), refuse_long)
+    t0 = time.monotonic()
+    await slow.settle(0.005)
+    assert time.monotonic() - t0 < 0.5 and slow.for_open() == ("", False)
+    slow.close()
+
+    streamed = FirstInput(items("hello", "world"), refuse_long)  # more text follows: the end never rides
+    await streamed.settle()
+    assert streamed.for_open() == ("hello", False)
+    streamed.close()
