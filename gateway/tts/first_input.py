@@ -5,8 +5,9 @@ gateway, codec and talker on the way to first audio (about 5 ms on the CI box, m
 client's time to first audio and the gateway's; docs/benchmarks.md). The input is now read ahead as the
 stream opens, the open waiting a moment for it (``settle``): when its first item has arrived by the time
 ``open`` is written and is a text the pump would pass, it goes inside the open (``StreamOpen.initial_text``,
-docs/protocol.md §2), and so does the end of input when it came right after that text (a whole-text request: HTTP, ``Synthesize``). The codec hands both
-to the talker inside the talker's open. Anything else (no text yet, a flush first, a text the pump refuses,
+docs/protocol.md §2), and so does the end of input when it came right after that text (a whole-text
+request: HTTP, ``Synthesize``, a gRPC stream written at once). The codec hands both to the talker inside
+the talker's open. Anything else (no text yet, a flush first, a text the pump refuses,
 sentence auto-flush, which splits texts) goes the usual way after ``opened``. A retried open carries the same.
 """
 
