@@ -108,9 +108,9 @@ m)  # issues 30 and 28 after the fifteenth session's two cuts of every request's
     # opens the stream while the talker opens): a clone's first audio hop by hop against the built-in
     # voice's (the in-context clone's prompt no longer waits for the end of input), then TTFA at 1 req/s and
     # c=1 RTF (the thirteenth session's H200: uploaded - built-in +3.68 ms p50; TTFA 27.0-29.0 ms p50)
-    part voice 200 python3 -m bench.voice_library --out $R/voice --model qwen3-tts-0.6b-base \
+    part voice 250 python3 -m bench.voice_library --out $R/voice --model qwen3-tts-0.6b-base \
       --builtin-model qwen3-tts-0.6b --device cuda --rate 1 --duration 24 --rounds 4 --frames 50 \
-      --clip-seconds 10 --warmup-requests 3 --arms uploaded,uploaded_xvector,builtin --stamps
+      --clip-seconds 10 --warmup-requests 3 --arms uploaded,inline,uploaded_xvector,builtin --stamps
     rm -rf $R/voice/voices_*
     part q3_latency 240 bash bench/run_gpu.sh $R/q3_latency "${Q3[@]}" --phases latency,report
     ;;
