@@ -82,6 +82,7 @@ def test_a_voices_reference_rows_are_built_once_and_leave_with_its_arrays() -> N
     assert torch.equal(first.prefill_embeds, again.prefill_embeds)
     assert torch.equal(first.prefill_embeds, fresh.prefill_embeds)
     assert again.voice is first.voice
+    assert first.voice is not None and list(first.voice.prefixes) == [None]  # auto: one prefix, kept
     del first, again, fresh, xvec, codes
     gc.collect()
     assert len(adapter.voice_rows) == 0

@@ -22,7 +22,7 @@ Trailing text is always a list of text *ids* (each frame projects its own); its 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -61,6 +61,15 @@ class VoiceEmbeds:
 
     speaker: torch.Tensor  # [H]: the x-vector in the model's dtype
     icl_codec: torch.Tensor | None  # [1 + T_ref, H]: E_c(codec_bos) ++ frames(ref_codes); None without ICL
+    # The prefix rows with this speaker's row, by language codec id (None: auto): at most one entry a
+    # language the checkpoint knows, living as long as the voice's rows do.
+    prefixes: dict[int | None, torch.Tensor] = field(default_factory=dict, compare=False)
+
+    def prefix(self, lang_id: int | None, build: Callable[[], torch.Tensor]) -> torch.Tensor:
+        rows = self.prefixes.get(lang_id)
+        if rows is None:
+            rows = self.prefixes[lang_id] = build()
+        return rows
 
 
 @dataclass
@@ -271,17 +280,16 @@ def build_prompt(model: Qwen3TTSTalker, spec: PromptSpec, parts: PromptParts = N
         pieces.append(parts.get(("text", instruct), lambda: model.embed_text(_ids(model, instruct))))
     role = tuple(spec.role_ids)
     pieces.append(parts.get(("text", role), lambda: model.embed_text(_ids(model, role))))
-    if spec.speaker_embedding is None:  # a preset speaker's or none: the same rows for every request
-        pieces.append(parts.get(("prefix", lang_id, spec.speaker and spec.speaker.lower()), prefix_rows))
-    else:  # a clone's x-vector row sits among them
-        pieces.append(prefix_rows())
-    prefix_len = sum(p.shape[0] for p in pieces)
-    text_ids = list(spec.text_ids)
-
     voice = spec.voice
     if voice is None and spec.speaker_embedding is not None:  # a clone: its reference's rows, for reuse
         assert speaker_vec is not None  # validate_spec
         voice = VoiceEmbeds(speaker_vec, _icl_codec(model, spec))
+    if voice is None:  # a preset speaker's or none: the same rows for every request
+        pieces.append(parts.get(("prefix", lang_id, spec.speaker and spec.speaker.lower()), prefix_rows))
+    else:  # a clone's x-vector row sits among them: the same rows for every request by that voice
+        pieces.append(voice.prefix(lang_id, prefix_rows))
+    prefix_len = sum(p.shape[0] for p in pieces)
+    text_ids = list(spec.text_ids)
     codec_pad = pad_bos[0]  # a gather's row: the same values as gathering it once per position
     if voice is not None and voice.icl_codec is not None and spec.ref_text_ids is not None:
         tail, trailing = _icl_tail(
