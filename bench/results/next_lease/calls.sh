@@ -44,6 +44,13 @@ spy() {  # spy ROLE DELAY SECONDS: py-spy (native frames, not stopping the proce
       -r 100 -d "$3" -f raw -o "$R/pyspy_$1_$2.txt" --pid "$pid" > "$R/pyspy_$1_$2.log" 2>&1 ) &
 }
 
+voice_arms() {  # issue 30: a clone's first audio hop by hop, uploaded and inline, against the built-in voice's
+  part voice 250 python3 -m bench.voice_library --out $R/voice --model qwen3-tts-0.6b-base \
+    --builtin-model qwen3-tts-0.6b --device cuda --rate 1 --duration 24 --rounds 4 --frames 50 \
+    --clip-seconds 10 --warmup-requests 3 --arms uploaded,inline,uploaded_xvector,builtin --stamps
+  rm -rf $R/voice/voices_*
+}
+
 case "$CALL" in
 a)  # issue 30: which part of a clone's first audio holds its time (engines alone, then served, hop by hop
     # with the arms in turns, the built-in arm being TTFA at 1 req/s); issue 28: a join burst's prompts;
@@ -108,17 +115,11 @@ m)  # issues 30 and 28 after the fifteenth session's two cuts of every request's
     # opens the stream while the talker opens): a clone's first audio hop by hop against the built-in
     # voice's (the in-context clone's prompt no longer waits for the end of input), then TTFA at 1 req/s and
     # c=1 RTF (the thirteenth session's H200: uploaded - built-in +3.68 ms p50; TTFA 27.0-29.0 ms p50)
-    part voice 250 python3 -m bench.voice_library --out $R/voice --model qwen3-tts-0.6b-base \
-      --builtin-model qwen3-tts-0.6b --device cuda --rate 1 --duration 24 --rounds 4 --frames 50 \
-      --clip-seconds 10 --warmup-requests 3 --arms uploaded,inline,uploaded_xvector,builtin --stamps
-    rm -rf $R/voice/voices_*
+    voice_arms
     part q3_latency 240 bash bench/run_gpu.sh $R/q3_latency "${Q3[@]}" --phases latency,report
     ;;
 v)  # issue 30 alone (call m's first part), for a short lease
-    part voice 250 python3 -m bench.voice_library --out $R/voice --model qwen3-tts-0.6b-base \
-      --builtin-model qwen3-tts-0.6b --device cuda --rate 1 --duration 24 --rounds 4 --frames 50 \
-      --clip-seconds 10 --warmup-requests 3 --arms uploaded,inline,uploaded_xvector,builtin --stamps
-    rm -rf $R/voice/voices_*
+    voice_arms
     ;;
 l)  # issue 28: the latency aims after the fourteenth session's cuts (TTFA at 1 req/s, c=1 RTF), and the
     # served codec's start-up cost fit (3.87 ms + 66 us a frame-row in the tenth session) in its log
