@@ -19,7 +19,7 @@
 # After the lease: unpack into bench/results/h200_<date>_<session>/, pack (python -m bench.pack_results),
 # write docs/benchmarks.md (naming this script's commit), and queue the next calls here.
 set -u
-CALL=${1:?usage: bench/results/next_lease/calls.sh a|b|c|d|e|f|g|h|k|l|m|v|x2 MODEL LAYOUT}
+CALL=${1:?usage: bench/results/next_lease/calls.sh a|b|c|d|e|f|g|h|k|l|m|p|v|x2 MODEL LAYOUT}
 : "${OUT:?OUT: the folder that comes back}"
 R=/tmp/r; mkdir -p $R
 bash bench/run_gpu.sh --install-only > $R/install.log 2>&1
@@ -120,6 +120,14 @@ m)  # issues 30 and 28 after the fifteenth session's two cuts of every request's
     ;;
 v)  # issue 30 alone (call m's first part), for a short lease
     voice_arms
+    ;;
+p)  # issue 30: the served talker's prepare, wall clock against the engine thread's CPU time (bench/prepare_hook)
+    mkdir -p $R/prepare
+    part prepare 200 env PYTHONPATH="$PWD/bench/prepare_hook:$PYTHONPATH" VX_PREPARE_OUT=$R/prepare \
+      python3 -m bench.voice_library --out $R/voice_p --model qwen3-tts-0.6b-base --builtin-model qwen3-tts-0.6b \
+      --device cuda --rate 1 --duration 12 --rounds 2 --frames 50 --clip-seconds 10 --warmup-requests 3 \
+      --arms uploaded,builtin
+    rm -rf $R/voice_p/voices_*
     ;;
 l)  # issue 28: the latency aims after the fourteenth session's cuts (TTFA at 1 req/s, c=1 RTF), and the
     # served codec's start-up cost fit (3.87 ms + 66 us a frame-row in the tenth session) in its log
