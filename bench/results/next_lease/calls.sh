@@ -6,14 +6,14 @@
 #   run(command="export OUT; bash bench/results/next_lease/calls.sh a", carry=["build/bench_wheels"],
 #       timeout_s=600)
 #
-# `a` and `b` ran on 2026-12-05 (twelfth session), `g` and a first `h` the same day (thirteenth session,
-# bench/results/h200_2026-12-05_thirteenth/: the pinned codec launch is not what moved the paced search;
-# `h` stopped at a prefill graph capture, fixed since). On 2026-12-05 (fourteenth session) `h` and `k` ran on
-# an H100 only (bench/results/h100_2026-12-05_fourteenth/): the H200's numbers are still to take. First next
-# time: `h` (a clone's first frame from its
-# prefill and a prefill's attention in the pool kernel, issue 30), then `k` (kernels per codec call and
-# talker step after the fourteenth session's cuts) and `l` (the latency aims), `e`, then `c`, `d` and `f`
-# (and, on an nvidia-h200-x2 lease, `x2 q3 one-gpu|split|pair-per-gpu` and `x2 pp one-gpu|split`, issue 31).
+# `a` and `b` ran on 2026-12-05 (twelfth session), `g` and a first `h` the same day (thirteenth session);
+# `h` and `k` on an H100 only (fourteenth session, bench/results/h100_2026-12-05_fourteenth/); `m`, `v` and
+# `p` on the H200 (fifteenth session, bench/results/h200_2026-12-05_fifteenth/: TTFA at 1 req/s 22.3 ms p50,
+# c=1 RTF 0.067; the uploaded in-context clone 1.2-3.3 ms behind the built-in voice, its prepare CPU-bound).
+# First next time: `v` after the talker's prepare is cut (issue 30), then `h` (the GPU tests of the
+# fourteenth session's paths on the H200, the engines' phased profile), `k` (kernels per codec call and
+# talker step), `e`, then `c`, `d` and `f` (and, on an nvidia-h200-x2 lease, `x2 q3 one-gpu|split|pair-per-gpu`
+# and `x2 pp one-gpu|split`, issue 31).
 # Each call installs (bench/run_gpu.sh --install-only), runs its parts under their own timeouts, writes each
 # part's exit status to $OUT/rc.txt and its results, packed, to $OUT/<call>.tar.xz.
 # After the lease: unpack into bench/results/h200_<date>_<session>/, pack (python -m bench.pack_results),
@@ -21,7 +21,7 @@
 set -u
 CALL=${1:?usage: bench/results/next_lease/calls.sh a|b|c|d|e|f|g|h|k|l|m|p|v|x2 MODEL LAYOUT}
 : "${OUT:?OUT: the folder that comes back}"
-R=/tmp/r; mkdir -p $R
+R=/tmp/r; rm -rf $R; mkdir -p $R  # a warm machine keeps the last call's: not packed again
 bash bench/run_gpu.sh --install-only > $R/install.log 2>&1
 export PYTHONPATH=/tmp/vx-pkg:/tmp/vx-site:. VOXSTAGE_CACHE=/tmp/vxcache VX_INSTALLED=1  # installed once
 # Capture sizes of the served codec decode (the tenth and eleventh sessions' runs): chunk sizes are added.
