@@ -24,6 +24,7 @@ import functools
 import importlib.abc
 import importlib.util
 import inspect
+import json
 import os
 import sys
 import time
@@ -115,8 +116,41 @@ def _seq_rids(seqs: Any) -> list[str]:
     return [str(s.request.request_id) for s in seqs if s is not None]
 
 
+def _time_prepare(engine_cls: type, out_dir: str) -> None:
+    """With ``VX_PREPARE_OUT`` set: each ``prepare`` of the engine's adapter timed on the engine thread, wall
+    clock against the thread's own CPU time (a gap is time the thread waited: the GIL, the scheduler),
+    written to ``<VX_PREPARE_OUT>/prepare_<pid>.json`` every 8 calls."""
+    samples: list[tuple[float, float]] = []
+    submit = engine_cls.submit
+
+    def timed_prepare(prepare: Callable[[Any], Any]) -> Callable[[Any], Any]:
+        def timed(spec: Any) -> Any:
+            t0, c0 = time.perf_counter(), time.thread_time()
+            try:
+                return prepare(spec)
+            finally:
+                samples.append((time.perf_counter() - t0, time.thread_time() - c0))
+                if len(samples) % 8 == 0:
+                    doc = {"wall_s": [w for w, _ in samples], "cpu_s": [c for _, c in samples]}
+                    with open(os.path.join(out_dir, f"prepare_{os.getpid()}.json"), "w") as f:
+                        json.dump(doc, f)
+
+        return timed
+
+    @functools.wraps(submit)
+    def wrapped(self: Any, *a: Any, **k: Any) -> Any:
+        if not getattr(self.adapter, "_prepare_timed", False):
+            self.adapter._prepare_timed = True
+            self.adapter.prepare = timed_prepare(self.adapter.prepare)
+        return submit(self, *a, **k)
+
+    engine_cls.submit = wrapped
+
+
 def _talker_engine(m: Any) -> None:
     e = m.TalkerEngine
+    if out_dir := os.environ.get("VX_PREPARE_OUT"):
+        _time_prepare(e, out_dir)
     _patch_engine(e, "submit", "talker.engine", lambda a: [str(a[0].request_id)])
     _patch_engine(e, "_check_fits", "talker.prepared", lambda a: _seq_rids(a[:1]))
     _patch_engine(e, "_feed_text", "talker.admit", lambda a: _seq_rids(a[:1]))

@@ -4,32 +4,17 @@ shape of the results is checked."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from benchkit import run_family_bench
 
-ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.timeout(120)
 
 
 def test_prefill_burst_bench_runs_on_cpu(tmp_path: Path) -> None:
-    out = tmp_path / "burst.json"
-    script = ROOT / "bench" / "families" / "personaplex" / "prefill_burst.py"
-    cmd = [sys.executable, str(script), "--out", str(out), "--device", "cpu", "--size", "tiny"]
-    cmd += ["--batches", "1,3", "--iters", "1"]
-    subprocess.run(
-        cmd,
-        cwd=ROOT,
-        check=True,
-        capture_output=True,
-        timeout=100,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-    )
-    result = json.loads(out.read_text())
+    args = ("--device", "cpu", "--size", "tiny", "--batches", "1,3", "--iters", "1")
+    result = run_family_bench("personaplex", "prefill_burst.py", tmp_path / "burst.json", *args, timeout=100)
     assert result["voice_rows"] > 0 and result["prompt_positions"] > result["voice_rows"]
     rows = [(r["arm"], r["batch"], r["positions"]) for r in result["results"]]
     n = result["prompt_positions"]

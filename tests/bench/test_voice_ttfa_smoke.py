@@ -5,26 +5,17 @@ checked."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from benchkit import run_family_bench
 
-ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.timeout(180)
 
 
 def test_voice_ttfa_bench_runs_on_cpu(tmp_path: Path) -> None:
-    out = tmp_path / "voice_ttfa.json"
-    script = ROOT / "bench" / "families" / "qwen3_tts" / "voice_ttfa.py"
-    cmd = [sys.executable, str(script), "--out", str(out), "--device", "cpu", "--size", "tiny"]
-    cmd += ["--requests", "2", "--warmup", "1", "--frames", "4"]
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    subprocess.run(cmd, cwd=ROOT, check=True, capture_output=True, timeout=160, env=env)
-    result = json.loads(out.read_text())
+    args = ("--device", "cpu", "--size", "tiny", "--requests", "2", "--warmup", "1", "--frames", "4")
+    result = run_family_bench("qwen3_tts", "voice_ttfa.py", tmp_path / "voice_ttfa.json", *args, timeout=160)
     arms = {a["arm"]: a for a in result["arms"]}
     assert set(arms) == {"builtin", "clone", "xvector"}
     assert arms["builtin"]["codec_voice_states"] == 0 and arms["clone"]["codec_voice_states"] == 1

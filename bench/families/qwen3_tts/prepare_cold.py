@@ -2,10 +2,11 @@
 1 req/s meets it), built built-in, x-vector clone and in-context clone (issue 30).
 
 Served on the H200 at 1 req/s, the talker's ``prepare`` took 2.8-3.8 ms of its engine thread's own CPU time
-(``bench/prepare_hook``) where a loop of the engine alone measured 0.9-1.3 ms: the work is the same, the
-thread runs it after a second asleep. This times ``adapter.prepare`` of one arm's requests back to back and
-with ``--pause`` seconds before each, wall clock and the thread's CPU time, at ``--threads`` torch intra-op
-threads (a CPU op large enough to go parallel wakes the pool's sleeping threads), and writes medians.
+(``bench/stamp_hook`` with ``VX_PREPARE_OUT``) where a loop of the engine alone measured 0.9-1.3 ms: the
+work is the same, the thread runs it after a second asleep. This times ``adapter.prepare`` of one arm's
+requests back to back and with ``--pause`` seconds before each, wall clock and the thread's CPU time, at
+``--threads`` torch intra-op threads (a CPU op large enough to go parallel wakes the pool's sleeping
+threads), and writes medians.
 
     python bench/families/qwen3_tts/prepare_cold.py --out prepare_cold.json [--device cuda --size 0.6b]
 """

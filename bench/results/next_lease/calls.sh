@@ -121,12 +121,12 @@ m)  # issues 30 and 28 after the fifteenth session's two cuts of every request's
 v)  # issue 30 alone (call m's first part), for a short lease
     voice_arms
     ;;
-p)  # issue 30: the served talker's prepare, wall clock against the engine thread's CPU time (bench/prepare_hook)
+p)  # issue 30: the served talker's prepare, wall clock against the engine thread's CPU time (the stamp
+    # hook with VX_PREPARE_OUT)
     mkdir -p $R/prepare
-    part prepare 200 env PYTHONPATH="$PWD/bench/prepare_hook:$PYTHONPATH" VX_PREPARE_OUT=$R/prepare \
-      python3 -m bench.voice_library --out $R/voice_p --model qwen3-tts-0.6b-base --builtin-model qwen3-tts-0.6b \
-      --device cuda --rate 1 --duration 12 --rounds 2 --frames 50 --clip-seconds 10 --warmup-requests 3 \
-      --arms uploaded,builtin
+    part prepare 200 env VX_PREPARE_OUT=$R/prepare python3 -m bench.voice_library --out $R/voice_p \
+      --model qwen3-tts-0.6b-base --builtin-model qwen3-tts-0.6b --device cuda --rate 1 --duration 12 \
+      --rounds 2 --frames 50 --clip-seconds 10 --warmup-requests 3 --arms uploaded,builtin --stamps
     rm -rf $R/voice_p/voices_*
     ;;
 l)  # issue 28: the latency aims after the fourteenth session's cuts (TTFA at 1 req/s, c=1 RTF), and the
