@@ -20,6 +20,7 @@ take's key (``<stream key>.<take>``): the talker's submit writes ``ALIAS <take k
 
 from __future__ import annotations
 
+import cProfile
 import functools
 import importlib.abc
 import importlib.util
@@ -122,18 +123,28 @@ def _time_prepare(engine_cls: type, out_dir: str) -> None:
     written to ``<VX_PREPARE_OUT>/prepare_<pid>.json`` every 8 calls."""
     samples: list[tuple[float, float]] = []
     submit = engine_cls.submit
+    # With VX_PREPARE_PROFILE set too, each prepare also runs under cProfile (which slows it), its stats
+    # accumulated in prepare_<pid>.prof: where a served prepare's CPU time goes, function by function.
+    profile = cProfile.Profile() if os.environ.get("VX_PREPARE_PROFILE") else None
 
     def timed_prepare(prepare: Callable[[Any], Any]) -> Callable[[Any], Any]:
         def timed(spec: Any) -> Any:
             t0, c0 = time.perf_counter(), time.thread_time()
+            if profile is not None:
+                profile.enable()
             try:
                 return prepare(spec)
             finally:
+                if profile is not None:
+                    profile.disable()
                 samples.append((time.perf_counter() - t0, time.thread_time() - c0))
                 if len(samples) % 8 == 0:
+                    base = os.path.join(out_dir, f"prepare_{os.getpid()}")
                     doc = {"wall_s": [w for w, _ in samples], "cpu_s": [c for _, c in samples]}
-                    with open(os.path.join(out_dir, f"prepare_{os.getpid()}.json"), "w") as f:
+                    with open(f"{base}.json", "w") as f:
                         json.dump(doc, f)
+                    if profile is not None:
+                        profile.dump_stats(f"{base}.prof")
 
         return timed
 

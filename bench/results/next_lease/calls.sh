@@ -128,6 +128,11 @@ p)  # issue 30: the served talker's prepare, wall clock against the engine threa
       --model qwen3-tts-0.6b-base --builtin-model qwen3-tts-0.6b --device cuda --rate 1 --duration 12 \
       --rounds 2 --frames 50 --clip-seconds 10 --warmup-requests 3 --arms uploaded,builtin --stamps
     rm -rf $R/voice_p/voices_*
+    mkdir -p $R/prepare_prof  # the same under cProfile (slower): where the CPU time goes
+    part prepare_prof 200 env VX_PREPARE_OUT=$R/prepare_prof VX_PREPARE_PROFILE=1 python3 -m bench.voice_library \
+      --out $R/voice_pp --model qwen3-tts-0.6b-base --builtin-model qwen3-tts-0.6b --device cuda --rate 1 \
+      --duration 12 --rounds 2 --frames 50 --clip-seconds 10 --warmup-requests 3 --arms uploaded,builtin --stamps
+    rm -rf $R/voice_pp/voices_*
     ;;
 l)  # issue 28: the latency aims after the fourteenth session's cuts (TTFA at 1 req/s, c=1 RTF), and the
     # served codec's start-up cost fit (3.87 ms + 66 us a frame-row in the tenth session) in its log
