@@ -71,6 +71,7 @@ class TalkerStream(TalkerStageStream):
         self.params = RequestParams()
         self.non_streaming = False
         self.text_deltas = False
+        self.whole_in_open = False  # the open carried the text and its end
         self.initial = self.steady = 1
         self.ramp = True
         self.credit = 0
@@ -131,8 +132,11 @@ class TalkerStream(TalkerStageStream):
         writer = srv.shm_writer
         self._lend_shm(writer, op)
         self._send_opened(op, srv, chunk_schedule=sched, transport=self._hello(writer, op))
-        # The first text (and the end of input) may come with the open: handled as their messages would be.
+        # The first text (and the end of input) may come with the open: handled as their messages would be,
+        # but for one thing: a text whose end came with it is whole, so it is never started early (a prompt
+        # that needs the whole text, an in-context clone's, is then built at once, not on the end's turn).
         if op.initial_text:
+            self.whole_in_open = op.initial_end_of_input
             await self._text(op.initial_text)
         if op.initial_end_of_input:
             await self._end_of_input()
@@ -190,7 +194,7 @@ class TalkerStream(TalkerStageStream):
 
     def _early(self, seg: Segment) -> bool:
         n = self.policy.early_start_chars
-        explicit_whole = self.non_streaming or self.params.non_streaming is True
+        explicit_whole = self.non_streaming or self.params.non_streaming is True or self.whole_in_open
         return n > 0 and self.text_deltas and not explicit_whole and len(seg.text.strip()) >= n
 
     async def _start(self, seg: Segment) -> None:

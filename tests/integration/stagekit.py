@@ -207,11 +207,13 @@ async def synthesize(
     deadline_s: float = 60.0,
     shm: ShmReader | None = None,
     in_open: bool = False,
+    deltas: bool = False,
 ) -> Result:
     """One request through ``Codec.Stream``. ``on_pcm`` runs after each chunk; returning False stops reading
     (the caller has cancelled or is about to kill something). With ``shm`` the client verifies the codec's
     probe at ``open`` (§9), so the codec may lend it chunks in shared memory: each is read and acked. With
-    ``in_open`` the text (and, without ``stream_text``, the end of input) ride in the open (§2)."""
+    ``in_open`` the text (and, without ``stream_text``, the end of input) ride in the open (§2); ``deltas``
+    marks the text as deltas (``text_deltas``) without streaming more of it."""
     verified = ""
     if shm is not None:
         verified = verify_peer(hello_from_proto((await codec_status(codec, requests=False)).transport))
@@ -244,7 +246,7 @@ async def synthesize(
             ref.audio_format = S.PCM_FORMAT_F32LE
             ref.audio_sample_rate_hz = reference.sample_rate
             ref.text = reference.text
-        if stream_text:
+        if stream_text or deltas:
             # Streaming input: deltas, so the talker starts the segment early (early_start_chars) in its
             # streaming-text mode and takes the rest as it comes.
             op.text_deltas = True

@@ -204,6 +204,10 @@ async def test_a_text_in_the_open_equals_text_after_it(pair_a: Pair, cache: Path
     )
     expected = in_process_reference(cache, FRAMES, seed=42, stream_text=TEXT_TAIL)
     np.testing.assert_allclose(streamed.audio, expected, atol=1e-5, rtol=0)
+    # Deltas whose end rode in the open with them (a gRPC client that wrote its text and ended): whole, so
+    # never started early in streaming-text mode.
+    ended = await synthesize(pair_a.codec.address, pair_a.talker_address, TEXT, in_open=True, deltas=True)
+    np.testing.assert_allclose(ended.audio, whole.audio, atol=1e-5, rtol=0)
 
 
 async def test_b_client_cancel_frees_talker_slot_and_codec_stream(pair_a: Pair) -> None:
