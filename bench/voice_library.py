@@ -24,7 +24,8 @@ that drift over the run (clocks, the stacks' age) falls on every arm alike; the 
 Writes ``OUT/voice_ttfa_<arm>_<tag>_r<round>.json`` (loadgen's format, per request) and
 ``OUT/voice_library_<tag>.json``: per arm p50/p90/p95/p99/mean TTFA (client and the gateway's own), each
 round's p50, and errors, and the differences
-``uploaded - builtin``, ``uploaded_xvector - builtin`` and ``inline - uploaded`` (ms). Every arm is preceded
+``uploaded - builtin``, ``uploaded_xvector - builtin`` and ``inline - uploaded`` (ms), with a 95 %
+bootstrap interval of each p50 difference (``diff_p50_interval_ms``). Every arm is preceded
 by an unmeasured warm-up level; ``--arms`` runs a subset (a short device lease: ``uploaded,builtin``).
 ``--stamps`` starts the stacks with ``bench/stamp_hook``, which stamps each request's way to its first audio
 in every process (``bench/stamps.py``): each arm's ``path`` gives every point's time after the gateway's
@@ -98,11 +99,29 @@ def upload(http: str, name: str, wav: bytes, text: str) -> dict[str, Any]:
         return dict(json.loads(r.read()))
 
 
+def ttfa_values(docs: list[dict[str, Any]]) -> list[float]:
+    """Each answered request's TTFA (ms) over the measured levels of ``docs``."""
+    ok = [r for doc in docs for r in doc["levels"][-1]["records"] if r["ok"]]
+    return [r["ttfa_s"] * 1e3 for r in ok if r.get("ttfa_s") is not None]
+
+
+def p50_diff_interval(x: list[float], y: list[float], draws: int = 4000, seed: int = 0) -> list[float]:
+    """A 95 % bootstrap interval of ``p50(x) - p50(y)`` (ms), each arm's requests resampled apart: with a
+    few dozen requests an arm, its p50 moves by a millisecond or more between runs, and a verdict of
+    "within 2 ms" needs to say how far the measurement can be trusted."""
+    rng = np.random.default_rng(seed)
+    xs, ys = np.asarray(x), np.asarray(y)
+    mx = np.median(xs[rng.integers(0, len(xs), (draws, len(xs)))], axis=1)
+    my = np.median(ys[rng.integers(0, len(ys), (draws, len(ys)))], axis=1)
+    lo, hi = np.percentile(mx - my, [2.5, 97.5])
+    return [round(float(lo), 3), round(float(hi), 3)]
+
+
 def summarize(docs: list[dict[str, Any]]) -> dict[str, Any]:
     """TTFA (ms) and request counts over the measured levels of ``docs`` (one per round)."""
     levels = [doc["levels"][-1] for doc in docs]
     ok = [r for level in levels for r in level["records"] if r["ok"]]
-    ttfa = [r["ttfa_s"] * 1e3 for r in ok if r.get("ttfa_s") is not None]
+    ttfa = ttfa_values(docs)
     # The gateway's own TTFA (receipt to first audio sent): the client's less its transport both ways.
     server = [r["server_ttfa_s"] * 1e3 for r in ok if r.get("server_ttfa_s") is not None]
     out: dict[str, Any] = {
@@ -278,6 +297,7 @@ def main(argv: list[str] | None = None) -> int:
             stack.stop()
     arms = result["arms"]
     arms.update({arm.name: arm_result(arm, a.stamps) for arm in plan})
+    values = {arm.name: ttfa_values([json.loads(f.read_text()) for f in arm.files]) for arm in plan}
 
     def p(arm: str, q: str) -> float | None:
         return arms.get(arm, {}).get("ttfa_ms", {}).get(q)
@@ -288,6 +308,11 @@ def main(argv: list[str] | None = None) -> int:
         for q in ("p50", "mean", "p95")
         if p(x, q) is not None and p(y, q) is not None
     }
+    result["diff_p50_interval_ms"] = {
+        f"{x}-{y}": p50_diff_interval(values[x], values[y])
+        for x, y in (("uploaded", "builtin"), ("uploaded_xvector", "builtin"), ("inline", "uploaded"))
+        if values.get(x) and values.get(y)
+    }
     if a.stamps and "builtin" in arms:
         result["path_diff_ms"] = {
             f"{x}-builtin": stamps.diff(arms[x]["path"], arms["builtin"]["path"])
@@ -296,7 +321,8 @@ def main(argv: list[str] | None = None) -> int:
         }
     path = a.out / f"voice_library_{tag}.json"
     path.write_text(json.dumps(result, indent=2) + "\n")
-    print(json.dumps({k: result[k] for k in ("diff_ms", "path_diff_ms") if k in result}, indent=2))
+    keys = ("diff_ms", "diff_p50_interval_ms", "path_diff_ms")
+    print(json.dumps({k: result[k] for k in keys if k in result}, indent=2))
     print(f"wrote {path}", flush=True)
     return 0
 

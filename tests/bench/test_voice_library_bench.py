@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from bench import voice_library
@@ -34,6 +35,8 @@ def test_the_voice_library_bench_runs_its_four_arms(tmp_path: Path, monkeypatch:
         assert all((out / name).exists() for name in arm["files"])
     diffs = {"uploaded-builtin_p50", "uploaded_xvector-builtin_p50", "inline-uploaded_p50"}
     assert diffs <= set(doc["diff_ms"])
+    for pair, (lo, hi) in doc["diff_p50_interval_ms"].items():
+        assert lo <= doc["diff_ms"][f"{pair}_p50"] <= hi, pair
     # --stamps: every arm's requests were followed through every process to their first audio.
     for arm in doc["arms"].values():
         path = arm["path"]
@@ -42,6 +45,15 @@ def test_the_voice_library_bench_runs_its_four_arms(tmp_path: Path, monkeypatch:
         assert {"codec.open", "talker.open", "talker.send", "codec.pcm", "gateway.pcm"} <= set(after)
         assert 0 < after["talker.open"] < after["talker.send"] < after["codec.pcm"] < after["gateway.pcm"]
     assert "gateway.open -> codec.open" in doc["path_diff_ms"]["uploaded-builtin"]
+
+
+def test_the_p50_difference_interval_brackets_the_shift_and_narrows_with_requests() -> None:
+    rng = np.random.default_rng(1)
+    x, y = list(20 + rng.exponential(3, 400)), list(18 + rng.exponential(3, 400))
+    lo, hi = voice_library.p50_diff_interval(x, y)
+    assert lo < 2.0 < hi and hi - lo < 2.0
+    lo_few, hi_few = voice_library.p50_diff_interval(x[:25], y[:25])
+    assert hi_few - lo_few > hi - lo  # fewer requests, a wider interval
 
 
 def test_an_unknown_arm_is_refused_before_any_stack_starts(

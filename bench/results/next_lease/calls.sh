@@ -118,8 +118,13 @@ m)  # issues 30 and 28 after the fifteenth session's two cuts of every request's
     voice_arms
     part q3_latency 240 bash bench/run_gpu.sh $R/q3_latency "${Q3[@]}" --phases latency,report
     ;;
-v)  # issue 30 alone (call m's first part), for a short lease
-    voice_arms
+v)  # issue 30 alone, for a short lease: the uploaded clone against the built-in voice with 60 requests an
+    # arm in 6 rounds (24 in 4 before: the p50 difference moved 1.2-3.3 ms between runs), and the p50
+    # difference's bootstrap interval
+    part voice 330 python3 -m bench.voice_library --out $R/voice --model qwen3-tts-0.6b-base \
+      --builtin-model qwen3-tts-0.6b --device cuda --rate 1 --duration 60 --rounds 6 --frames 50 \
+      --clip-seconds 10 --warmup-requests 3 --arms uploaded,uploaded_xvector,builtin --stamps
+    rm -rf $R/voice/voices_*
     ;;
 p)  # issue 30: the served talker's prepare, wall clock against the engine thread's CPU time (the stamp
     # hook with VX_PREPARE_OUT)
