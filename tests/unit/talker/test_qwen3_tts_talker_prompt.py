@@ -143,6 +143,8 @@ def test_icl_text_tokens_needed() -> None:
         ("custom_voice", {"role_ids": [1, 2]}, "role_ids"),
         ("custom_voice", {"non_streaming": True, "text_complete": False}, "non_streaming"),
         ("custom_voice", {"text_ids": [10**6]}, "text_ids"),
+        ("custom_voice", {"text_ids": [5, -1, 6]}, "text_ids"),
+        ("base", {"ref_text_ids": [5, 10**6], "ref_codes": torch.zeros(3, 16).long()}, "ref_text_ids"),
         ("custom_voice", {"speaker_embedding": torch.zeros(64)}, "speaker_embedding"),
         ("voice_design", {"speaker": "ryan"}, "speaker"),
         ("base", {"speaker_embedding": None}, "speaker_embedding"),
