@@ -10,7 +10,8 @@
 # `h` and `k` on an H100 only (fourteenth session, bench/results/h100_2026-12-05_fourteenth/); `m`, `v` and
 # `p` on the H200 (fifteenth session, bench/results/h200_2026-12-05_fifteenth/: TTFA at 1 req/s 22.3 ms p50,
 # c=1 RTF 0.067; the uploaded in-context clone 1.2-3.3 ms behind the built-in voice, its prepare CPU-bound).
-# First next time: `v` after the talker's prepare is cut (issue 30), then `h` (the GPU tests of the
+# `v`, `p`, `l` and `d` on the H200 (sixteenth session, bench/results/h200_2026-12-05_sixteenth/).
+# First next time: `p` (is the prepare's linear cost per new shape?), then `h` (the GPU tests of the
 # fourteenth session's paths on the H200, the engines' phased profile), `k` (kernels per codec call and
 # talker step), `e`, then `c`, `d` and `f` (and, on an nvidia-h200-x2 lease, `x2 q3 one-gpu|split|pair-per-gpu`
 # and `x2 pp one-gpu|split`, issue 31).
@@ -126,8 +127,13 @@ v)  # issue 30 alone, for a short lease: the uploaded clone against the built-in
       --clip-seconds 10 --warmup-requests 3 --arms uploaded,builtin --stamps
     rm -rf $R/voice/voices_*
     ;;
-p)  # issue 30: the served talker's prepare, wall clock against the engine thread's CPU time (the stamp
-    # hook with VX_PREPARE_OUT)
+p)  # the talker's prepare: served, its linear calls (the text projection) took 0.75-0.9 ms of host time
+    # each (sixteenth session's profile). First the engine alone on the device in the served dtype, back to
+    # back at one text length, at a new length each call, and after idle (a per-shape GEMM cost shows as
+    # varied > hot); then served, wall clock against the engine thread's CPU time (the stamp hook with
+    # VX_PREPARE_OUT), and the same under cProfile
+    part prepare_cold 150 python3 bench/families/qwen3_tts/prepare_cold.py --out $R/prepare_cold.json \
+      --device cuda --size 0.6b --requests 30
     mkdir -p $R/prepare
     part prepare 200 env VX_PREPARE_OUT=$R/prepare python3 -m bench.voice_library --out $R/voice_p \
       --model qwen3-tts-0.6b-base --builtin-model qwen3-tts-0.6b --device cuda --rate 1 --duration 12 \
