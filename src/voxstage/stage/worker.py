@@ -118,8 +118,18 @@ class StageWorker(Generic[O, L]):
             raise StageFailure("UNAVAILABLE", f"{self.role} engine: {exc}") from exc
 
     def _sink(self, outputs: list[O]) -> None:
+        self._post(self._dispatch, outputs)
+
+    def _post(self, fn: Callable[..., object], *args: object) -> None:
+        """Engine thread: ``fn(*args)`` on the event loop. A loop already closed (a process stopping while a
+        long tick was still running: ``stop`` waits a bounded time) has no listener left to tell, so the
+        call is dropped instead of failing the tick, then every request, then the thread."""
         assert self._loop is not None
-        self._loop.call_soon_threadsafe(self._dispatch, outputs)
+        try:
+            self._loop.call_soon_threadsafe(fn, *args)
+        except RuntimeError:
+            if not self._loop.is_closed():
+                raise
 
     def _dispatch(self, outputs: list[O]) -> None:
         for out in outputs:
@@ -135,11 +145,10 @@ class StageWorker(Generic[O, L]):
         # re-raises and the stage stops); on the loop, the others get what the tick had made for them and the
         # failed ones' listeners hear why.
         keys, salvaged = self._thread.engine.recover(exc)
-        assert self._loop is not None
         message = f"{self.role}: this request failed inside the engine: {one_line(exc)}"
         if salvaged:
             self._sink(salvaged)
-        self._loop.call_soon_threadsafe(self._fail_requests, keys, message)
+        self._post(self._fail_requests, keys, message)
 
     def _fail_requests(self, keys: list[str], message: str) -> None:
         for key in keys:
@@ -148,8 +157,7 @@ class StageWorker(Generic[O, L]):
                 listener.on_request_failed(message)
 
     def _on_error(self, exc: BaseException) -> None:
-        assert self._loop is not None
-        self._loop.call_soon_threadsafe(self._fail_all, one_line(exc))
+        self._post(self._fail_all, one_line(exc))
 
     def _fail_all(self, message: str) -> None:
         self.failed = message
@@ -205,4 +213,4 @@ class SessionWorker(StageWorker[O, SL]):
             self._end_session(key)
             listener = self._listeners.get(key)
             if listener is not None and self._loop is not None:
-                self._loop.call_soon_threadsafe(listener.on_session_error, code, message)
+                self._post(listener.on_session_error, code, message)
