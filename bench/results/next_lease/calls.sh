@@ -11,10 +11,10 @@
 # `p` on the H200 (fifteenth session, bench/results/h200_2026-12-05_fifteenth/: TTFA at 1 req/s 22.3 ms p50,
 # c=1 RTF 0.067; the uploaded in-context clone 1.2-3.3 ms behind the built-in voice, its prepare CPU-bound).
 # `v`, `p`, `l` and `d` on the H200 (sixteenth session, bench/results/h200_2026-12-05_sixteenth/).
-# First next time: `p` (is the prepare's linear cost per new shape?), then `h` (the GPU tests of the
-# fourteenth session's paths on the H200, the engines' phased profile), `k` (kernels per codec call and
-# talker step), `e`, then `c`, `d` and `f` (and, on an nvidia-h200-x2 lease, `x2 q3 one-gpu|split|pair-per-gpu`
-# and `x2 pp one-gpu|split`, issue 31).
+# First next time: `p` (is the prepare's linear cost per new shape?), `d` (Audio8's codec graphed), then
+# `h` (the GPU tests of the fourteenth session's paths on the H200, the engines' phased profile), `k`
+# (kernels per codec call and talker step), `e`, then `c` and `f` (and, on an nvidia-h200-x2 lease,
+# `x2 q3 one-gpu|split|pair-per-gpu` and `x2 pp one-gpu|split`, issue 31).
 # Each call installs (bench/run_gpu.sh --install-only), runs its parts under their own timeouts, writes each
 # part's exit status to $OUT/rc.txt and its results, packed, to $OUT/<call>.tar.xz.
 # After the lease: unpack into bench/results/h200_<date>_<session>/, pack (python -m bench.pack_results),
@@ -156,11 +156,14 @@ c)  # issue 28: the openai face paced from 128 (first chunks yielding), unpaced 
     part q3_unpaced 270 bash bench/run_gpu.sh $R/q3_unpaced "${Q3[@]}" --phases closed \
       --closed-start 64
     ;;
-d)  # issue 28, Audio8: fifo from 32 (the family's default), then deadline ticks of 80 ms
-    part a8_fifo 270 bash bench/run_gpu.sh $R/a8_fifo "${A8[@]}" --phases closed \
-      --closed-start 32
-    part a8_deadline80 270 bash bench/run_gpu.sh $R/a8_deadline80 "${A8[@]}" --phases closed \
-      --closed-start 32 --set stages.1.codec_tick_policy=deadline --set stages.1.codec_tick_budget_ms=80
+d)  # issue 28, Audio8: the seed runs its codec eager with sync scheduling (`enforce_eager: true`), and at
+    # 96 streams every late chunk was the codec's with its process at a full core (sixteenth session: 64
+    # gap-free with fifo and with deadline ticks alike). The same search with the codec's decode graphed
+    # and both stages' scheduling async (as Qwen3's seed has them), then eager again as the control
+    part a8_graphed 270 bash bench/run_gpu.sh $R/a8_graphed "${A8[@]}" --phases closed --closed-start 64 \
+      --set stages.1.enforce_eager=false --set stages.1.async_scheduling=true \
+      --set stages.0.async_scheduling=true
+    part a8_eager 270 bash bench/run_gpu.sh $R/a8_eager "${A8[@]}" --phases closed --closed-start 64
     ;;
 e)  # issue 28: the paced closed search again with held streams riding along (pace_ride_s 3), first
     # chunks leading and yielding; compare with call b's
