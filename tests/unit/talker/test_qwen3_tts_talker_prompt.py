@@ -10,6 +10,7 @@ import torch
 from services.talker.models.qwen3_tts.model import Qwen3TTSTalker
 from services.talker.models.qwen3_tts.prompt import (
     PromptError,
+    PromptParts,
     PromptSpec,
     build_prompt,
     icl_text_tokens_needed,
@@ -47,6 +48,30 @@ def test_custom_voice_streaming_layout(tiny_model: ModelFactory) -> None:
     torch.testing.assert_close(other.prefill_embeds[:9], p.prefill_embeds[:9])
     torch.testing.assert_close(p.trailing_embeds, m.embed_text(ids(*p.trailing_ids)))
     torch.testing.assert_close(p.pad_embed, pad)
+
+
+@torch.no_grad()
+def test_trailing_text_is_projected_only_when_asked_for(
+    tiny_model: ModelFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The serving engine projects each frame's trailing token in its step: building a prompt projects the
+    first text token alone, and ``trailing_embeds`` is computed on first access (then kept)."""
+    m = tiny_model("custom_voice")
+    projected: list[int] = []
+    real = m.embed_text
+
+    def counted(x: torch.Tensor) -> torch.Tensor:
+        projected.append(x.numel())
+        return real(x)
+
+    parts = PromptParts()  # the role and specials, as the adapter keeps them
+    build_prompt(m, PromptSpec(ROLE, [7, 8], language="English", speaker="Ryan"), parts)
+    monkeypatch.setattr(m, "embed_text", counted)
+    p = build_prompt(m, PromptSpec(ROLE, TEXT, language="English", speaker="Ryan"), parts)
+    assert projected == [1]  # the first text token
+    first = p.trailing_embeds
+    assert projected == [1, len(TEXT)] and p.trailing_embeds is first  # text[1:] + tts_eos, once
+    torch.testing.assert_close(first, real(ids(*p.trailing_ids)))
 
 
 @torch.no_grad()

@@ -16,11 +16,13 @@ with ``codec_prefix = [think|nothink, think_bos, (lang), think_eos, (speaker), c
   streaming sums them over the overlap (excess text becomes trailing text, a short text is padded with
   ``pad``), non-streaming puts all text first (``+ E_c(codec_pad)``) then ``codec + pad``.
 
-Trailing text is always a list of text *ids* (each frame projects its own); its vectors are also returned.
+Trailing text is always a list of text *ids* (each frame projects its own); its vectors are projected only
+when asked for (``TalkerPrompt.trailing_embeds``).
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -76,7 +78,6 @@ class VoiceEmbeds:
 class TalkerPrompt:
     prefill_embeds: torch.Tensor  # [T, H]
     trailing_ids: list[int]  # consumed one per generated frame; ends with tts_eos iff text_complete
-    trailing_embeds: torch.Tensor  # [N, H] = embed_text(trailing_ids)
     pad_embed: torch.Tensor  # [H], used once trailing text is exhausted (and complete)
     text_complete: bool
     ref_codes: torch.Tensor | None = None  # prepend to the generated frames before decoding (ICL)
@@ -85,6 +86,19 @@ class TalkerPrompt:
     # span a prefix cache can share between requests).
     prefix_len: int = 0
     voice: VoiceEmbeds | None = None  # a clone's reference rows, for the next prompt of the same reference
+    embed_text: Callable[[torch.Tensor], torch.Tensor] | None = field(default=None, repr=False, compare=False)
+
+    @functools.cached_property
+    def trailing_embeds(self) -> torch.Tensor:
+        """``[N, H] = embed_text(trailing_ids)``, projected when first asked for: the serving engine projects
+        each frame's trailing token inside its step and never asks (on the H200 a prompt's text-projection
+        GEMMs cost 0.75-0.9 ms of host time a call, served); the reference's loop and the tests do."""
+        if not self.trailing_ids:
+            return self.pad_embed.new_zeros((0, self.pad_embed.shape[-1]))
+        assert self.embed_text is not None, "a prompt built by build_prompt knows its projection"
+        device = self.pad_embed.device
+        with torch.no_grad():
+            return self.embed_text(upload(self.trailing_ids, device))
 
     def text_feed(self) -> TextFeed:
         return TextFeed(queued=len(self.trailing_ids), complete=self.text_complete, eos_id=self.tts_eos_id)
@@ -306,19 +320,16 @@ def build_prompt(model: Qwen3TTSTalker, spec: PromptSpec, parts: PromptParts = N
         pieces.append(model.embed_text(_ids(model, text_ids[:1])) + codec_bos)
         trailing = text_ids[1:] + ([cfg.tts_eos_token_id] if spec.text_complete else [])
 
-    trailing_embeds = (
-        model.embed_text(_ids(model, trailing)) if trailing else pad.new_zeros((0, pad.shape[-1]))
-    )
     return TalkerPrompt(
         prefill_embeds=torch.cat(pieces, dim=0),
         trailing_ids=trailing,
-        trailing_embeds=trailing_embeds,
         pad_embed=pad,
         text_complete=spec.text_complete,
         ref_codes=spec.ref_codes,
         tts_eos_id=cfg.tts_eos_token_id,
         prefix_len=prefix_len,
         voice=voice,
+        embed_text=model.embed_text,
     )
 
 
