@@ -86,19 +86,17 @@ class TalkerPrompt:
     # span a prefix cache can share between requests).
     prefix_len: int = 0
     voice: VoiceEmbeds | None = None  # a clone's reference rows, for the next prompt of the same reference
-    embed_text: Callable[[torch.Tensor], torch.Tensor] | None = field(default=None, repr=False, compare=False)
+    project: Callable[[Sequence[int]], torch.Tensor] | None = field(default=None, repr=False, compare=False)
 
     @functools.cached_property
     def trailing_embeds(self) -> torch.Tensor:
         """``[N, H] = embed_text(trailing_ids)``, projected when first asked for: the serving engine projects
-        each frame's trailing token inside its step and never asks (on the H200 a prompt's text-projection
-        GEMMs cost 0.75-0.9 ms of host time a call, served); the reference's loop and the tests do."""
+        each frame's trailing token inside its step and never asks (a projection call is host time on the
+        engine thread, served); the reference's loop and the tests do."""
         if not self.trailing_ids:
             return self.pad_embed.new_zeros((0, self.pad_embed.shape[-1]))
-        assert self.embed_text is not None, "a prompt built by build_prompt knows its projection"
-        device = self.pad_embed.device
-        with torch.no_grad():
-            return self.embed_text(upload(self.trailing_ids, device))
+        assert self.project is not None, "a prompt built by build_prompt knows its projection"
+        return self.project(self.trailing_ids)
 
     def text_feed(self) -> TextFeed:
         return TextFeed(queued=len(self.trailing_ids), complete=self.text_complete, eos_id=self.tts_eos_id)
@@ -168,6 +166,12 @@ NO_PARTS = PromptParts(max_entries=0)  # keeps nothing: every part built for its
 def _ids(model: Qwen3TTSTalker, ids: Sequence[int]) -> torch.Tensor:
     # The engine thread builds prompts while a frame step is in flight: a pageable copy would wait for it.
     return upload(list(ids), model.codec_head.weight.device)
+
+
+@torch.no_grad()
+def project_text(model: Qwen3TTSTalker, ids: Sequence[int]) -> torch.Tensor:
+    """``P(T(ids))``: text ids -> talker-width rows on the model's device."""
+    return model.embed_text(_ids(model, ids))
 
 
 def validate_spec(
@@ -268,7 +272,7 @@ def build_prompt(model: Qwen3TTSTalker, spec: PromptSpec, parts: PromptParts = N
     t = cfg.talker
     lang_id, speaker_vec = validate_spec(model, spec, parts)
     specials = [cfg.tts_bos_token_id, cfg.tts_eos_token_id, cfg.tts_pad_token_id]
-    bos, eos, pad = parts.get(("text_specials",), lambda: model.embed_text(_ids(model, specials)))
+    bos, eos, pad = parts.get(("text_specials",), lambda: project_text(model, specials))
     codec_specials = [t.codec_pad_id, t.codec_bos_id]
     pad_bos = parts.get(("codec_specials",), lambda: model.embed_codec(_ids(model, codec_specials)))
     codec_bos = pad_bos[-1:]
@@ -292,9 +296,9 @@ def build_prompt(model: Qwen3TTSTalker, spec: PromptSpec, parts: PromptParts = N
     pieces = []
     if spec.instruct_ids:
         instruct = tuple(spec.instruct_ids)
-        pieces.append(parts.get(("text", instruct), lambda: model.embed_text(_ids(model, instruct))))
+        pieces.append(parts.get(("text", instruct), lambda: project_text(model, instruct)))
     role = tuple(spec.role_ids)
-    pieces.append(parts.get(("text", role), lambda: model.embed_text(_ids(model, role))))
+    pieces.append(parts.get(("text", role), lambda: project_text(model, role)))
     voice = spec.voice
     if voice is None and spec.speaker_embedding is not None:  # a clone: its reference's rows, for reuse
         assert speaker_vec is not None  # validate_spec
@@ -312,12 +316,12 @@ def build_prompt(model: Qwen3TTSTalker, spec: PromptSpec, parts: PromptParts = N
         )
         pieces.append(tail)
     elif spec.non_streaming:
-        body = torch.cat([model.embed_text(_ids(model, text_ids)), eos.unsqueeze(0)], dim=0)
+        body = torch.cat([project_text(model, text_ids), eos.unsqueeze(0)], dim=0)
         body = body + codec_pad.expand(len(text_ids) + 1, -1)
         pieces += [body, parts.get(("pad_codec_bos",), lambda: pad.unsqueeze(0) + codec_bos)]
         trailing = []
     else:
-        pieces.append(model.embed_text(_ids(model, text_ids[:1])) + codec_bos)
+        pieces.append(project_text(model, text_ids[:1]) + codec_bos)
         trailing = text_ids[1:] + ([cfg.tts_eos_token_id] if spec.text_complete else [])
 
     return TalkerPrompt(
@@ -329,7 +333,7 @@ def build_prompt(model: Qwen3TTSTalker, spec: PromptSpec, parts: PromptParts = N
         tts_eos_id=cfg.tts_eos_token_id,
         prefix_len=prefix_len,
         voice=voice,
-        embed_text=model.embed_text,
+        project=functools.partial(project_text, model),
     )
 
 
@@ -372,7 +376,7 @@ def _icl_tail(
             f"got {len(text_ids)}"
         )
     # Project the whole id run at once and slice afterwards, as the reference does.
-    text = model.embed_text(_ids(model, all_ids))
+    text = project_text(model, all_ids)
     if spec.text_complete:
         text = torch.cat([text, eos.unsqueeze(0)], dim=0)
     ids = all_ids + ([cfg.tts_eos_token_id] if spec.text_complete else [])
