@@ -11,6 +11,7 @@ from collections.abc import Callable
 import torch
 
 DecodeFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+Bucket = Callable[[int, int], bool]  # (batch bucket, frame bucket) -> whether a tick can make that call
 
 
 class DecodeCalls:
@@ -22,6 +23,6 @@ class DecodeCalls:
     def __call__(self, codes: torch.Tensor, slots: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
         return self.decode(codes, slots, lengths)
 
-    def capture_all(self, max_frames: int | None = None) -> int:
+    def capture_all(self, max_frames: int | None = None, keep: Bucket | None = None) -> int:
         """Capture every graph before serving (the warm-up); returns how many (eager calls have none)."""
         return 0

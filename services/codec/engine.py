@@ -338,6 +338,14 @@ class CodecEngine(Steppable[CodecOutput]):
         self.cost = DecodeCost(table)
         return self.cost
 
+    def plannable_call(self, rows: int, frames: int) -> bool:
+        """Whether a tick can make a decode call of ``rows`` (a batch bucket) x ``frames``: any under fifo;
+        under deadline ticks (once calibrated) a single row, or a call the budget holds
+        (``schedule.deadline_calls``)."""
+        if self.tick_policy == "fifo" or self.cost is None:
+            return True
+        return rows == 1 or self.cost(rows, frames) <= self.tick_budget_s
+
     # -- internals -------------------------------------------------------------------------------------
     def _settle(self, idle: list[StreamState], outputs: list[CodecOutput]) -> None:
         """Terminal outputs owed by idle streams with nothing left to decode."""

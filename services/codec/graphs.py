@@ -12,7 +12,7 @@ from collections.abc import Iterator, Sequence
 
 import torch
 
-from services.codec.calls import DecodeCalls
+from services.codec.calls import Bucket, DecodeCalls
 from services.codec.engine import StreamingCodec, batch_bucket
 from voxstage.cudagraphs import GraphCache
 
@@ -63,13 +63,26 @@ class GraphedDecode(DecodeCalls):
         """The batch sizes ``CodecEngine`` pads to: powers of two, capped at ``max_batch``."""
         return sorted({batch_bucket(n, self.max_batch) for n in range(1, self.max_batch + 1)})
 
-    def capture_all(self, max_frames: int | None = None) -> int:
-        """Capture the (batch, frames) graphs with at most ``max_frames`` frames in all before serving (no
-        stream may be decoding): a bucket captured on first use stalls every stream due in that tick.
-        Larger buckets (a full engine far behind its talkers) stay lazy: their activations would be
-        reserved at start-up for a case that is already overload. Returns how many were captured."""
+    def capture_all(self, max_frames: int | None = None, keep: Bucket | None = None) -> int:
+        """Capture the (batch, frames) graphs with at most ``max_frames`` frames in all, and only those
+        ``keep`` allows (the buckets the tick policy can call), before serving (no stream may be decoding):
+        a bucket captured on first use stalls every stream due in that tick. Larger buckets (a full engine
+        far behind its talkers) stay lazy: their activations would be reserved at start-up for a case that
+        is already overload. Returns how many were captured."""
+        return sum(self.graphs.capture(b, t) for b, t in self.capture_order(max_frames, keep))
+
+    def capture_order(
+        self, max_frames: int | None = None, keep: Bucket | None = None
+    ) -> list[tuple[int, int]]:
+        """The start-up buckets, most frame rows first: the graphs share one memory pool, and a smaller
+        capture can reuse blocks a larger one freed."""
         keys = [(b, t) for b in self.batch_buckets() for t in self.frame_buckets]
-        return sum(self.graphs.capture(b, t) for b, t in keys if max_frames is None or b * t <= max_frames)
+        keys = [
+            (b, t)
+            for b, t in keys
+            if (max_frames is None or b * t <= max_frames) and (keep is None or keep(b, t))
+        ]
+        return sorted(keys, key=lambda k: (-k[0] * k[1], -k[1]))
 
     def __call__(self, codes: torch.Tensor, slots: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
         b, _, t = codes.shape

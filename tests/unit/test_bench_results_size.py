@@ -25,6 +25,10 @@ def test_committed_results_stay_under_ten_megabytes_and_keep_no_loose_logs() -> 
     assert size < LIMIT_BYTES, f"bench/results/ holds {size / 2**20:.1f} MiB in git; pack the runs"
     loose = [n for n in names if n.endswith((".log", ".prom", ".txt"))]
     assert not loose, f"unpacked run records (python -m bench.pack_results RUN): {loose[:5]}"
+    plots = [n for n in names if "/plots/" in n]
+    assert not plots, (
+        f"a run's plots are redrawn from its JSON (python -m bench.plots), not kept: {plots[:3]}"
+    )
 
 
 def test_packing_a_run_round_trips(tmp_path: Path) -> None:

@@ -21,7 +21,7 @@
 # After the lease: unpack into bench/results/h200_<date>_<session>/, pack (python -m bench.pack_results),
 # write docs/benchmarks.md (naming this script's commit), and queue the next calls here.
 set -u
-CALL=${1:?usage: bench/results/next_lease/calls.sh a|b|c|d|e|f|g|h|k|l|m|p|v|x2 MODEL LAYOUT}
+CALL=${1:?usage: bench/results/next_lease/calls.sh a|b|c|d|e|f|g|h|k|l|m|n|o|p|q|v|x2 MODEL LAYOUT}
 : "${OUT:?OUT: the folder that comes back}"
 R=/tmp/r; rm -rf $R; mkdir -p $R  # a warm machine keeps the last call's: not packed again
 bash bench/run_gpu.sh --install-only > $R/install.log 2>&1
@@ -150,12 +150,13 @@ l)  # issue 28: the latency aims after the fourteenth session's cuts (TTFA at 1 
     # served codec's start-up cost fit (3.87 ms + 66 us a frame-row in the tenth session) in its log
     part q3_latency 240 bash bench/run_gpu.sh $R/q3_latency "${Q3[@]}" --phases latency,report
     ;;
-c)  # issue 28: the openai face paced from 128 (first chunks yielding), unpaced gRPC from 64 (py-spy)
+c)  # issue 28: where Qwen3 stands on today's code through both faces, paced from 128 (the tenth
+    # session: openai 48, gRPC 128; the thirteenth: gRPC 128), py-spy on both stages during the gRPC one
     part q3_openai 270 bash bench/run_gpu.sh $R/q3_openai "${Q3[@]}" --phases openai \
-      --closed-start 128 "${PACE[@]}" --set stages.1.codec_first_chunks=yield
+      --closed-start 128 "${PACE[@]}"
     spy codec 45 15; spy talker 65 15
-    part q3_unpaced 270 bash bench/run_gpu.sh $R/q3_unpaced "${Q3[@]}" --phases closed \
-      --closed-start 64
+    part q3_paced 270 bash bench/run_gpu.sh $R/q3_paced "${Q3[@]}" --phases closed \
+      --closed-start 128 "${PACE[@]}"
     ;;
 d)  # issue 28, Audio8: the seed runs its codec eager with sync scheduling (`enforce_eager: true`), and at
     # 96 streams every late chunk was the codec's with its process at a full core (sixteenth session: 64
@@ -166,6 +167,28 @@ d)  # issue 28, Audio8: the seed runs its codec eager with sync scheduling (`enf
       --set stages.0.async_scheduling=true
     part a8_eager 270 bash bench/run_gpu.sh $R/a8_eager "${A8[@]}" --phases closed --closed-start 64
     ;;
+n)  # issue 28, Audio8 after `d` (seventeenth session, H100: graphed 64, eager 32; at 96 every late chunk the
+    # codec's): the graphed codec in bf16 (py-spy on it). Ran in the seventeenth session (with the first
+    # graph_pool, since rewritten: one 6,400-row graph reserved ~50 GiB in either capture order)
+    G8=(--set stages.1.enforce_eager=false --set stages.1.async_scheduling=true \
+      --set stages.0.async_scheduling=true)
+    spy codec 70 15
+    part a8_bf16 270 bash bench/run_gpu.sh $R/a8_bf16 "${A8[@]}" --phases closed --closed-start 64 "${G8[@]}" \
+      --set connectors.connector_of_shared_memory.extra.audio8_tts_codec_dtype=bfloat16
+    ;;
+o)  # issue 28: the codec's start-up graphs under deadline ticks are the buckets within the budget (on the
+    # H100 the fifo set at 256 slots did not fit): its memory and time at 256 slots, then the paced closed
+    # search from 128 on a stack of 256 slots (the H100 fell back to 128 before)
+    part pool 150 python3 -m bench.graph_pool --out $R/pool_deadline.json --streams 256 --set "$S"
+    part q3_paced256 330 bash bench/run_gpu.sh $R/q3_paced256 "${Q3[@]}" --phases closed \
+      --closed-start 128 "${PACE[@]}"
+    ;;
+q)  # issue 28: at 256 paced streams (H100, call o) the codec's calls held 68 frame rows on average (a 20 ms
+    # tick holds 8 x 25 in fp32 there: 140 us a frame-row, against 76 at 1,024 rows); the same search from
+    # 192 with ticks of 40 ms, larger calls at the cost of a young chunk's wait
+    part q3_budget40 240 bash bench/run_gpu.sh $R/q3_budget40 "${Q3[@]}" --phases closed \
+      --closed-start 192 "${PACE[@]}" --set stages.1.codec_tick_budget_ms=40
+    ;;
 e)  # issue 28: the paced closed search again with held streams riding along (pace_ride_s 3), first
     # chunks leading and yielding; compare with call b's
     part q3_ride_lead 270 bash bench/run_gpu.sh $R/q3_ride_lead "${Q3[@]}" --phases closed \
@@ -173,11 +196,10 @@ e)  # issue 28: the paced closed search again with held streams riding along (pa
     part q3_ride_yield 270 bash bench/run_gpu.sh $R/q3_ride_yield "${Q3[@]}" --phases closed \
       --closed-start 128 "${PACE[@]}" --set stages.0.pace_ride_s=3 --set stages.1.codec_first_chunks=yield
     ;;
-f)  # issue 28 acceptance 3: the timeline of one loaded tick per stage, after (256 paced streams, with the
-    # settings b and e found best: edit the overrides below to them before the call)
+f)  # issue 28 acceptance 3: the timeline of one loaded tick per stage, after (256 paced streams; yield lost
+    # to lead in the twelfth session, so today's defaults)
     part q3_timeline 300 bash bench/run_gpu.sh $R/q3_timeline "${Q3[@]}" --phases timeline \
-      --timeline-load 256 --timeline-window-s 2 "${PACE[@]}" --set stages.0.pace_ride_s=3 \
-      --set stages.1.codec_first_chunks=yield
+      --timeline-load 256 --timeline-window-s 2 "${PACE[@]}"
     ;;
 x2) # issue 31 on nvidia-h200-x2 (docs/scaling.md): `calls.sh x2 q3|pp LAYOUT`, one call each, every call
     # appending to $R/layouts, whose report renders what is there

@@ -51,11 +51,22 @@ class Steppable(Protocol[O]):
 def log_capture(
     logger: logging.Logger, role: str, capture: Callable[[], int], what: str = "CUDA graphs"
 ) -> None:
-    """Run a warm-up's graph capture (engine thread) and say how many graphs it took how long to capture."""
+    """Run a warm-up's graph capture (engine thread) and say how many graphs it took how long to capture,
+    and how much device memory the capture reserved (the graphs' pool is outside the stage's budget)."""
     t0 = time.perf_counter()
+    before = _reserved_bytes()
     n = capture()
     if n:
-        logger.info("%s: captured %d %s in %.1f s", role, n, what, time.perf_counter() - t0)
+        grew = (_reserved_bytes() - before) / 2**30
+        logger.info(
+            "%s: captured %d %s in %.1f s, %.2f GiB reserved", role, n, what, time.perf_counter() - t0, grew
+        )
+
+
+def _reserved_bytes() -> int:
+    import torch  # stage processes only; the module itself stays importable without it
+
+    return torch.cuda.memory_reserved() if torch.cuda.is_available() and torch.cuda.is_initialized() else 0
 
 
 IDLE_POLL_S = 0.05  # how long an idle engine sleeps on its command queue before looking again

@@ -313,6 +313,10 @@ def test_start_up_capture_covers_every_batch_the_engine_pads_to() -> None:
     assert graphed.batch_buckets() == [1, 2, 4, 8, 16, 32, 64, 128, 256, 320]
     assert {batch_bucket(n, 320) for n in range(1, 321)} == set(graphed.batch_buckets())
     assert graphed.capture_all() == 0  # CPU: nothing to capture, every call runs eagerly
+    order = graphed.capture_order(max_frames=256 * 25)
+    assert len(order) == 10 + 9  # every batch bucket at 1 frame; at 25 frames up to 256 x 25 = 6,400 rows
+    assert order[0] == (256, 25) and order[-1] == (1, 1)  # largest first: later captures reuse its blocks
+    assert [b * t for b, t in order] == sorted((b * t for b, t in order), reverse=True)
 
 
 class HeldEvent:

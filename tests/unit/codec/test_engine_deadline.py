@@ -313,3 +313,23 @@ def test_first_chunks_takes_only_its_two_values(model: Qwen3TokenizerDecoder) ->
             StreamingDecoder(model, 4), max_streams=2, schedule=ChunkSchedule(1, 25), num_groups=GROUPS,
             first_chunks="soon",  # type: ignore[arg-type]
         )  # fmt: skip
+
+
+def test_start_up_graphs_are_the_calls_a_bounded_tick_can_make(model: Qwen3TokenizerDecoder) -> None:
+    from services.codec.graphs import GraphedDecode
+
+    engine = deadline_engine(model, 16, budget_ms=10.0)  # 2.4 ms + 66 us a frame-row: 115 rows fit
+    assert engine.plannable_call(4, 25) and not engine.plannable_call(8, 25)
+    assert engine.plannable_call(1, 100)  # a row alone goes whatever it costs
+    graphed = GraphedDecode(
+        engine.codec, num_groups=GROUPS, max_batch=16, frame_buckets=BUCKETS, device="cpu", enabled=False
+    )  # type: ignore[arg-type]
+    order = graphed.capture_order(16 * 25, engine.plannable_call)
+    assert (4, 25) in order and (8, 25) not in order and (16, 4) in order and (16, 8) not in order
+    assert order == graphed.capture_order(16 * 25, lambda b, t: 2.4 + 0.066 * b * t <= 10.0 or b == 1)
+    assert len(graphed.capture_order(16 * 25)) == 5 * len(BUCKETS)  # fifo's set: every bucket up to 16 x 25
+    fifo = CodecEngine(
+        StreamingDecoder(model, 32), max_streams=16, schedule=ChunkSchedule(1, 25), num_groups=GROUPS,
+        frame_buckets=BUCKETS, tick_policy="fifo",
+    )  # fmt: skip
+    assert fifo.plannable_call(16, 25)  # one call takes every ready row
