@@ -10,9 +10,11 @@
 # `h` and `k` on an H100 only (fourteenth session, bench/results/h100_2026-12-05_fourteenth/); `m`, `v` and
 # `p` on the H200 (fifteenth session, bench/results/h200_2026-12-05_fifteenth/: TTFA at 1 req/s 22.3 ms p50,
 # c=1 RTF 0.067; the uploaded in-context clone 1.2-3.3 ms behind the built-in voice, its prepare CPU-bound).
-# `v`, `p`, `l` and `d` on the H200 (sixteenth session, bench/results/h200_2026-12-05_sixteenth/).
-# First next time: `p` (is the prepare's linear cost per new shape?), `v` (a clone's prompt now makes one
-# text projection, not two), `d` (Audio8's codec graphed), then
+# `v`, `p`, `l` and `d` on the H200 (sixteenth session, bench/results/h200_2026-12-05_sixteenth/);
+# `d`, `c`, `n`, `o`, `q` on an H100 (seventeenth session, bench/results/h100_2026-12-05_seventeenth/).
+# First next time: `f` (the loaded tick at 256 paced streams on today's code), `c` on an H200 (256 slots
+# now start), `p` (is the prepare's linear cost per new shape?), `v` (a clone's prompt now makes one text
+# projection, not two), then
 # `h` (the GPU tests of the fourteenth session's paths on the H200, the engines' phased profile), `k`
 # (kernels per codec call and talker step), `e`, then `c` and `f` (and, on an nvidia-h200-x2 lease,
 # `x2 q3 one-gpu|split|pair-per-gpu` and `x2 pp one-gpu|split`, issue 31).
