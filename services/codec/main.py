@@ -125,7 +125,7 @@ def build(args: argparse.Namespace) -> StageParts:
     )  # fmt: skip
 
     binding = ServiceBinding(SERVICE_NAME, servicer, stage_pb2_grpc.add_CodecServicer_to_server)
-    return stage_parts("codec", binding, servicer, worker, worker.warm_up, writer, reader)
+    return stage_parts("codec", binding, servicer, worker, worker.warm_up, writer, reader, budget=budget)
 
 
 def tick_policy(stage: StageConfig, family_name: str, device: str) -> TickPolicy:
@@ -311,4 +311,4 @@ def _build_duplex(
     )  # fmt: skip
 
     binding = ServiceBinding(SERVICE_NAME, servicer, stage_pb2_grpc.add_CodecServicer_to_server)
-    return stage_parts("codec", binding, servicer, worker, worker.warm_up, writer, reader)
+    return stage_parts("codec", binding, servicer, worker, worker.warm_up, writer, reader, budget=budget)

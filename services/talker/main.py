@@ -105,7 +105,9 @@ def build(args: argparse.Namespace) -> StageParts:
     )  # fmt: skip
 
     binding = ServiceBinding(SERVICE_NAME, servicer, stage_pb2_grpc.add_TalkerServicer_to_server)
-    return stage_parts("talker", binding, servicer, worker, lambda: worker.warm_up(info.warm_up), writer)
+    return stage_parts(
+        "talker", binding, servicer, worker, lambda: worker.warm_up(info.warm_up), writer, budget=budget
+    )
 
 
 def pacing_of(stage: StageConfig, frame_rate_hz: float, plan: ChunkPlan | None = None) -> Pacing:
@@ -192,4 +194,4 @@ def _build_duplex(config: Any, device: str, adapter: Any, info: Any) -> StagePar
     )  # fmt: skip
 
     binding = ServiceBinding(SERVICE_NAME, servicer, stage_pb2_grpc.add_TalkerServicer_to_server)
-    return stage_parts("talker", binding, servicer, worker, worker.warm_up, writer)
+    return stage_parts("talker", binding, servicer, worker, worker.warm_up, writer, budget=budget)

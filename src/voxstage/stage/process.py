@@ -248,6 +248,7 @@ class StageParts:
     start: Callable[[asyncio.AbstractEventLoop, Callable[[str], None]], None]
     warm_up: Callable[[], Awaitable[float]]
     stop: Callable[[], None]
+    budget: MemoryBudget | None = None  # the device share it was sized against (None on CPU)
 
 
 def stage_parts(
@@ -257,6 +258,7 @@ def stage_parts(
     worker: Any,
     warm_up: Callable[[], Awaitable[float]],
     *closers: Any,
+    budget: MemoryBudget | None = None,
 ) -> StageParts:
     """A built stage's parts: its gRPC binding, the worker's engine-thread lifecycle, and a ``stop`` that
     stops the engine thread and then closes the shared-memory endpoints given (None: not used)."""
@@ -274,6 +276,24 @@ def stage_parts(
         start=lambda loop, on_fatal: worker.start(loop, on_fatal),
         warm_up=warm_up,
         stop=stop,
+        budget=budget,
+    )
+
+
+def held_after_start_up(role: str, budget: MemoryBudget | None, reserved: int) -> str | None:
+    """A warning when a stage holds more device memory after its warm-up (``reserved``: weights, state,
+    CUDA graphs, cached activations) than its ``gpu_memory_utilization`` share: the start-up check sized
+    only the weights and the KV/state against it, and the graphs' pools come on top. None when within."""
+    if budget is None:
+        return None
+    share = int(budget.fraction * budget.total)
+    if reserved <= share:
+        return None
+    return (
+        f"{role}: holds {reserved / GiB:.2f} GiB of device memory after start-up, over its share of "
+        f"{share / GiB:.2f} GiB (gpu_memory_utilization {budget.fraction} x {budget.total / GiB:.1f} GiB): "
+        "its CUDA graphs and cached activations come on top of the weights and state the budget checked; "
+        "another process on this GPU may run out of memory (lower max_num_seqs, or raise the share)"
     )
 
 
@@ -304,6 +324,12 @@ async def serve(parts: StageParts, args: argparse.Namespace) -> int:
     try:
         seconds = await parts.warm_up()
         log.info("%s: warm-up request took %.2f s", parts.role, seconds)
+        if parts.budget is not None:
+            import torch
+
+            warning = held_after_start_up(parts.role, parts.budget, torch.cuda.memory_reserved())
+            if warning:
+                log.warning("%s", warning)
         frozen = freeze_startup_heap()
         log.info("%s: %d start-up objects frozen out of the garbage collector", parts.role, frozen)
         parts.servicer.ready = True
