@@ -1,6 +1,7 @@
 """The codec's deadline ticks on a GPU (tiny preset, fp32, graphs as served): the warm-up's calibration times
-the captured (batch, frame) graphs, every planned tick keeps to its budget, and the audio equals fifo's and
-the offline decode. Skipped without a GPU; tests/unit/codec/test_engine_deadline.py covers the CPU path."""
+the (batch, frame) graphs, the start-up captures only the buckets a tick can call and no tick meets another,
+every planned tick keeps to its budget, and the audio equals fifo's and the offline decode. Skipped without a
+GPU; tests/unit/codec/test_engine_deadline.py covers the CPU path."""
 
 from __future__ import annotations
 
@@ -36,9 +37,9 @@ def engine_for(model: torch.nn.Module, policy: str, budget_s: float) -> CodecEng
         decode_fn=graphed, frame_buckets=BUCKETS, async_scheduling=True, tick_policy=policy,  # type: ignore[arg-type]
         tick_budget_s=budget_s,
     )  # fmt: skip
-    graphed.capture_all(STREAMS * 25)
-    if policy == "deadline":
+    if policy == "deadline":  # the stage's warm-up order (CodecWorker.warm_up): time, then capture what fits
         engine.calibrate()
+    graphed.capture_all(STREAMS * 25, engine.plannable_call)
     return engine
 
 
@@ -77,8 +78,12 @@ def test_deadline_ticks_on_graphs_keep_the_budget_and_the_audio() -> None:
     budget = cost(4, 25)
     engine = engine_for(model, "deadline", budget)
     single = max(engine.cost(1, t) for t in BUCKETS)  # type: ignore[misc]
+    graphs = engine.decode_fn.graphs.keys()  # type: ignore[union-attr]
+    # The calibration's shapes (it times graphed calls) and the calls a tick can make, nothing else.
+    assert all(engine.plannable_call(b, t) or (b, t) in engine.cost.table for b, t in graphs)  # type: ignore[union-attr]
     deadline, planned = run(engine, codes)
     assert max(planned) <= max(budget, single) + 1e-12 and sum(p > 0 for p in planned) > len(codes)
+    assert engine.decode_fn.graphs.keys() == graphs  # type: ignore[union-attr]  # no tick met an uncaptured bucket
     for sid, c in codes.items():
         with torch.inference_mode():
             ref = model(torch.from_numpy(c.T.copy()).cuda()[None])[0].float().cpu().numpy()

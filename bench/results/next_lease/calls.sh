@@ -199,7 +199,9 @@ e)  # issue 28: the paced closed search again with held streams riding along (pa
       --closed-start 128 "${PACE[@]}" --set stages.0.pace_ride_s=3 --set stages.1.codec_first_chunks=yield
     ;;
 f)  # issue 28 acceptance 3: the timeline of one loaded tick per stage, after (256 paced streams; yield lost
-    # to lead in the twelfth session, so today's defaults)
+    # to lead in the twelfth session, so today's defaults); first the GPU test of the codec's start-up graph
+    # set under deadline ticks (calibrate, then capture what a tick can call; no tick meets another bucket)
+    part gputests_deadline 90 python3 -m pytest -q -m gpu tests/gpu/test_codec_deadline_cuda.py
     part q3_timeline 300 bash bench/run_gpu.sh $R/q3_timeline "${Q3[@]}" --phases timeline \
       --timeline-load 256 --timeline-window-s 2 "${PACE[@]}"
     ;;
