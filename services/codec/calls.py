@@ -26,3 +26,7 @@ class DecodeCalls:
     def capture_all(self, max_frames: int | None = None, keep: Bucket | None = None) -> int:
         """Capture every graph before serving (the warm-up); returns how many (eager calls have none)."""
         return 0
+
+    def captured(self) -> int:
+        """How many graphs are captured so far (eager calls have none)."""
+        return 0

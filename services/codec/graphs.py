@@ -71,6 +71,9 @@ class GraphedDecode(DecodeCalls):
         is already overload. Returns how many were captured."""
         return sum(self.graphs.capture(b, t) for b, t in self.capture_order(max_frames, keep))
 
+    def captured(self) -> int:
+        return len(self.graphs)
+
     def capture_order(
         self, max_frames: int | None = None, keep: Bucket | None = None
     ) -> list[tuple[int, int]]:

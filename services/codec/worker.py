@@ -77,19 +77,7 @@ class CodecWorker(SessionWorker[CodecOutput, PcmListener]):
             self.engine.finish("__warmup__")
             while self.engine.has_work():
                 self.engine.step()
-            # Steady state at worst: every stream due with one whole chunk in the same tick.
-            most = self.engine.max_streams * self.engine.schedule.steady_frames
-            if self.engine.tick_policy == "deadline":
-                # Bounded ticks never make a call over their budget but a single row's, so the graphs are the
-                # buckets the timing finds within it: at 256 streams the fifo set reserved over 70 GiB.
-                t_cal = time.perf_counter()
-                cost = self.engine.calibrate()  # times graphed calls, capturing each shape it times
-                log.info(
-                    "codec: decode costs measured in %.1f s for ticks of %g ms: %s",
-                    time.perf_counter() - t_cal, 1e3 * self.engine.tick_budget_s, cost.describe(),
-                )  # fmt: skip
-            keep = self.engine.plannable_call
-            log_capture(log, "codec", lambda: self.engine.calls.capture_all(most, keep))
+            log_capture(log, "codec", self._capture_graphs)
             if rt.voice_clone:
                 noise = np.random.default_rng(0).standard_normal(rt.sample_rate).astype(np.float32) * 0.1
                 rt.encode_reference(noise, rt.sample_rate)
@@ -97,6 +85,23 @@ class CodecWorker(SessionWorker[CodecOutput, PcmListener]):
             return time.perf_counter() - t0
 
         return await self._call(run)
+
+    def _capture_graphs(self) -> int:
+        """The start-up graphs (engine thread): the calls the tick policy can make, up to every stream due
+        with one whole chunk in the same tick. Bounded (deadline) ticks never make a call over their budget
+        but a single row's, so they are timed first and only the buckets within it captured: at 256 streams
+        the whole set reserved over 70 GiB. Returns how many graphs the warm-up captured."""
+        calls, engine = self.engine.calls, self.engine
+        before = calls.captured()
+        if engine.tick_policy == "deadline":
+            t_cal = time.perf_counter()
+            cost = engine.calibrate()  # times graphed calls, capturing each shape it times
+            log.info(
+                "codec: decode costs measured in %.1f s for ticks of %g ms: %s",
+                time.perf_counter() - t_cal, 1e3 * engine.tick_budget_s, cost.describe(),
+            )  # fmt: skip
+        calls.capture_all(engine.max_streams * engine.schedule.steady_frames, engine.plannable_call)
+        return calls.captured() - before
 
     # -- streams -------------------------------------------------------------------------------------------
     def has_room(self) -> bool:
