@@ -36,6 +36,9 @@ FAMILY = Family(
     # Bounded ticks, earliest deadline first: on the stage links 64 gap-free 0.6B streams against fifo's 24
     # (H200, one session, 2026-12-03; docs/benchmarks.md).
     codec_tick_policy="deadline",
+    # bf16 against the default fp32: 5.3 % relative RMS on size-true weights, +27 % codec throughput
+    # (docs/models.md, "Codec precision"); the reference's own serving precision.
+    codec_dtype_key="qwen3_tts_codec_dtype",
     languages=None,  # the checkpoint's codec_language_id
     # BCP-47 primary subtags for the language names the checkpoints use.
     language_tags={
