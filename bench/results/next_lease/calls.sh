@@ -13,8 +13,8 @@
 # `v`, `p`, `l` and `d` on the H200 (sixteenth session, bench/results/h200_2026-12-05_sixteenth/);
 # `d`, `c`, `n`, `o`, `q` on an H100 (seventeenth session, bench/results/h100_2026-12-05_seventeenth/).
 # First next time: `f` (the loaded tick at 256 paced streams on today's code), `c` on an H200 (256 slots
-# now start), `r` (the Qwen3 codec in bf16 at 256), `p` (is the prepare's linear cost per new shape?), `v` (a clone's prompt now makes one text
-# projection, not two), then
+# now start), `r` (the Qwen3 codec in bf16 at 256), `p` (is the prepare's linear cost per new shape?),
+# `v` (a clone's prompt now makes one text projection, not two), then
 # `h` (the GPU tests of the fourteenth session's paths on the H200, the engines' phased profile), `k`
 # (kernels per codec call and talker step), `e`, then `c` and `f` (and, on an nvidia-h200-x2 lease,
 # `x2 q3 one-gpu|split|pair-per-gpu` and `x2 pp one-gpu|split`, issue 31).
