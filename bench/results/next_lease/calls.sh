@@ -13,8 +13,8 @@
 # `v`, `p`, `l` and `d` on the H200 (sixteenth session, bench/results/h200_2026-12-05_sixteenth/);
 # `d`, `c`, `n`, `o`, `q` on an H100 (seventeenth session, bench/results/h100_2026-12-05_seventeenth/).
 # First next time: `f` (the loaded tick at 256 paced streams on today's code), `c` on an H200 (256 slots
-# now start), `r` (the Qwen3 codec in bf16 at 256), `p` (is the prepare's linear cost per new shape?),
-# `v` (a clone's prompt now makes one text projection, not two), then
+# now start), `r` (the Qwen3 codec in bf16 at 256), `s` (Audio8 graphed with deadline ticks), `p` (is the
+# prepare's linear cost per new shape?), `v` (a clone's prompt now makes one text projection, not two), then
 # `h` (the GPU tests of the fourteenth session's paths on the H200, the engines' phased profile), `k`
 # (kernels per codec call and talker step), `e`, then `c` and `f` (and, on an nvidia-h200-x2 lease,
 # `x2 q3 one-gpu|split|pair-per-gpu` and `x2 pp one-gpu|split`, issue 31).
@@ -23,7 +23,7 @@
 # After the lease: unpack into bench/results/h200_<date>_<session>/, pack (python -m bench.pack_results),
 # write docs/benchmarks.md (naming this script's commit), and queue the next calls here.
 set -u
-CALL=${1:?usage: bench/results/next_lease/calls.sh a|b|c|d|e|f|g|h|k|l|m|n|o|p|q|r|v|x2 MODEL LAYOUT}
+CALL=${1:?usage: bench/results/next_lease/calls.sh a|b|c|d|e|f|g|h|k|l|m|n|o|p|q|r|s|v|x2 MODEL LAYOUT}
 : "${OUT:?OUT: the folder that comes back}"
 R=/tmp/r; rm -rf $R; mkdir -p $R  # a warm machine keeps the last call's: not packed again
 bash bench/run_gpu.sh --install-only > $R/install.log 2>&1
@@ -195,6 +195,16 @@ r)  # issue 28: at 256 paced streams half the GPU was the codec's fp32 calls (ca
     # with the codec in bf16 (qwen3_tts_codec_dtype: +27 % codec throughput alone, 5.3 % relative RMS)
     part q3_bf16 300 bash bench/run_gpu.sh $R/q3_bf16 "${Q3[@]}" --phases closed --closed-start 128 "${PACE[@]}" \
       --set connectors.connector_of_shared_memory.extra.qwen3_tts_codec_dtype=bfloat16
+    ;;
+s)  # issue 28, Audio8 graphed (64 gap-free, call d): its fifo ticks took ~1,000 rows (0.5 s) at 96 streams and
+    # held young streams' chunks; bounded ticks lost when its codec was eager (16 against 24, 2026-12-03).
+    # Graphed and async, deadline ticks of 40 ms, then of 80 ms
+    G8=(--set stages.1.enforce_eager=false --set stages.1.async_scheduling=true \
+      --set stages.0.async_scheduling=true --set stages.1.codec_tick_policy=deadline)
+    part a8_deadline40 270 bash bench/run_gpu.sh $R/a8_deadline40 "${A8[@]}" --phases closed --closed-start 64 \
+      "${G8[@]}" --set stages.1.codec_tick_budget_ms=40
+    part a8_deadline80 270 bash bench/run_gpu.sh $R/a8_deadline80 "${A8[@]}" --phases closed --closed-start 64 \
+      "${G8[@]}" --set stages.1.codec_tick_budget_ms=80
     ;;
 e)  # issue 28: the paced closed search again with held streams riding along (pace_ride_s 3), first
     # chunks leading and yielding; compare with call b's
