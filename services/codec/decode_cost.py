@@ -3,10 +3,11 @@
 The bounded-deadline schedule (``services.codec.schedule``) needs "device seconds of a decode of B rows x T
 frames" before it launches one, to keep every tick under ``codec_tick_budget_ms``. That number is not
 guessed: the codec's warm-up (``CodecEngine.calibrate``) times the very calls the engine makes (the CUDA
-graph of each (batch bucket, frame bucket) it captured, or the eager decode) on scratch slots with every
-row's length 0, so no stream's state moves, and keeps the median of a few runs per shape. On the H200 a
-1 x 1 graph is about 2.4 ms and 64 x 25 about 106 ms in fp32 (docs/benchmarks.md, issue 14): small calls are
-launch-bound, so cost is far from proportional to frames, which is why it is a table and not a rate.
+graph of each (batch bucket, frame bucket), captured as it is first timed, or the eager decode) on scratch
+slots with every row's length 0, so no stream's state moves, and keeps the median of a few runs per shape.
+On the H200 a 1 x 1 graph is about 2.4 ms and 64 x 25 about 106 ms in fp32 (docs/benchmarks.md, issue 14):
+small calls are launch-bound, so cost is far from proportional to frames, which is why it is a table and not
+a rate.
 
 Shapes the table lacks (past the calibration's stop, or eager odd sizes) are estimated from an affine fit
 ``a + c * rows * frames`` over the measured ones, and never below a measured shape that is no larger in

@@ -317,9 +317,10 @@ class CodecEngine(Steppable[CodecOutput]):
 
     def calibrate(self, *, repeats: int = 3, max_total_s: float = 20.0) -> DecodeCost:
         """Measure the device time of the decode calls this engine makes (the deadline policy's cost
-        model; ``services.codec.decode_cost``): every (batch bucket, frame bucket) up to the graphs the
-        warm-up captured, on scratch slots with no real frame, so no stream's state moves. Call it from the
-        engine thread, before serving (the warm-up does)."""
+        model; ``services.codec.decode_cost``): every (batch bucket, frame bucket) up to every stream due
+        with a whole chunk, through the engine's own calls (a graphed call is captured as it is first timed),
+        on scratch slots with no real frame, so no stream's state moves. Call it from the engine thread,
+        before serving (the warm-up does, and then captures the buckets a tick can call)."""
         rows = [
             batch_bucket(n, self.max_streams) for n in (1 << i for i in range(self.max_streams.bit_length()))
         ]
