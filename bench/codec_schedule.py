@@ -9,6 +9,9 @@ Arms (``--arms``, comma-separated):
 * ``deadline`` or ``deadline:MS``: ``codec_tick_policy: deadline`` (services/codec/schedule.py): chunks by
   playback deadline within a tick budget of MS ms of estimated device time (default: the deploy file's
   ``codec_tick_budget_ms``), from the cost table the warm-up measures (written into the arm's record).
+* ``lanes:U:B``: two lanes (``codec_urgent_lane_ms`` U, services/codec/lanes.py): first and ramp chunks in
+  deadline ticks of U ms on a high-priority CUDA stream, steady chunks in deadline ticks of B ms on a
+  low-priority one.
 * ``on`` / ``off``: issue 14's names of ``fifo`` / ``fifo-off``.
 
 Engines are built as the codec stage builds them (``services.codec.main.build_engine`` over ``load_codec``,
@@ -47,6 +50,7 @@ import numpy as np
 import torch
 
 from services.codec.engine import CodecEngine
+from services.codec.lanes import LanedCodecEngine
 from services.codec.main import build_engine
 from services.codec.models import CodecRuntime, load_codec
 from services.codec.worker import CodecWorker
@@ -100,9 +104,22 @@ def dist(values: list[float]) -> dict[str, float | None]:
 ARM_ALIASES = {"on": "fifo", "off": "fifo-off"}
 
 
+def lane_ms(arm: str) -> float | None:
+    """The urgent lane's budget of a ``lanes:U:B`` arm (None: one lane)."""
+    name, _, budgets = arm.partition(":")
+    return float(budgets.partition(":")[0]) if name == "lanes" else None
+
+
 def parse_arm(arm: str) -> tuple[str, bool, float | None]:
     """``(policy, early hand-out, budget ms or None for the deploy file's)`` of an ``--arms`` entry."""
     name, _, budget = ARM_ALIASES.get(arm, arm).partition(":")
+    if name == "lanes":
+        try:
+            urgent, bulk = (float(ms) for ms in budget.split(":"))
+        except ValueError:
+            urgent = bulk = -1.0
+        if urgent > 0 and bulk > 0:
+            return "deadline", True, bulk
     if name in ("fifo", "fifo-off") and not budget:
         return "fifo", name == "fifo", None
     if name == "deadline":
@@ -112,7 +129,7 @@ def parse_arm(arm: str) -> tuple[str, bool, float | None]:
             ms = -1.0
         if ms is None or ms > 0:
             return "deadline", True, ms
-    raise ValueError(f"--arms: {arm!r} is not fifo, fifo-off, deadline or deadline:MS (MS > 0)")
+    raise ValueError(f"--arms: {arm!r} is not fifo, fifo-off, deadline, deadline:MS or lanes:U:B (all > 0)")
 
 
 def configure(engine: CodecEngine, arm: str) -> None:
@@ -190,6 +207,7 @@ def run_arm(arm: str, runtime: CodecRuntime, engine: CodecEngine, a: argparse.Na
         "arm": arm, "policy": engine.tick_policy, "early_handout": engine.early_handout,
         "tick_budget_ms": 1e3 * engine.tick_budget_s if engine.tick_policy == "deadline" else None,
         "tick_planned_ms": dist(planned) if planned else None,
+        "urgent_lane_ms": 1e3 * engine.urgent.budget_s if isinstance(engine, LanedCodecEngine) else None,
         "decode_cost": engine.cost.as_json() if engine.cost is not None else None,
         "streams_started": len(measured),
         "streams_unfinished": sum(s.sid in live for s in measured),
@@ -244,7 +262,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--duration", type=float, default=None, help="measured s per arm (default 20)")
     ap.add_argument("--warmup", type=float, default=None, help="unmeasured s per arm first (default 3)")
     ap.add_argument(
-        "--arms", default="fifo,fifo-off,deadline", help="fifo, fifo-off, deadline[:MS] (docstring)"
+        "--arms",
+        default="fifo,fifo-off,deadline",
+        help="fifo, fifo-off, deadline[:MS], lanes:U:B (docstring)",
     )
     ap.add_argument("--seed", type=int, default=0)
     a = ap.parse_args(argv)
@@ -278,7 +298,12 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(a.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     for arm in arms:
-        engine = build_engine(config, runtime, device)
+        arm_config = config
+        if (urgent := lane_ms(arm)) is not None:  # the laned engine is the stage's, built from the key
+            lanes = [*a.overrides, f"stages.1.codec_urgent_lane_ms={urgent:g}"]
+            arm_config = load_stage_setup(argparse.Namespace(**vars(a) | {"overrides": lanes}), log,
+                                          cuda_default="float32", role="codec")[0]  # fmt: skip
+        engine = build_engine(arm_config, runtime, device)
         configure(engine, arm)
         warm_s = warm_up(runtime, engine)
         rec = run_arm(arm, runtime, engine, a) | {

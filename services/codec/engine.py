@@ -31,7 +31,7 @@ from typing import Any, Protocol, cast
 import numpy as np
 import torch
 
-from services.codec.calls import DecodeCalls, DecodeFn
+from services.codec.calls import Bucket, DecodeCalls, DecodeFn
 from services.codec.decode_cost import DecodeCost, measure, time_call
 from services.codec.engine_state import ChunkSchedule, Launched, StreamState, count_rows, read_back
 from services.codec.schedule import (
@@ -275,16 +275,7 @@ class CodecEngine(Steppable[CodecOutput]):
         # Streams with a decode still in flight wait for it: their counts are not final yet. A ramp chunk may
         # follow one decode in flight (``_follows``).
         self._settle([s for s in self._streams.values() if not s.in_flight], outputs)
-        now = time.perf_counter()
-        rows = []
-        for s in list(self._streams.values()):
-            if s.in_flight and not self._follows(s):
-                continue
-            n = self._ready_frames(s)
-            if n and (not s.in_flight or n < self.schedule.steady_frames):
-                if s.ready_since is None:
-                    s.ready_since = now
-                rows.append(Row(s, n, self._context(s), self._deadline(s, now)))
+        rows = self._ready_rows(time.perf_counter())
         if not rows and not collecting:
             return outputs
         calls = self._plan(rows)
@@ -347,7 +338,33 @@ class CodecEngine(Steppable[CodecOutput]):
             return True
         return rows == 1 or self.cost(rows, frames) <= self.tick_budget_s
 
+    @property
+    def needs_cost(self) -> bool:
+        """Whether the warm-up measures the decode cost table (``calibrate``): deadline ticks plan with it."""
+        return self.tick_policy == "deadline"
+
+    def start_up_calls(self) -> list[tuple[DecodeCalls, Bucket]]:
+        """The decode calls whose graphs the warm-up captures, each with the buckets a tick can make."""
+        return [(self.calls, self.plannable_call)]
+
     # -- internals -------------------------------------------------------------------------------------
+    def _ready_rows(self, now: float) -> list[Row[StreamState]]:
+        """The streams with a chunk to decode now, one row each (one in flight waits for it, but for a ramp
+        chunk that may follow it: ``_follows``)."""
+        rows = []
+        for s in list(self._streams.values()):
+            if s.in_flight and not self._follows(s):
+                continue
+            n = self._ready_frames(s)
+            if n and (not s.in_flight or n < self.schedule.steady_frames):
+                if s.ready_since is None:
+                    s.ready_since = now
+                rows.append(Row(s, n, self._context(s), self._deadline(s, now)))
+        return rows
+
+    def _in_flight_groups(self) -> list[Launched]:
+        return self._inflight
+
     def _settle(self, idle: list[StreamState], outputs: list[CodecOutput]) -> None:
         """Terminal outputs owed by idle streams with nothing left to decode."""
         # A segment whose frames all went out already (or that had none) still owes its end marker.
@@ -413,7 +430,7 @@ class CodecEngine(Steppable[CodecOutput]):
         """``step`` raised ``exc`` (not a device failure): the streams of the failed decode (all when
         unknown), and any whose launched decode was lost with it, are cancelled. Returns their ids and the
         audio the step had produced for the others; their decodes still in flight are collected later."""
-        kept = {id(s) for group in self._inflight for s, _ in group.work}
+        kept = {id(s) for group in self._in_flight_groups() for s, _ in group.work}
         failed = self._working or list(self._streams.values())
         failed = failed + [s for s in self._streams.values() if s.in_flight and id(s) not in kept]
         self._working = []
@@ -423,7 +440,13 @@ class CodecEngine(Steppable[CodecOutput]):
             self.cancel(sid)
         return ids, [o for o in self._partial if o.stream_id not in ids]
 
-    def _launch(self, call: Call[StreamState]) -> Launched:
+    def _launch(
+        self, call: Call[StreamState], calls: DecodeCalls | None = None, top: bool = False
+    ) -> Launched:
+        """Launch ``call`` through ``calls`` (the engine's own by default); padding rows take scratch slots
+        from the bottom of the pool's scratch half, or with ``top`` from its top (``lanes``: two lanes'
+        decodes may run at once, and a batch bucket pads fewer rows than half the engine's streams, so the
+        two ranges never meet)."""
         work = [(row.stream, row.frames) for row in call.rows]
         t_bucket = call.frames
         self._working = [stream for stream, _ in work]
@@ -448,12 +471,14 @@ class CodecEngine(Steppable[CodecOutput]):
             codes[i, :, ctx : ctx + n] = new.T
             lengths[i] = ctx + n
             slots[i] = stream.slot
-        slots[b_real:] = np.arange(self.max_streams, self.max_streams + b_bucket - b_real)
+        pad = b_bucket - b_real
+        first = 2 * self.max_streams - pad if top else self.max_streams
+        slots[b_real:] = np.arange(first, first + pad)
         # Through pinned memory: a copy from these (pageable) arrays would wait for the decode in flight.
         slots_t = to_device(torch.from_numpy(slots), self.device)
         if self.left_context:
             self.codec.reset(slots_t[:b_real])  # every chunk starts from frame 0 of its window
-        wav = self.calls(
+        wav = (calls or self.calls)(
             to_device(torch.from_numpy(codes), self.device),
             slots_t,
             to_device(torch.from_numpy(lengths), self.device),

@@ -149,6 +149,7 @@ def build_engine(config: DeployConfig, runtime: CodecRuntime, device: str) -> Co
     """The codec engine of a deploy file's (non-duplex) codec stage over a loaded ``runtime``: its chunk
     schedule, CUDA-graph frame buckets and scheduling mode (``bench/codec_schedule.py`` builds its engines
     here too). Graphs are captured later, by the worker's warm-up."""
+    from services.codec.calls import DecodeCalls
     from services.codec.engine import ChunkSchedule, CodecEngine
     from voxstage.chunking import chunk_sizes
 
@@ -156,7 +157,8 @@ def build_engine(config: DeployConfig, runtime: CodecRuntime, device: str) -> Co
     plan = config.chunk_plan
     left = plan.left_context_frames if plan.overlap_crop else 0
     policy = tick_policy(stage, runtime.family, device)
-    decode_fn = None
+    decode_fn: DecodeCalls | None = None
+    urgent_fn: DecodeCalls | None = None
     buckets: tuple[int, ...] = ()
     if device == "cuda" and not stage.enforce_eager:
         from services.codec.graphs import GraphedDecode
@@ -168,16 +170,33 @@ def build_engine(config: DeployConfig, runtime: CodecRuntime, device: str) -> Co
         chunks = chunk_sizes(plan.initial_frames, plan.steady_frames, plan.ramp)
         # Overlap+crop decodes a chunk behind up to `left` frames of context: its steady windows get graphs.
         buckets = tuple(sorted({*sizes, *chunks, *(c + left for c in chunks if left)}))
-        decode_fn = GraphedDecode(
-            runtime.decoder,
-            num_groups=runtime.num_groups,
+
+        def graphed() -> GraphedDecode:
             # Capture runs use the pool's scratch half, which holds max_num_seqs slots; larger batch
             # buckets (rare: more streams due in one tick than that) decode eagerly.
-            max_batch=stage.max_num_seqs,
-            frame_buckets=buckets,
-            device=device,
-        )
-    engine = CodecEngine(
+            return GraphedDecode(
+                runtime.decoder,
+                num_groups=runtime.num_groups,
+                max_batch=stage.max_num_seqs,
+                frame_buckets=buckets,
+                device=device,
+            )
+
+        decode_fn = graphed()
+        if stage.codec_urgent_lane_ms is not None:
+            # Two decodes running at once cannot share static inputs or a memory pool: the lane's own graphs.
+            urgent_fn = graphed()
+    kw: dict[str, Any] = {}
+    engine_type: type[CodecEngine] = CodecEngine
+    if stage.codec_urgent_lane_ms is not None:
+        from services.codec.lanes import LanedCodecEngine
+
+        if device != "cuda":
+            log.warning("codec: codec_urgent_lane_ms: on %s there is no CUDA stream priority; the lanes "
+                        "take turns", device)  # fmt: skip
+        engine_type = LanedCodecEngine
+        kw = {"urgent_calls": urgent_fn, "urgent_budget_s": stage.codec_urgent_lane_ms / 1e3}
+    engine = engine_type(
         runtime.decoder,
         max_streams=stage.max_num_seqs,
         schedule=ChunkSchedule(
@@ -198,6 +217,7 @@ def build_engine(config: DeployConfig, runtime: CodecRuntime, device: str) -> Co
         # never waits long enough for the gateway to take a healthy codec for a stalled one.
         max_wait_s=config.stream.stall_timeout_s / 2,
         voice_states=_voice_states(config, runtime, left),
+        **kw,
     )
     return engine
 

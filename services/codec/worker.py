@@ -22,7 +22,7 @@ import numpy as np
 
 from services.codec.engine import CodecAdmissionError, CodecEngine, CodecOutput
 from services.codec.models import CodecRuntime
-from voxstage.stage.engine_loop import log_capture
+from voxstage.stage.engine_loop import log_capture, run_until_idle
 from voxstage.stage.worker import SessionWorker
 
 log = logging.getLogger(__name__)
@@ -75,8 +75,7 @@ class CodecWorker(SessionWorker[CodecOutput, PcmListener]):
             self.engine.open("__warmup__")
             self.engine.push("__warmup__", np.zeros((2, rt.num_groups), np.int64))
             self.engine.finish("__warmup__")
-            while self.engine.has_work():
-                self.engine.step()
+            run_until_idle(self.engine)  # to the end, also where two lanes' decodes are still running
             log_capture(log, "codec", self._capture_graphs)
             if rt.voice_clone:
                 noise = np.random.default_rng(0).standard_normal(rt.sample_rate).astype(np.float32) * 0.1
@@ -90,18 +89,21 @@ class CodecWorker(SessionWorker[CodecOutput, PcmListener]):
         """The start-up graphs (engine thread): the calls the tick policy can make, up to every stream due
         with one whole chunk in the same tick. Bounded (deadline) ticks never make a call over their budget
         but a single row's, so they are timed first and only the buckets within it captured: at 256 streams
-        the whole set reserved over 70 GiB. Returns how many graphs the warm-up captured."""
-        calls, engine = self.engine.calls, self.engine
-        before = calls.captured()
-        if engine.tick_policy == "deadline":
+        the whole set reserved over 70 GiB. With lanes (``services.codec.lanes``) each lane captures its
+        own. Returns how many graphs the warm-up captured."""
+        engine = self.engine
+        start_up = engine.start_up_calls()
+        before = sum(calls.captured() for calls, _ in start_up)
+        if engine.needs_cost:
             t_cal = time.perf_counter()
             cost = engine.calibrate()  # times graphed calls, capturing each shape it times
             log.info(
                 "codec: decode costs measured in %.1f s for ticks of %g ms: %s",
                 time.perf_counter() - t_cal, 1e3 * engine.tick_budget_s, cost.describe(),
             )  # fmt: skip
-        calls.capture_all(engine.max_streams * engine.schedule.steady_frames, engine.plannable_call)
-        return calls.captured() - before
+        for calls, keep in start_up:
+            calls.capture_all(engine.max_streams * engine.schedule.steady_frames, keep)
+        return sum(calls.captured() for calls, _ in start_up) - before
 
     # -- streams -------------------------------------------------------------------------------------------
     def has_room(self) -> bool:

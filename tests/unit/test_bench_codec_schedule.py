@@ -23,7 +23,7 @@ def test_codec_schedule_writes_both_arms(
     monkeypatch.setenv("VOXSTAGE_CACHE", str(tmp_path / "cache"))
     out = tmp_path / "r" / "codec_schedule.json"
     argv = ["--out", str(out), "--device", "cpu", "--quick", "--threads", "1",
-            "--arms", "on,fifo-off,deadline:50",
+            "--arms", "on,fifo-off,deadline:50,lanes:20:50",
             "--streams", "3", "--frames", "8", "--duration", "2", "--warmup", "0.5"]  # fmt: skip
     assert codec_schedule.main(argv) == 0
     report = json.loads(out.read_text())
@@ -34,7 +34,9 @@ def test_codec_schedule_writes_both_arms(
         ("on", "fifo", True, None),
         ("fifo-off", "fifo", False, None),
         ("deadline:50", "deadline", True, 50),
+        ("lanes:20:50", "deadline", True, 50),
     ]
+    assert [r["urgent_lane_ms"] for r in report["arms"]] == [None, None, None, 20]
     deadline = report["arms"][2]
     assert deadline["decode_cost"]["table_ms"] and 0 < deadline["tick_planned_ms"]["p50"]
     assert report["arms"][0]["decode_cost"] is None and report["arms"][0]["tick_planned_ms"] is None
@@ -49,7 +51,7 @@ def test_codec_schedule_writes_both_arms(
     assert "first audio ms" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("arm", ["deadline:0", "deadline:x", "fifo:20", "edf"])
+@pytest.mark.parametrize("arm", ["deadline:0", "deadline:x", "fifo:20", "edf", "lanes:10", "lanes:0:20"])
 def test_bad_arms_are_refused(arm: str, tmp_path: Path) -> None:
     with pytest.raises(SystemExit):
         codec_schedule.main(["--out", str(tmp_path / "x.json"), "--device", "cpu", "--arms", arm])

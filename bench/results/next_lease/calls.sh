@@ -12,7 +12,8 @@
 # c=1 RTF 0.067; the uploaded in-context clone 1.2-3.3 ms behind the built-in voice, its prepare CPU-bound).
 # `v`, `p`, `l` and `d` on the H200 (sixteenth session, bench/results/h200_2026-12-05_sixteenth/);
 # `d`, `c`, `n`, `o`, `q` on an H100 (seventeenth session, bench/results/h100_2026-12-05_seventeenth/).
-# First next time: `f` (the loaded tick at 256 paced streams on today's code), `c` on an H200 (256 slots
+# First next time: `u` and `w` (two codec lanes, new in the eighteenth session, which had no device), then
+# `f` (the loaded tick at 256 paced streams on today's code), `c` on an H200 (256 slots
 # now start), `r` (the Qwen3 codec in bf16 at 256), `s` (Audio8 graphed with deadline ticks), `p` (is the
 # prepare's linear cost per new shape?), `v` (a clone's prompt now makes one text projection, not two), then
 # `h` (the GPU tests of the fourteenth session's paths on the H200, the engines' phased profile), `k`
@@ -23,7 +24,7 @@
 # After the lease: unpack into bench/results/h200_<date>_<session>/, pack (python -m bench.pack_results),
 # write docs/benchmarks.md (naming this script's commit), and queue the next calls here.
 set -u
-CALL=${1:?usage: bench/results/next_lease/calls.sh a|b|c|d|e|f|g|h|k|l|m|n|o|p|q|r|s|v|x2 MODEL LAYOUT}
+CALL=${1:?usage: bench/results/next_lease/calls.sh a|b|c|d|e|f|g|h|k|l|m|n|o|p|q|r|s|u|v|w|x2 MODEL LAYOUT}
 : "${OUT:?OUT: the folder that comes back}"
 R=/tmp/r; rm -rf $R; mkdir -p $R  # a warm machine keeps the last call's: not packed again
 bash bench/run_gpu.sh --install-only > $R/install.log 2>&1
@@ -219,6 +220,26 @@ f)  # issue 28 acceptance 3: the timeline of one loaded tick per stage, after (2
     part gputests_deadline 90 python3 -m pytest -q -m gpu tests/gpu/test_codec_deadline_cuda.py
     part q3_timeline 300 bash bench/run_gpu.sh $R/q3_timeline "${Q3[@]}" --phases timeline \
       --timeline-load 256 --timeline-window-s 2 "${PACE[@]}"
+    ;;
+u)  # issue 28: two codec lanes (codec_urgent_lane_ms, services/codec/lanes.py; eighteenth session, no
+    # device then): first and ramp chunks on a high-priority CUDA stream in ticks of 10 ms, steady chunks in
+    # ticks of 60 ms on a low-priority one (one lane: 20 ms ticks made 68-row calls, 140 us a frame row on
+    # the H100; 40 ms ticks lost the ramp, call q). The lanes' GPU test first, the codec alone (one lane's 20
+    # ms ticks against lanes of 10 / 60 ms), then the paced search from 128
+    part gputests_lanes 90 python3 -m pytest -q -m gpu tests/gpu/test_codec_lanes_cuda.py
+    part cs_lanes 110 python3 -m bench.codec_schedule --out $R/cs_lanes.json --duration 8 \
+      --arms deadline:20,lanes:10:60
+    part q3_lanes 330 bash bench/run_gpu.sh $R/q3_lanes "${Q3[@]}" --phases closed --closed-start 128 \
+      "${PACE[@]}" --set stages.1.codec_urgent_lane_ms=10 --set stages.1.codec_tick_budget_ms=60
+    ;;
+w)  # issue 28 after `u`: Audio8 graphed with lanes (its bulk lane fifo: ~1,000-row ticks of 0.5 s at 96
+    # streams held young streams' chunks, call d), and Qwen3's lanes with 40 ms bulk ticks
+    G8=(--set stages.1.enforce_eager=false --set stages.1.async_scheduling=true \
+      --set stages.0.async_scheduling=true)
+    part a8_lanes 270 bash bench/run_gpu.sh $R/a8_lanes "${A8[@]}" --phases closed --closed-start 64 \
+      "${G8[@]}" --set stages.1.codec_urgent_lane_ms=10
+    part q3_lanes40 300 bash bench/run_gpu.sh $R/q3_lanes40 "${Q3[@]}" --phases closed --closed-start 128 \
+      "${PACE[@]}" --set stages.1.codec_urgent_lane_ms=10 --set stages.1.codec_tick_budget_ms=40
     ;;
 x2) # issue 31 on nvidia-h200-x2 (docs/scaling.md): `calls.sh x2 q3|pp LAYOUT`, one call each, every call
     # appending to $R/layouts, whose report renders what is there

@@ -73,6 +73,7 @@ CODEC_ONLY_KEYS: Mapping[str, str] = {
     "codec_tick_policy": "it schedules the codec's decodes",
     "codec_tick_budget_ms": "it schedules the codec's decodes",
     "codec_first_chunks": "it schedules the codec's decodes",
+    "codec_urgent_lane_ms": "it schedules the codec's decodes",
     "codec_voice_state_bytes": "it bounds the codec's decoder states of voice-library voices; the talker's "
     "prompt cache is voice_cache_*",
     "codec_voice_state_entries": "it bounds the codec's decoder states of voice-library voices; the talker's "
@@ -299,9 +300,22 @@ def check_stage_settings(cfg: DeployView) -> list[Issue]:
             if cfg.session_mode == "duplex":
                 voice = ("codec_voice_state_bytes", "codec_voice_state_entries")
                 out += _inert_in_duplex(stage, i, voice, "their codec decodes no reference prefix")
-                ticks = ("codec_tick_policy", "codec_tick_budget_ms", "codec_first_chunks")
+                ticks = (
+                    "codec_tick_policy",
+                    "codec_tick_budget_ms",
+                    "codec_first_chunks",
+                    "codec_urgent_lane_ms",
+                )
                 out += _inert_in_duplex(
                     stage, i, ticks, "their codec decodes one frame per session per talker step"
+                )
+            elif stage.codec_urgent_lane_ms is not None and not stage.async_scheduling:
+                out.append(
+                    _error(
+                        ("stages", i, "codec_urgent_lane_ms"),
+                        "needs async_scheduling: true: the two lanes' decodes are collected as they "
+                        "finish, never waited for",
+                    )
                 )
             if stage.segments is not None:
                 out.append(

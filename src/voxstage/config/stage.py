@@ -136,6 +136,10 @@ class StageConfig(StrictModel):
     # it opened: before everything) or "yield" (due as if it started now: after playing streams about to
     # run dry). Which is the default waits for the H200's closed search (docs/configuration.md).
     codec_first_chunks: Literal["lead", "yield"] = "lead"
+    # ... and with this set, a second lane (services/codec/lanes.py): first, prefix and ramp chunks decode on
+    # a high-priority CUDA stream in ticks of at most this much estimated device time, beside the bulk ticks
+    # above on a low-priority one. None: one lane. Needs async_scheduling.
+    codec_urgent_lane_ms: float | None = Field(default=None, gt=0.0, le=1000.0)
     max_model_len: int | None = Field(default=None, ge=1)
     max_num_batched_tokens: int | None = Field(default=None, ge=1)
     # Talker only: the KV cache's storage, "auto" (the model dtype) or "fp8" (e4m3, per-head scales).

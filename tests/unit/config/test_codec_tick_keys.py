@@ -61,3 +61,27 @@ def test_first_chunks_reaches_the_engine_and_is_said_to_do_nothing_under_fifo(
         assert tick_policy(config.codec, "qwen3_tts", "cuda") == "deadline"
         assert tick_policy(load_deploy_config(QWEN, platform="cpu").codec, "qwen3_tts", "cpu") == "fifo"
     assert not caplog.text  # deadline ticks use it; unset under fifo, nothing to say
+
+
+def test_the_urgent_lane_builds_a_laned_engine_and_says_it_has_no_priority_off_a_gpu(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    import torch
+
+    from services.codec.lanes import LanedCodecEngine
+    from services.codec.main import build_engine
+    from services.codec.models import load_codec
+    from voxstage.presets import resolve_model
+
+    assert load_deploy_config(QWEN, platform="cuda").codec.codec_urgent_lane_ms is None  # one lane
+    config = load_deploy_config(QWEN, platform="cpu", overrides=["stages.1.codec_urgent_lane_ms=8"])
+    source = resolve_model("qwen3-tts-tiny", cache=tmp_path)
+    runtime = load_codec(source, device="cpu", dtype=torch.float32, max_streams=config.codec.max_num_seqs)
+    with caplog.at_level(logging.WARNING, logger="services.codec.main"):
+        engine = build_engine(config, runtime, "cpu")
+    assert isinstance(engine, LanedCodecEngine) and engine.urgent.budget_s == pytest.approx(0.008)
+    assert engine.bulk.budget_s == engine.tick_budget_s and engine.urgent.stream is None
+    assert "no CUDA stream priority" in caplog.text
+    assert not isinstance(
+        build_engine(load_deploy_config(QWEN, platform="cpu"), runtime, "cpu"), LanedCodecEngine
+    )

@@ -24,6 +24,8 @@ PERSONAPLEX = REPO / "deploy" / "personaplex.yaml"
         ("stages.1.codec_tick_budget_ms=0", "stages[1].codec_tick_budget_ms"),
         ("stages.0.codec_first_chunks=yield", "stages[0].codec_first_chunks: belongs to the codec stage"),
         ("stages.1.codec_first_chunks=first", "stages[1].codec_first_chunks"),
+        ("stages.0.codec_urgent_lane_ms=10", "stages[0].codec_urgent_lane_ms: belongs to the codec stage"),
+        ("stages.1.codec_urgent_lane_ms=0", "stages[1].codec_urgent_lane_ms"),
         ("stages.1.pace_realtime_x=2", "stages[1].pace_realtime_x: belongs to the talker stage (stage_id 0)"),
         ("stages.1.pace_from_streams=8", "stages[1].pace_from_streams: belongs to the talker stage"),
         ("stages.1.pace_ahead_s=3", "stages[1].pace_ahead_s: belongs to the talker stage"),
@@ -46,6 +48,7 @@ def test_misplaced_or_bad_values_are_refused_naming_the_key(override: str, expec
     [
         "stages.1.codec_tick_budget_ms=10",
         "stages.1.codec_first_chunks=yield",
+        "stages.1.codec_urgent_lane_ms=10",
         "stages.0.pace_realtime_x=3",
         "stages.0.pace_ahead_s=3",
         "stages.0.pace_ride_s=3",
@@ -56,3 +59,13 @@ def test_duplex_sessions_warn_that_the_keys_do_nothing(override: str) -> None:
     assert not any(key in str(w) for w in load_deploy_config(PERSONAPLEX, platform="cuda").warnings)
     cfg = load_deploy_config(PERSONAPLEX, platform="cuda", overrides=[override])
     assert any(key in str(w) and "duplex" in str(w) for w in cfg.warnings), cfg.warnings
+
+
+def test_the_urgent_lane_needs_async_scheduling() -> None:
+    sets = ["stages.1.codec_urgent_lane_ms=10", "stages.1.async_scheduling=false"]
+    with pytest.raises(ConfigError) as info:
+        load_deploy_config(QWEN, platform="cuda", overrides=sets)
+    assert any(
+        "stages[1].codec_urgent_lane_ms: needs async_scheduling: true" in str(i) for i in info.value.issues
+    )
+    assert load_deploy_config(QWEN, platform="cuda", overrides=sets[:1]).codec.codec_urgent_lane_ms == 10

@@ -1,0 +1,271 @@
+"""The codec engine's two lanes (``codec_urgent_lane_ms``, services/codec/lanes.py) on the real tiny decoder:
+the audio equals the offline decode, first and ramp chunks go on the urgent lane and steady chunks on the bulk
+lane, a young stream's chunk launches and comes out while a bulk tick is still running, nothing waits on an
+unfinished tick, and a stream cancelled with a decode in flight keeps its slot until that decode is in.
+
+Off a GPU the decodes finish before they return; a test that needs a tick still running holds its read-back
+event (``held_events``), which is how the engine sees a decode on the device."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+
+from services.codec import engine as engine_mod
+from services.codec.calls import DecodeCalls
+from services.codec.engine import ChunkSchedule, CodecOutput
+from services.codec.lanes import POLL_S, LanedCodecEngine
+from services.codec.models.qwen3_tts.decoder import Qwen3TokenizerDecoder
+from services.codec.models.qwen3_tts.loader import random_init
+from services.codec.models.qwen3_tts.presets import decoder_preset
+from services.codec.models.qwen3_tts.streaming import StreamingDecoder
+from services.codec.worker import CodecWorker
+from tests.unit.codec.test_engine import GROUPS, TOL, codes_for, collect, offline
+from tests.unit.codec.test_engine_deadline import BUCKETS, MS, h200_like
+from voxstage.stage.engine_loop import run_until_idle
+
+
+@pytest.fixture(scope="module")
+def model() -> Qwen3TokenizerDecoder:
+    return random_init(decoder_preset("qwen3-tts-tiny"), seed=0)
+
+
+class CountedCalls(DecodeCalls):
+    """The engine's eager decode, recording each call's (rows, frame bucket)."""
+
+    def __init__(self, pool: StreamingDecoder) -> None:
+        super().__init__(pool.decode)
+        self.shapes: list[tuple[int, int]] = []
+        self.rows: list[int] = []  # every real row's frames
+
+    def __call__(self, codes: torch.Tensor, slots: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        self.shapes.append((codes.shape[0], codes.shape[2]))
+        self.rows += [n for n in lengths.tolist() if n]
+        return super().__call__(codes, slots, lengths)
+
+
+def laned(
+    model: Qwen3TokenizerDecoder,
+    streams: int,
+    policy: str = "deadline",
+    bulk_ms: float = 60,
+    urgent_ms: float = 10,
+) -> tuple[LanedCodecEngine, CountedCalls, CountedCalls]:
+    pool = StreamingDecoder(model, 2 * streams)
+    bulk, urgent = CountedCalls(pool), CountedCalls(pool)
+    engine = LanedCodecEngine(
+        pool, max_streams=streams, schedule=ChunkSchedule(1, 25), num_groups=GROUPS, frame_buckets=BUCKETS,
+        decode_fn=bulk, urgent_calls=urgent, urgent_budget_s=urgent_ms * MS, async_scheduling=True,
+        tick_policy=policy, tick_budget_s=bulk_ms * MS, cost=h200_like(streams),
+    )  # fmt: skip
+    return engine, bulk, urgent
+
+
+def drive(
+    engine: LanedCodecEngine, plan: dict[str, tuple[int, int, int]], codes: dict[str, np.ndarray]
+) -> dict[str, list[CodecOutput]]:
+    """Open, feed and finish streams by ``plan`` (start tick, frames, frames a tick), stepping as the engine
+    thread does, and run to the end."""
+    out: dict[str, list[CodecOutput]] = {}
+    fed = dict.fromkeys(plan, 0)
+    for tick in range(400):
+        for sid, (start, frames, rate) in plan.items():
+            if tick == start:
+                engine.open(sid)
+            if tick >= start and fed[sid] < frames:
+                n = min(rate, frames - fed[sid])
+                engine.push(sid, codes[sid][fed[sid] : fed[sid] + n])
+                fed[sid] += n
+                if fed[sid] == frames:
+                    engine.finish(sid)
+        if engine.has_work():
+            collect(engine.step(), out)
+        if all(fed[s] == plan[s][1] for s in plan) and not engine.has_work() and not engine.active():
+            break
+    run_until_idle(engine, lambda outputs: collect(outputs, out))
+    return out
+
+
+@pytest.mark.parametrize("policy", ["deadline", "fifo"])
+def test_two_lanes_give_the_offline_audio_with_young_chunks_on_the_urgent_lane(
+    model: Qwen3TokenizerDecoder, policy: str
+) -> None:
+    plan = {
+        "a": (0, 60, 9),
+        "b": (0, 53, 25),
+        "c": (1, 27, 1),
+        "d": (2, 51, 30),
+        "e": (4, 9, 9),
+        "f": (6, 80, 4),
+    }
+    codes = {sid: codes_for(50 + i, n) for i, (sid, (_, n, _)) in enumerate(plan.items())}
+    engine, bulk, urgent = laned(model, streams=6, policy=policy)
+    out = drive(engine, plan, codes)
+    assert engine.active() == 0 and not engine._in_flight_groups()
+    for sid, (_, frames, _) in plan.items():
+        outs = out[sid]
+        assert outs[-1].final and sum(o.frames for o in outs) == frames
+        np.testing.assert_allclose(
+            np.concatenate([o.pcm for o in outs]), offline(model, codes[sid]), atol=TOL, rtol=0
+        )
+    # First and ramp chunks (1, 1, 2, 4, 8, 16 frames) and the short ends on the urgent lane, steady chunks
+    # (25 frames, or more where a stream is behind) on the bulk lane, each lane's calls within its budget.
+    assert urgent.shapes and bulk.shapes
+    assert max(urgent.rows) < 25 <= min(bulk.rows)
+    assert {1, 2, 4, 8, 16} <= set(urgent.rows)
+    assert all(engine.cost(b, t) <= 10 * MS or b == 1 for b, t in urgent.shapes)  # type: ignore[misc]
+    if policy == "deadline":
+        assert all(engine.cost(b, t) <= 60 * MS or b == 1 for b, t in bulk.shapes)  # type: ignore[misc]
+
+
+@pytest.fixture
+def held_events(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[HeldEvent]]:
+    """Every launched decode's read-back event, unfinished until the test releases it."""
+    events: list[HeldEvent] = []
+    real = engine_mod.read_back
+
+    def read_back(wav: torch.Tensor) -> tuple[torch.Tensor, HeldEvent]:
+        pcm, _ = real(wav)
+        events.append(HeldEvent())
+        return pcm, events[-1]
+
+    monkeypatch.setattr(engine_mod, "read_back", read_back)
+    yield events
+
+
+class HeldEvent:
+    def __init__(self) -> None:
+        self.finished = False
+
+    def query(self) -> bool:
+        return self.finished
+
+    def synchronize(self) -> None:
+        assert self.finished, "the engine waited on a decode that is still running"
+
+
+def test_a_young_chunk_launches_and_comes_out_while_a_bulk_tick_runs(
+    model: Qwen3TokenizerDecoder, held_events: list[HeldEvent]
+) -> None:
+    engine, bulk, urgent = laned(model, streams=4)
+    old = codes_for(60, 50)
+    engine.open("old", initial_frames=25)
+    engine.push("old", old[:25])
+    engine.step()  # its first chunk: urgent (no audio out yet)
+    held_events[-1].finished = True
+    outs = engine.step()
+    assert [o.stream_id for o in outs] == ["old"] and len(urgent.shapes) == 1
+    engine.push("old", old[25:])
+    engine.step()  # its steady chunk: the bulk lane, and held there (still running on the device)
+    assert bulk.shapes == [(1, 25)]
+    bulk_event = held_events[-1]
+    assert not engine.has_work() and engine.idle_timeout() == POLL_S  # polls; does not wait on it
+    young = codes_for(61, 4)
+    engine.open("young")
+    engine.push("young", young[:1])
+    assert engine.has_work()
+    engine.step()  # launches the young stream's first chunk beside the running bulk tick
+    assert len(urgent.shapes) == 2
+    held_events[-1].finished = True
+    outs = engine.step()
+    assert [o.stream_id for o in outs] == ["young"]  # out while the bulk tick is still running
+    engine.push("young", young[1:2])
+    engine.step()
+    held_events[-1].finished = True
+    assert [o.stream_id for o in engine.step()] == ["young"]
+    bulk_event.finished = True
+    assert engine.has_work()
+    outs = engine.step()
+    assert [(o.stream_id, o.frames) for o in outs] == [("old", 25)]
+
+
+def test_a_cancelled_streams_slot_waits_for_its_decode_in_flight(
+    model: Qwen3TokenizerDecoder, held_events: list[HeldEvent]
+) -> None:
+    engine, _, _ = laned(model, streams=2)
+    engine.open("a")
+    engine.push("a", codes_for(62, 1))
+    engine.step()
+    slot_a = engine._streams["a"].slot
+    assert engine.cancel("a")
+    # The next stream must not get a's slot: its reset would run under a's decode still on the device.
+    assert engine.open("b") != slot_a
+    with pytest.raises(engine_mod.CodecAdmissionError):
+        engine.open("c")
+    held_events[-1].finished = True
+    assert engine.step() == []  # a's audio is dropped: it was cancelled
+    assert engine.open("c") == slot_a
+
+
+def test_lanes_need_async_scheduling_and_a_budget(model: Qwen3TokenizerDecoder) -> None:
+    pool = StreamingDecoder(model, 4)
+    common = {"max_streams": 2, "schedule": ChunkSchedule(1, 25), "num_groups": GROUPS, "urgent_calls": None}
+    with pytest.raises(ValueError, match="need async scheduling"):
+        LanedCodecEngine(pool, urgent_budget_s=0.01, **common)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="urgent_budget_s must be > 0"):
+        LanedCodecEngine(pool, urgent_budget_s=0, async_scheduling=True, **common)  # type: ignore[arg-type]
+
+
+def test_the_warm_up_waits_for_both_lanes(model: Qwen3TokenizerDecoder) -> None:
+    # The worker's warm-up decodes a short stream to its end; with lanes, has_work() is false while a decode
+    # runs, so it must not stop there (run_until_idle sleeps the engine's idle_timeout instead).
+    engine, _, urgent = laned(model, streams=2, policy="fifo")  # fifo off a GPU: no cost table to measure
+    runtime = SimpleNamespace(num_groups=GROUPS, voice_clone=False)  # what the warm-up reads of it
+    worker = CodecWorker(runtime, engine)  # type: ignore[arg-type]
+
+    async def warm() -> float:
+        worker.start(asyncio.get_running_loop())
+        try:
+            return await worker.warm_up()
+        finally:
+            worker.stop()
+
+    assert asyncio.run(warm()) > 0
+    assert engine.active() == 0 and not engine._in_flight_groups() and urgent.shapes
+
+
+def test_a_lane_counts_ticks_not_calls_and_a_failed_launch_takes_no_room(
+    model: Qwen3TokenizerDecoder, held_events: list[HeldEvent]
+) -> None:
+    engine, bulk, _ = laned(model, streams=4, policy="fifo")
+    for sid, n in (("a", 25), ("b", 50)):  # first chunks past: a steady chunk, and a stream 2 chunks behind
+        engine.open(sid, initial_frames=25)
+        engine.push(sid, codes_for(70 + n, 25))
+        engine.step()
+        held_events[-1].finished = True
+        engine.step()
+    engine.push("a", codes_for(80, 25))
+    engine.push("b", codes_for(81, 50))
+    engine.step()  # one fifo tick of two calls (25- and 50-frame buckets): one of the lane's two ticks
+    assert bulk.shapes[-2:] == [(1, 25), (1, 50)] and list(engine.bulk.ticks) == [2]
+    assert engine.bulk.has_room()
+    boom = RuntimeError("decode failed")
+    engine.bulk.calls = engine.calls = FailingCalls(boom)  # type: ignore[assignment]
+    engine.open("c", initial_frames=25)
+    engine.push("c", codes_for(82, 25))
+    engine.step()  # c's first chunk: the urgent lane
+    held_events[-1].finished = True
+    engine.step()
+    engine.push("c", codes_for(83, 25))
+    with pytest.raises(RuntimeError, match="decode failed"):
+        engine.step()
+    ended, _ = engine.recover(boom)
+    assert ended == ["c"] and list(engine.bulk.ticks) == [2]  # the failed tick holds no room
+    for event in held_events:
+        event.finished = True
+    outs = engine.step()
+    assert sorted((o.stream_id, o.frames) for o in outs) == [("a", 25), ("b", 50)]
+
+
+class FailingCalls(DecodeCalls):
+    def __init__(self, exc: Exception) -> None:
+        super().__init__(lambda codes, slots, lengths: codes)
+        self.exc = exc
+
+    def __call__(self, codes: torch.Tensor, slots: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        raise self.exc
