@@ -13,7 +13,9 @@ stream keeps up. So they are split:
   or of a stream with no audio out yet), in deadline order, in ticks of at most ``codec_urgent_lane_ms`` of
   estimated device time, on a CUDA stream of the highest priority: the GPU's block scheduler starts its
   kernels' blocks ahead of the bulk lane's as SMs free up, so a ramp chunk waits for a kernel's tail, not
-  for a tick;
+  for a tick (a CUDA graph runs at the priority of the stream it is launched into). Its calls are a few rows,
+  bound by their chain of short kernels more than by arithmetic, so beside a bulk call they take little of
+  its SM time, where on one stream they held the device alone;
 * the **bulk lane** takes the rest under the engine's own policy and ``codec_tick_budget_ms`` (fifo, or
   deadline ticks that can now be larger), on a CUDA stream of the lowest priority.
 

@@ -12,7 +12,8 @@
 # c=1 RTF 0.067; the uploaded in-context clone 1.2-3.3 ms behind the built-in voice, its prepare CPU-bound).
 # `v`, `p`, `l` and `d` on the H200 (sixteenth session, bench/results/h200_2026-12-05_sixteenth/);
 # `d`, `c`, `n`, `o`, `q` on an H100 (seventeenth session, bench/results/h100_2026-12-05_seventeenth/).
-# First next time: `u` and `w` (two codec lanes, new in the eighteenth session, which had no device), then
+# First next time: `z` (Qwen3 at 256 with the three unmeasured levers together: codec lanes, riding streams,
+# bf16 codec), `u` and `w` (two codec lanes, new in the eighteenth session, which had no device), then
 # `f` (the loaded tick at 256 paced streams on today's code), `c` on an H200 (256 slots
 # now start), `r` (the Qwen3 codec in bf16 at 256), `s` (Audio8 graphed with deadline ticks), `p` (is the
 # prepare's linear cost per new shape?), `v` (a clone's prompt now makes one text projection, not two), then
@@ -24,7 +25,7 @@
 # After the lease: unpack into bench/results/h200_<date>_<session>/, pack (python -m bench.pack_results),
 # write docs/benchmarks.md (naming this script's commit), and queue the next calls here.
 set -u
-CALL=${1:?usage: bench/results/next_lease/calls.sh a|b|c|d|e|f|g|h|k|l|m|n|o|p|q|r|s|u|v|w|x2 MODEL LAYOUT}
+CALL=${1:?usage: bench/results/next_lease/calls.sh a|b|c|d|e|f|g|h|k|l|m|n|o|p|q|r|s|u|v|w|z|x2 MODEL LAYOUT}
 : "${OUT:?OUT: the folder that comes back}"
 R=/tmp/r; rm -rf $R; mkdir -p $R  # a warm machine keeps the last call's: not packed again
 bash bench/run_gpu.sh --install-only > $R/install.log 2>&1
@@ -240,6 +241,18 @@ w)  # issue 28 after `u`: Audio8 graphed with lanes (its bulk lane fifo: ~1,000-
       "${G8[@]}" --set stages.1.codec_urgent_lane_ms=10
     part q3_lanes40 300 bash bench/run_gpu.sh $R/q3_lanes40 "${Q3[@]}" --phases closed --closed-start 128 \
       "${PACE[@]}" --set stages.1.codec_urgent_lane_ms=10 --set stages.1.codec_tick_budget_ms=40
+    ;;
+z)  # issue 28, Qwen3 at 256 with the three unmeasured levers together (then `u`, `e` and `r` say which
+    # counts): two codec lanes (10 / 60 ms), held streams riding along (pace_ride_s 3: at 256 paced streams
+    # the talker ran ~37 steps a second over its whole batch bucket, most rows masked, 42 % of the GPU), and
+    # the codec in bf16; gRPC from 192, then the openai face from 128
+    LEVERS=(--set stages.1.codec_urgent_lane_ms=10 --set stages.1.codec_tick_budget_ms=60 \
+      --set stages.0.pace_ride_s=3 \
+      --set connectors.connector_of_shared_memory.extra.qwen3_tts_codec_dtype=bfloat16)
+    part q3_levers 280 bash bench/run_gpu.sh $R/q3_levers "${Q3[@]}" --phases closed --closed-start 192 \
+      "${PACE[@]}" "${LEVERS[@]}"
+    part q3_levers_openai 270 bash bench/run_gpu.sh $R/q3_levers_openai "${Q3[@]}" --phases openai \
+      --closed-start 128 "${PACE[@]}" "${LEVERS[@]}"
     ;;
 x2) # issue 31 on nvidia-h200-x2 (docs/scaling.md): `calls.sh x2 q3|pp LAYOUT`, one call each, every call
     # appending to $R/layouts, whose report renders what is there
