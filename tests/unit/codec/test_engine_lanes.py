@@ -269,3 +269,42 @@ class FailingCalls(DecodeCalls):
 
     def __call__(self, codes: torch.Tensor, slots: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
         raise self.exc
+
+
+def test_voice_clone_prefixes_and_kept_voice_states_give_one_lanes_audio(
+    model: Qwen3TokenizerDecoder,
+) -> None:
+    # A reference prefix decodes on the urgent lane (its stream has no audio out yet) and its state is kept
+    # for the voice at its collect; the next stream of that voice opens from it and decodes no prefix.
+    from services.codec.engine import CodecEngine
+    from services.codec.voice_states import VoiceStateCache
+
+    prefix, gens = codes_for(90, 130), [codes_for(91, 45), codes_for(92, 45)]
+
+    def speak(engine: CodecEngine) -> list[np.ndarray]:
+        pcm = []
+        for i, gen in enumerate(gens):
+            engine.open(f"s{i}", prefix=prefix, prefix_key="narrator@1")
+            engine.push(f"s{i}", gen)
+            engine.finish(f"s{i}")
+            got: dict[str, list[CodecOutput]] = {}
+            run_until_idle(engine, lambda outputs, got=got: collect(outputs, got))
+            pcm.append(np.concatenate([o.pcm for o in got[f"s{i}"]]))
+        return pcm
+
+    states = VoiceStateCache(1 << 30, 4)
+    pool = StreamingDecoder(model, 4)
+    two = LanedCodecEngine(
+        pool, max_streams=2, schedule=ChunkSchedule(1, 25), num_groups=GROUPS, frame_buckets=BUCKETS,
+        urgent_calls=None, urgent_budget_s=10 * MS, async_scheduling=True, tick_policy="deadline",
+        tick_budget_s=60 * MS, cost=h200_like(2), voice_states=states,
+    )  # fmt: skip
+    one = CodecEngine(
+        StreamingDecoder(model, 4), max_streams=2, schedule=ChunkSchedule(1, 25), num_groups=GROUPS,
+        frame_buckets=BUCKETS, async_scheduling=True, voice_states=VoiceStateCache(1 << 30, 4),
+    )  # fmt: skip
+    laned_pcm, one_pcm = speak(two), speak(one)
+    assert len(states) == 1  # the voice's state was kept once, after the first stream's prefix
+    for a, b in zip(laned_pcm, one_pcm, strict=True):
+        assert a.size == 45 * 1920
+        np.testing.assert_allclose(a, b, atol=TOL, rtol=0)
