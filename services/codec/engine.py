@@ -298,7 +298,11 @@ class CodecEngine(Steppable[CodecOutput]):
         else:
             for group in fresh:
                 self._collect(group, outputs)
-        if rows:
+        return self._stepped(bool(rows), t0, outputs)
+
+    def _stepped(self, launched: bool, t0: float, outputs: list[CodecOutput]) -> list[CodecOutput]:
+        """A step's end: its tick counted (when it launched decodes), its time and its audio observed."""
+        if launched:
             self.ticks += 1
         metrics.STAGE_TICK.labels(stage="codec").observe(time.perf_counter() - t0)
         metrics.AUDIO_GENERATED.labels(stage="codec").inc(

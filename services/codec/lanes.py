@@ -49,7 +49,6 @@ from services.codec.calls import Bucket, DecodeCalls
 from services.codec.engine import CodecEngine, CodecOutput, StreamingCodec
 from services.codec.engine_state import Launched, StreamState
 from services.codec.schedule import Call, Row, deadline_calls, fifo_calls
-from voxstage import metrics
 
 DEPTH = 2  # launched ticks a lane holds: one running on the device, the next queued behind it
 POLL_S = 0.0005  # how often the engine thread looks for a finished tick while both lanes are busy
@@ -186,13 +185,7 @@ class LanedCodecEngine(CodecEngine):
             finally:
                 lane.end_tick()
             launched = True
-        if launched:
-            self.ticks += 1
-        metrics.STAGE_TICK.labels(stage="codec").observe(time.perf_counter() - t0)
-        metrics.AUDIO_GENERATED.labels(stage="codec").inc(
-            sum(o.frames for o in outputs) * self.spf / self.sample_rate
-        )
-        return outputs
+        return self._stepped(launched, t0, outputs)
 
     # -- start-up --------------------------------------------------------------------------------------------
     @property

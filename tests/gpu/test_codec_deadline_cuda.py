@@ -5,8 +5,6 @@ GPU; tests/unit/codec/test_engine_deadline.py covers the CPU path."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import numpy as np
 import pytest
 import torch
@@ -17,16 +15,12 @@ from services.codec.models.qwen3_tts.loader import random_init
 from services.codec.models.qwen3_tts.presets import decoder_preset
 from services.codec.models.qwen3_tts.streaming import StreamingDecoder
 
-pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"),
+    pytest.mark.usefixtures("no_tf32"),  # conftest.py
+]
 STREAMS, BUCKETS = 8, (1, 2, 4, 8, 16, 25)
-
-
-@pytest.fixture(autouse=True)
-def no_tf32() -> Iterator[None]:
-    saved = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
-    yield
-    torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = saved
 
 
 def engine_for(model: torch.nn.Module, policy: str, budget_s: float) -> CodecEngine:

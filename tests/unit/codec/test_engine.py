@@ -45,6 +45,26 @@ def offline(model: Qwen3TokenizerDecoder, codes: np.ndarray) -> np.ndarray:
         return model(torch.from_numpy(codes.T.copy())[None])[0].numpy()
 
 
+def feed(
+    engine: CodecEngine,
+    plan: dict[str, tuple[int, int, int]],
+    codes: dict[str, np.ndarray],
+    fed: dict[str, int],
+    tick: int,
+) -> None:
+    """Tick ``tick`` of ``plan`` (per stream: the tick it opens, its frames, frames pushed a tick): open,
+    push and finish as a talker would; ``fed`` counts each stream's frames pushed."""
+    for sid, (start, frames, rate) in plan.items():
+        if tick == start:
+            engine.open(sid)
+        if tick >= start and fed[sid] < frames:
+            n = min(rate, frames - fed[sid])
+            engine.push(sid, codes[sid][fed[sid] : fed[sid] + n])
+            fed[sid] += n
+            if fed[sid] == frames:
+                engine.finish(sid)
+
+
 def collect(outputs: list[CodecOutput], into: dict[str, list[CodecOutput]]) -> None:
     for o in outputs:
         into.setdefault(o.stream_id, []).append(o)
@@ -59,15 +79,7 @@ def test_staggered_streams_equal_offline_decode(model: Qwen3TokenizerDecoder, as
     out: dict[str, list[CodecOutput]] = {}
     fed = dict.fromkeys(plan, 0)
     for tick in range(200):
-        for sid, (start, frames, rate) in plan.items():
-            if tick == start:
-                engine.open(sid)
-            if tick >= start and fed[sid] < frames:
-                n = min(rate, frames - fed[sid])
-                engine.push(sid, codes[sid][fed[sid] : fed[sid] + n])
-                fed[sid] += n
-                if fed[sid] == frames:
-                    engine.finish(sid)
+        feed(engine, plan, codes, fed, tick)
         collect(engine.step(), out)
         if all(fed[s] == plan[s][1] for s in plan) and not engine.has_work():
             break

@@ -19,10 +19,25 @@ from services.codec.models.qwen3_tts.decoder import Qwen3TokenizerDecoder
 from services.codec.models.qwen3_tts.loader import random_init
 from services.codec.models.qwen3_tts.presets import decoder_preset
 from services.codec.models.qwen3_tts.streaming import StreamingDecoder
-from tests.unit.codec.test_engine import GROUPS, TOL, codes_for, collect, offline
+from tests.unit.codec.test_engine import GROUPS, TOL, codes_for, collect, feed, offline
 
 MS = 1e-3
 BUCKETS = (1, 2, 4, 8, 16, 25)
+
+
+# (start tick, frames, frames pushed per tick) of 6 streams: producers faster and slower than the schedule.
+SIX_STREAMS = {
+    "a": (0, 60, 9),
+    "b": (0, 53, 25),
+    "c": (1, 27, 1),
+    "d": (2, 51, 30),
+    "e": (4, 9, 9),
+    "f": (6, 40, 4),
+}
+
+
+def six_streams_codes() -> dict[str, np.ndarray]:
+    return {sid: codes_for(50 + i, n) for i, (sid, (_, n, _)) in enumerate(SIX_STREAMS.items())}
 
 
 def h200_like(streams: int) -> DecodeCost:
@@ -48,31 +63,15 @@ def deadline_engine(
 def test_split_ticks_still_equal_the_offline_decode(
     model: Qwen3TokenizerDecoder, async_scheduling: bool
 ) -> None:
-    # (start tick, frames, frames pushed per tick): 6 streams, a budget of about two 25-frame rows a tick.
-    plan = {
-        "a": (0, 60, 9),
-        "b": (0, 53, 25),
-        "c": (1, 27, 1),
-        "d": (2, 51, 30),
-        "e": (4, 9, 9),
-        "f": (6, 40, 4),
-    }
-    codes = {sid: codes_for(50 + i, n) for i, (sid, (_, n, _)) in enumerate(plan.items())}
+    # A budget of about two 25-frame rows a tick.
+    plan, codes = SIX_STREAMS, six_streams_codes()
     engine = deadline_engine(model, streams=6, budget_ms=10, async_scheduling=async_scheduling)
     single = max(engine.cost(1, t) for t in BUCKETS)  # type: ignore[misc]
     out: dict[str, list[CodecOutput]] = {}
     fed = dict.fromkeys(plan, 0)
     planned = []
     for tick in range(300):
-        for sid, (start, frames, rate) in plan.items():
-            if tick == start:
-                engine.open(sid)
-            if tick >= start and fed[sid] < frames:
-                n = min(rate, frames - fed[sid])
-                engine.push(sid, codes[sid][fed[sid] : fed[sid] + n])
-                fed[sid] += n
-                if fed[sid] == frames:
-                    engine.finish(sid)
+        feed(engine, plan, codes, fed, tick)
         engine.planned_s = 0.0
         collect(engine.step(), out)
         planned.append(engine.planned_s)

@@ -25,8 +25,8 @@ from services.codec.models.qwen3_tts.loader import random_init
 from services.codec.models.qwen3_tts.presets import decoder_preset
 from services.codec.models.qwen3_tts.streaming import StreamingDecoder
 from services.codec.worker import CodecWorker
-from tests.unit.codec.test_engine import GROUPS, TOL, codes_for, collect, offline
-from tests.unit.codec.test_engine_deadline import BUCKETS, MS, h200_like
+from tests.unit.codec.test_engine import GROUPS, TOL, codes_for, collect, feed, offline
+from tests.unit.codec.test_engine_deadline import BUCKETS, MS, SIX_STREAMS, h200_like, six_streams_codes
 from voxstage.stage.engine_loop import run_until_idle
 
 
@@ -74,15 +74,7 @@ def drive(
     out: dict[str, list[CodecOutput]] = {}
     fed = dict.fromkeys(plan, 0)
     for tick in range(400):
-        for sid, (start, frames, rate) in plan.items():
-            if tick == start:
-                engine.open(sid)
-            if tick >= start and fed[sid] < frames:
-                n = min(rate, frames - fed[sid])
-                engine.push(sid, codes[sid][fed[sid] : fed[sid] + n])
-                fed[sid] += n
-                if fed[sid] == frames:
-                    engine.finish(sid)
+        feed(engine, plan, codes, fed, tick)
         if engine.has_work():
             collect(engine.step(), out)
         if all(fed[s] == plan[s][1] for s in plan) and not engine.has_work() and not engine.active():
@@ -95,15 +87,7 @@ def drive(
 def test_two_lanes_give_the_offline_audio_with_young_chunks_on_the_urgent_lane(
     model: Qwen3TokenizerDecoder, policy: str
 ) -> None:
-    plan = {
-        "a": (0, 60, 9),
-        "b": (0, 53, 25),
-        "c": (1, 27, 1),
-        "d": (2, 51, 30),
-        "e": (4, 9, 9),
-        "f": (6, 80, 4),
-    }
-    codes = {sid: codes_for(50 + i, n) for i, (sid, (_, n, _)) in enumerate(plan.items())}
+    plan, codes = SIX_STREAMS, six_streams_codes()
     engine, bulk, urgent = laned(model, streams=6, policy=policy)
     out = drive(engine, plan, codes)
     assert engine.active() == 0 and not engine._in_flight_groups()
@@ -124,21 +108,24 @@ def test_two_lanes_give_the_offline_audio_with_young_chunks_on_the_urgent_lane(
 
 
 @pytest.fixture
-def held_events(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[HeldEvent]]:
+def held_events(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[RunningDecode]]:
     """Every launched decode's read-back event, unfinished until the test releases it."""
-    events: list[HeldEvent] = []
+    events: list[RunningDecode] = []
     real = engine_mod.read_back
 
-    def read_back(wav: torch.Tensor) -> tuple[torch.Tensor, HeldEvent]:
+    def read_back(wav: torch.Tensor) -> tuple[torch.Tensor, RunningDecode]:
         pcm, _ = real(wav)
-        events.append(HeldEvent())
+        events.append(RunningDecode())
         return pcm, events[-1]
 
     monkeypatch.setattr(engine_mod, "read_back", read_back)
     yield events
 
 
-class HeldEvent:
+class RunningDecode:
+    """A decode's read-back event that is unfinished until the test says so, and that must not be waited on
+    (unlike test_engine.py's ``HeldEvent``, which a wait releases)."""
+
     def __init__(self) -> None:
         self.finished = False
 
@@ -150,7 +137,7 @@ class HeldEvent:
 
 
 def test_a_young_chunk_launches_and_comes_out_while_a_bulk_tick_runs(
-    model: Qwen3TokenizerDecoder, held_events: list[HeldEvent]
+    model: Qwen3TokenizerDecoder, held_events: list[RunningDecode]
 ) -> None:
     engine, bulk, urgent = laned(model, streams=4)
     old = codes_for(60, 50)
@@ -185,7 +172,7 @@ def test_a_young_chunk_launches_and_comes_out_while_a_bulk_tick_runs(
 
 
 def test_a_cancelled_streams_slot_waits_for_its_decode_in_flight(
-    model: Qwen3TokenizerDecoder, held_events: list[HeldEvent]
+    model: Qwen3TokenizerDecoder, held_events: list[RunningDecode]
 ) -> None:
     engine, _, _ = laned(model, streams=2)
     engine.open("a")
@@ -230,7 +217,7 @@ def test_the_warm_up_waits_for_both_lanes(model: Qwen3TokenizerDecoder) -> None:
 
 
 def test_a_lane_counts_ticks_not_calls_and_a_failed_launch_takes_no_room(
-    model: Qwen3TokenizerDecoder, held_events: list[HeldEvent]
+    model: Qwen3TokenizerDecoder, held_events: list[RunningDecode]
 ) -> None:
     engine, bulk, _ = laned(model, streams=4, policy="fifo")
     for sid, n in (("a", 25), ("b", 50)):  # first chunks past: a steady chunk, and a stream 2 chunks behind
