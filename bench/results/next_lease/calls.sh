@@ -233,14 +233,18 @@ u)  # issue 28: two codec lanes (codec_urgent_lane_ms, services/codec/lanes.py; 
     part q3_lanes 330 bash bench/run_gpu.sh $R/q3_lanes "${Q3[@]}" --phases closed --closed-start 128 \
       "${PACE[@]}" --set stages.1.codec_urgent_lane_ms=10 --set stages.1.codec_tick_budget_ms=60
     ;;
-w)  # issue 28 after `u`: Audio8 graphed with lanes (its bulk lane fifo: ~1,000-row ticks of 0.5 s at 96
-    # streams held young streams' chunks, call d), and Qwen3's lanes with 40 ms bulk ticks
+w)  # issue 28, Audio8 graphed (64 gap-free, call d; its codec engine thread 81-88 % of a core): its fifo
+    # ticks take whole chunks up to 100 frames from streams behind (the talker runs ~3x real time), and
+    # frames past the largest graph bucket (25: its chunk sizes) decode eagerly. With graphs for 50, 75 and
+    # 100 frames (decode_cudagraph_capture_sizes), then the same with two lanes (first and ramp chunks on a
+    # high-priority CUDA stream: ~1,000-row fifo ticks of 0.5 s held young streams' chunks)
     G8=(--set stages.1.enforce_eager=false --set stages.1.async_scheduling=true \
-      --set stages.0.async_scheduling=true)
-    part a8_lanes 270 bash bench/run_gpu.sh $R/a8_lanes "${A8[@]}" --phases closed --closed-start 64 \
+      --set stages.0.async_scheduling=true \
+      --set 'connectors.connector_of_shared_memory.extra.decode_cudagraph_capture_sizes=[50,75,100]')
+    part a8_catchup 260 bash bench/run_gpu.sh $R/a8_catchup "${A8[@]}" --phases closed --closed-start 64 \
+      "${G8[@]}"
+    part a8_lanes 260 bash bench/run_gpu.sh $R/a8_lanes "${A8[@]}" --phases closed --closed-start 64 \
       "${G8[@]}" --set stages.1.codec_urgent_lane_ms=10
-    part q3_lanes40 300 bash bench/run_gpu.sh $R/q3_lanes40 "${Q3[@]}" --phases closed --closed-start 128 \
-      "${PACE[@]}" --set stages.1.codec_urgent_lane_ms=10 --set stages.1.codec_tick_budget_ms=40
     ;;
 z)  # issue 28, Qwen3 at 256 with the three unmeasured levers together (then `u`, `e` and `r` say which
     # counts): two codec lanes (10 / 60 ms), held streams riding along (pace_ride_s 3: at 256 paced streams
