@@ -28,8 +28,9 @@ launches at once. A stream cancelled with a decode in flight keeps its slot unti
 the next stream given the slot could otherwise reset it under the other lane's running decode. Padding rows
 use the top of the scratch slots on the urgent lane and the bottom on the bulk lane (``CodecEngine._launch``).
 
-The same PCM as one lane: which calls a row shares does not change its audio (``lengths`` keeps padding out),
-and ramp chunks still decode one per tick. Off a GPU there are no streams: the lanes take turns, decode by
+The same audio as one lane, as between the tick policies (the tests compare both with the offline decode at
+1e-5): which call a row shares does not change it (``lengths`` keeps padding out), and ramp chunks still
+decode one per tick. Off a GPU there are no streams: the lanes take turns, decode by
 decode (what the CPU tests exercise).
 """
 
