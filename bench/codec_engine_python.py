@@ -2,15 +2,15 @@
 held, around the decode at N streams (at 256 paced Qwen3-TTS streams on an H100 the engine thread ran 64 %
 of a core).
 
-The serving engine, built by the codec stage's ``build_engine`` from the Qwen3-TTS deploy file on the tiny
-preset with N slots (one lane, or two with ``--lanes``), runs a steady load: N streams of ``--frames`` frames
-each, started over the first chunk's worth of steps and each replaced by a new stream when it ends, every
-live stream's next frame pushed on each talker step (the worker's one hand-off per step), then the engine
-stepped until it has nothing to do. Ticks are planned as served (``--policy deadline``: bounded ticks over
-a cost table of the H200's shape; ``fifo``). Only the batched decode is replaced by one that returns a
-ready buffer of the right shape at once, so the CPU time left is the engine's Python and array work, which a
-GPU does not shorten. CPU µs per stream-frame, best of ``--repeats``; compare two checkouts by running it in
-each.
+The serving engine, built by the codec stage's ``build_engine`` from the default family's deploy file (the
+benchmarks' text-to-speech family, Qwen3-TTS today) on its tiny preset with N slots (one lane, or two with
+``--lanes``), runs a steady load: N streams of ``--frames`` frames each, started over the first chunk's worth
+of steps and each replaced by a new stream when it ends, every live stream's next frame pushed on each talker
+step (the worker's one hand-off per step), then the engine stepped until it has nothing to do. Ticks are
+planned as served (``--policy deadline``: bounded ticks over a cost table of the H200's shape; ``fifo``). Only
+the batched decode is replaced by one that returns a ready buffer of the right shape at once, so the CPU time
+left is the engine's Python and array work, which a GPU does not shorten. CPU µs per stream-frame, best of
+``--repeats``; compare two checkouts by running it in each.
 
     PYTHONPATH=src:. python -m bench.codec_engine_python --out py.json --streams 64,256
 """
@@ -31,11 +31,11 @@ from services.codec.decode_cost import DecodeCost
 from services.codec.engine import CodecEngine
 from services.codec.main import build_engine
 from services.codec.models import load_codec
+from voxstage import families
 from voxstage.config import load_deploy_config
 from voxstage.presets import resolve_model
 
 ROOT = Path(__file__).resolve().parents[1]
-MODEL = "qwen3-tts-tiny"
 
 
 class ReadyDecode(DecodeCalls):
@@ -60,15 +60,17 @@ def build(streams: int, policy: str, lanes: bool) -> CodecEngine:
     sets = [f"stages.1.max_num_seqs={streams}", f"stages.0.max_num_seqs={streams}"]
     if lanes:
         sets += ["stages.1.codec_urgent_lane_ms=10", "stages.1.codec_tick_budget_ms=60"]
-    config = load_deploy_config(ROOT / "deploy" / "qwen3_tts.yaml", platform="cpu", overrides=sets)
-    runtime = load_codec(resolve_model(MODEL), device="cpu", dtype=torch.float32, max_streams=streams)
+    fam = families.default_family()
+    assert fam.demo is not None
+    config = load_deploy_config(ROOT / fam.deploy_file, platform="cpu", overrides=sets)
+    runtime = load_codec(resolve_model(fam.demo[0]), device="cpu", dtype=torch.float32, max_streams=streams)
     engine = build_engine(config, runtime, "cpu")
     ready = ReadyDecode(runtime.samples_per_frame, streams, 100)
     engine.calls = engine.decode_fn = ready
     if lanes:
         engine.bulk.calls = ready  # type: ignore[attr-defined]
         engine.urgent.calls = ReadyDecode(runtime.samples_per_frame, streams, 100)  # type: ignore[attr-defined]
-    engine.frame_buckets = (1, 2, 4, 8, 16, 25, 32, 64, 100)  # the served Qwen3 buckets (run_gpu's S)
+    engine.frame_buckets = (1, 2, 4, 8, 16, 25, 32, 64, 100)  # served on a GPU (calls.sh's capture sizes)
     engine.tick_policy = policy  # type: ignore[assignment]  # the CPU stage runs fifo; the GPU's is asked for
     engine.cost = h200_like(engine.frame_buckets, streams)
     return engine
