@@ -133,20 +133,30 @@ LATE_CHUNK = "voxstage_codec_late_chunk_seconds"
 TICK = "voxstage_stage_tick_seconds"
 DECODE_FRAMES = "voxstage_codec_decode_frames_total"
 DECODE_CALLS = "voxstage_codec_decode_calls_total"
+LANE_CALLS = "voxstage_codec_lane_calls_total"
+LANE_ROWS = "voxstage_codec_lane_rows_total"
 
 
 def decode_rows(d: dict[str, float]) -> dict[str, Any]:
     """The codec's decode calls over a level (a diff of its metrics): frame rows by part, calls, the
-    padding's share of the rows computed and the rows per call."""
+    padding's share of the rows computed and the rows per call, and with two lanes each lane's."""
     parts = {p: d.get(f'{DECODE_FRAMES}{{part="{p}"}}', 0.0) for p in DECODE_PARTS}
     calls = d.get(DECODE_CALLS, 0.0)
     total = sum(parts.values())
-    return {
+    out: dict[str, Any] = {
         **parts,
         "calls": calls,
         "padding_share": parts["padding"] / total if total else None,
         "rows_per_call": total / calls if calls else None,
     }
+    lanes = {}  # with two lanes (codec_urgent_lane_ms): each lane's calls and rows per call
+    for lane in ("urgent", "bulk"):
+        n, rows = d.get(f'{LANE_CALLS}{{lane="{lane}"}}', 0.0), d.get(f'{LANE_ROWS}{{lane="{lane}"}}', 0.0)
+        if n:
+            lanes[lane] = {"calls": n, "rows_per_call": rows / n}
+    if lanes:
+        out["lanes"] = lanes
+    return out
 
 
 def tts_stages(before: dict[str, dict[str, float]], after: dict[str, dict[str, float]]) -> dict[str, Any]:

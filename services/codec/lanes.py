@@ -49,7 +49,8 @@ import torch
 from services.codec.calls import Bucket, DecodeCalls
 from services.codec.engine import CodecEngine, CodecOutput, StreamingCodec
 from services.codec.engine_state import Launched, StreamState
-from services.codec.schedule import Call, Row, deadline_calls, fifo_calls
+from services.codec.schedule import Call, Row, batch_bucket, deadline_calls, fifo_calls
+from voxstage import metrics
 
 DEPTH = 2  # launched ticks a lane holds: one running on the device, the next queued behind it
 POLL_S = 0.0005  # how often the engine thread looks for a finished tick while both lanes are busy
@@ -183,6 +184,10 @@ class LanedCodecEngine(CodecEngine):
                         lane.add_call(group)  # before the next launch: a failing one leaves it owed
                         for stream, _ in group.work:
                             self._lane_of[id(stream)] = lane
+                        metrics.CODEC_LANE_CALLS.labels(lane.name).inc()
+                        metrics.CODEC_LANE_ROWS.labels(lane.name).inc(
+                            batch_bucket(len(call.rows), self.max_streams) * call.frames
+                        )
             finally:
                 lane.end_tick()
             launched = True

@@ -169,6 +169,19 @@ CODEC_DECODE_CALLS = Counter(
     "Codec (text to speech): decode calls launched (one graph replay or eager forward each).",
     registry=REGISTRY,
 )  # exported as voxstage_codec_decode_calls_total
+CODEC_LANE_CALLS = Counter(
+    "voxstage_codec_lane_calls",
+    "Codec (text to speech) with two lanes (codec_urgent_lane_ms): decode calls launched, by lane.",
+    ["lane"],
+    registry=REGISTRY,
+)  # lane="urgent" | "bulk"; exported as voxstage_codec_lane_calls_total
+CODEC_LANE_ROWS = Counter(
+    "voxstage_codec_lane_rows",
+    "Codec (text to speech) with two lanes: frame rows its decode calls computed (batch bucket x frame "
+    "bucket), by lane.",
+    ["lane"],
+    registry=REGISTRY,
+)  # exported as voxstage_codec_lane_rows_total
 DECODE_PARTS = ("audio", "prefix", "context", "padding")
 # Children looked up once: a tick launches one call or more.
 CODEC_DECODE_PART = {part: CODEC_DECODE_FRAMES.labels(part) for part in DECODE_PARTS}

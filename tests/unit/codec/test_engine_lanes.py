@@ -27,6 +27,7 @@ from services.codec.models.qwen3_tts.streaming import StreamingDecoder
 from services.codec.worker import CodecWorker
 from tests.unit.codec.test_engine import GROUPS, TOL, codes_for, collect, feed, offline
 from tests.unit.codec.test_engine_deadline import BUCKETS, MS, SIX_STREAMS, h200_like, six_streams_codes
+from voxstage import metrics
 from voxstage.stage.engine_loop import run_until_idle
 
 
@@ -89,6 +90,7 @@ def test_two_lanes_give_the_offline_audio_with_young_chunks_on_the_urgent_lane(
 ) -> None:
     plan, codes = SIX_STREAMS, six_streams_codes()
     engine, bulk, urgent = laned(model, streams=6, policy=policy)
+    before = lane_counts()
     out = drive(engine, plan, codes)
     assert engine.active() == 0 and not engine._in_flight_groups()
     for sid, (_, frames, _) in plan.items():
@@ -102,9 +104,25 @@ def test_two_lanes_give_the_offline_audio_with_young_chunks_on_the_urgent_lane(
     assert urgent.shapes and bulk.shapes
     assert max(urgent.rows) < 25 <= min(bulk.rows)
     assert {1, 2, 4, 8, 16} <= set(urgent.rows)
+    # The lanes' metrics count the same calls and their frame rows (batch bucket x frame bucket).
+    grew = {k: v - before[k] for k, v in lane_counts().items()}
+    for name, calls in (("urgent", urgent), ("bulk", bulk)):
+        assert grew[f"{name} calls"] == len(calls.shapes)
+        assert grew[f"{name} rows"] == sum(b * t for b, t in calls.shapes)
     assert all(engine.cost(b, t) <= 10 * MS or b == 1 for b, t in urgent.shapes)  # type: ignore[misc]
     if policy == "deadline":
         assert all(engine.cost(b, t) <= 60 * MS or b == 1 for b, t in bulk.shapes)  # type: ignore[misc]
+
+
+def lane_counts() -> dict[str, float]:
+    def sample(name: str, lane: str) -> float:
+        return metrics.REGISTRY.get_sample_value(name, {"lane": lane}) or 0.0
+
+    return {
+        f"{lane} {what}": sample(f"voxstage_codec_lane_{what}_total", lane)
+        for lane in ("urgent", "bulk")
+        for what in ("calls", "rows")
+    }
 
 
 @pytest.fixture
