@@ -104,22 +104,30 @@ def dist(values: list[float]) -> dict[str, float | None]:
 ARM_ALIASES = {"on": "fifo", "off": "fifo-off"}
 
 
+def lane_budgets(arm: str) -> tuple[float, float] | None:
+    """``(urgent, bulk)`` ms of a ``lanes:U:B`` arm (None: another arm; (-1, -1): a malformed one)."""
+    name, _, budgets = arm.partition(":")
+    if name != "lanes":
+        return None
+    try:
+        urgent, bulk = (float(ms) for ms in budgets.split(":"))
+    except ValueError:
+        return -1.0, -1.0
+    return urgent, bulk
+
+
 def lane_ms(arm: str) -> float | None:
     """The urgent lane's budget of a ``lanes:U:B`` arm (None: one lane)."""
-    name, _, budgets = arm.partition(":")
-    return float(budgets.partition(":")[0]) if name == "lanes" else None
+    budgets = lane_budgets(arm)
+    return None if budgets is None else budgets[0]
 
 
 def parse_arm(arm: str) -> tuple[str, bool, float | None]:
     """``(policy, early hand-out, budget ms or None for the deploy file's)`` of an ``--arms`` entry."""
     name, _, budget = ARM_ALIASES.get(arm, arm).partition(":")
-    if name == "lanes":
-        try:
-            urgent, bulk = (float(ms) for ms in budget.split(":"))
-        except ValueError:
-            urgent = bulk = -1.0
-        if urgent > 0 and bulk > 0:
-            return "deadline", True, bulk
+    lanes = lane_budgets(arm)
+    if lanes is not None and min(lanes) > 0:
+        return "deadline", True, lanes[1]
     if name in ("fifo", "fifo-off") and not budget:
         return "fifo", name == "fifo", None
     if name == "deadline":

@@ -357,14 +357,19 @@ class CodecEngine(Steppable[CodecOutput]):
         chunk that may follow it: ``_follows``)."""
         rows = []
         for s in list(self._streams.values()):
-            if s.in_flight and not self._follows(s):
-                continue
-            n = self._ready_frames(s)
-            if n and (not s.in_flight or n < self.schedule.steady_frames):
+            n = self._chunk_now(s)
+            if n:
                 if s.ready_since is None:
                     s.ready_since = now
                 rows.append(Row(s, n, self._context(s), self._deadline(s, now)))
         return rows
+
+    def _chunk_now(self, s: StreamState) -> int:
+        """Frames of ``s``'s chunk that may decode now (0: none)."""
+        if s.in_flight and not self._follows(s):
+            return 0
+        n = self._ready_frames(s)
+        return n if not s.in_flight or n < self.schedule.steady_frames else 0
 
     def _in_flight_groups(self) -> list[Launched]:
         return self._inflight

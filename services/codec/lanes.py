@@ -210,14 +210,9 @@ class LanedCodecEngine(CodecEngine):
         return frames < self.schedule.steady_frames or s.first_audio_at is None
 
     def _row_lane(self, s: StreamState) -> Lane | None:
-        """The lane ``s``'s next chunk would go on now (None: nothing to decode now); ``_ready_rows``'s
-        test without its side effects."""
-        if s.in_flight and not self._follows(s):
-            return None
-        n = self._ready_frames(s)
-        if not n or (s.in_flight and n >= self.schedule.steady_frames):
-            return None
-        return self.urgent if self._urgent(s, n) else self.bulk
+        """The lane ``s``'s next chunk would go on now (None: nothing to decode now)."""
+        n = self._chunk_now(s)
+        return None if not n else self.urgent if self._urgent(s, n) else self.bulk
 
     def _follows(self, s: StreamState) -> bool:
         # A ramp chunk follows its decode in flight on the urgent lane only: one lane runs a slot's decodes
@@ -229,9 +224,10 @@ class LanedCodecEngine(CodecEngine):
         )
 
     def _split(self, rows: list[Row[StreamState]]) -> list[tuple[Lane, list[Row[StreamState]]]]:
-        urgent = [r for r in rows if self._urgent(r.stream, r.frames)]
-        bulk = [r for r in rows if not self._urgent(r.stream, r.frames)]
-        return [(self.urgent, urgent), (self.bulk, bulk)]
+        by_lane: dict[str, list[Row[StreamState]]] = {"urgent": [], "bulk": []}
+        for r in rows:
+            by_lane["urgent" if self._urgent(r.stream, r.frames) else "bulk"].append(r)
+        return [(lane, by_lane[lane.name]) for lane in self.lanes]
 
     def _plan_lane(self, lane: Lane, rows: list[Row[StreamState]]) -> list[Call[StreamState]]:
         if lane is self.bulk:
@@ -258,5 +254,4 @@ class LanedCodecEngine(CodecEngine):
         if stream.in_flight:
             self._draining.append(stream)  # its slot is freed when that decode is collected
             return
-        self._lane_of.pop(id(stream), None)
         super()._release(stream)
