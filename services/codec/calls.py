@@ -30,3 +30,8 @@ class DecodeCalls:
     def captured(self) -> int:
         """How many graphs are captured so far (eager calls have none)."""
         return 0
+
+    def capture_on(self, stream: torch.cuda.Stream) -> None:
+        """Capture later graphs on ``stream``, the one they will replay on (eager calls capture nothing).
+        Why: a captured GEMM keeps the cuBLAS workspace of the stream it was captured on, so graphs that
+        replay at once on two streams (``lanes``) must not share a capture stream."""

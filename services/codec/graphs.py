@@ -63,6 +63,9 @@ class GraphedDecode(DecodeCalls):
         """The batch sizes ``CodecEngine`` pads to: powers of two, capped at ``max_batch``."""
         return sorted({batch_bucket(n, self.max_batch) for n in range(1, self.max_batch + 1)})
 
+    def capture_on(self, stream: torch.cuda.Stream) -> None:
+        self.graphs.capture_stream = stream
+
     def capture_all(self, max_frames: int | None = None, keep: Bucket | None = None) -> int:
         """Capture the (batch, frames) graphs with at most ``max_frames`` frames in all, and only those
         ``keep`` allows (the buckets the tick policy can call), before serving (no stream may be decoding):

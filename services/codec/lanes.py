@@ -20,7 +20,9 @@ stream keeps up. So they are split:
   deadline ticks that can now be larger), on a CUDA stream of the lowest priority.
 
 Each lane keeps at most ``DEPTH`` ticks launched (one running, one queued behind it) and its own decode calls:
-the graphs' static inputs and memory pool cannot be shared by two decodes running at once. A stream's decodes
+the graphs' static inputs, memory pool and cuBLAS workspace cannot be shared by two decodes running at once
+(a lane's graphs are captured on its own CUDA stream: graphs captured on one stream share its workspace,
+which wedged the codec on an H100 when both lanes ran GEMMs in it at once). A stream's decodes
 stay on one lane while any is in flight (a ramp chunk may follow its previous one on the urgent lane, as in
 the one-lane engine), so a slot's decodes run in launch order. Ticks are collected as they finish, never
 waited for: the engine thread polls (``idle_timeout``), so an urgent chunk that arrives while a bulk tick runs
@@ -122,6 +124,9 @@ class LanedCodecEngine(CodecEngine):
                            stream(URGENT_PRIORITY))  # fmt: skip
         self.bulk = Lane("bulk", self.calls, self.tick_budget_s, stream(BULK_PRIORITY))
         self.lanes = (self.urgent, self.bulk)
+        for lane in self.lanes:
+            if lane.stream is not None:
+                lane.calls.capture_on(lane.stream)  # its own cuBLAS workspace (DecodeCalls.capture_on)
         self._lane_of: dict[int, Lane] = {}  # id(stream) -> the lane its decodes in flight are on
         self._draining: list[StreamState] = []  # cancelled with a decode in flight: slot not free yet
         self._idle_known = False  # has_work's stream scan found nothing, and nothing changed since

@@ -36,6 +36,11 @@ class GraphCache:
         self._warmup_runs = warmup_runs
         self._graphs: dict[Hashable, torch.cuda.CUDAGraph] = {}
         self._pool = torch.cuda.graph_pool_handle() if self.enabled else None
+        # None: torch's one capture stream for the whole process. A captured GEMM keeps the cuBLAS workspace
+        # of the stream it was captured on (pytorch/pytorch#193402), so two caches whose graphs replay at
+        # once on two streams (the codec's lanes) must each capture on its own stream, or their GEMMs share
+        # one workspace: on an H100 that wedged the codec (docs/benchmarks.md, nineteenth session).
+        self.capture_stream: torch.cuda.Stream | None = None
         self.capture_seconds = 0.0
 
     def __len__(self) -> int:
@@ -71,7 +76,7 @@ class GraphCache:
                 for _ in range(self._warmup_runs):
                     self._fn(*key)
             torch.cuda.current_stream().wait_stream(stream)
-            with torch.cuda.graph(graph, pool=self._pool):
+            with torch.cuda.graph(graph, pool=self._pool, stream=self.capture_stream):
                 self._fn(*key)
             torch.cuda.synchronize()
         self._graphs[key] = graph

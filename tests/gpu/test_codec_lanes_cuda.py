@@ -18,6 +18,7 @@ from services.codec.lanes import LanedCodecEngine
 from services.codec.models.qwen3_tts.loader import random_init
 from services.codec.models.qwen3_tts.presets import decoder_preset
 from services.codec.models.qwen3_tts.streaming import StreamingDecoder
+from voxstage.cudagraphs import GraphCache
 
 pytestmark = [
     pytest.mark.gpu,
@@ -77,6 +78,9 @@ def test_two_lanes_on_graphs_keep_their_graphs_and_the_audio(policy: str) -> Non
     engine = laned_engine(model, policy)
     assert engine.urgent.stream is not None and engine.bulk.stream is not None
     assert engine.urgent.stream.priority < engine.bulk.stream.priority
+    # Each lane's graphs captured on its own stream: captured GEMMs keep that stream's cuBLAS workspace.
+    assert engine.urgent.calls.graphs.capture_stream == engine.urgent.stream  # type: ignore[attr-defined]
+    assert engine.bulk.calls.graphs.capture_stream == engine.bulk.stream  # type: ignore[attr-defined]
     urgent_graphs = engine.urgent.calls.graphs.keys()  # type: ignore[attr-defined]
     bulk_graphs = engine.bulk.calls.graphs.keys()  # type: ignore[attr-defined]
     assert urgent_graphs and all(engine._urgent_call(b, t) for b, t in urgent_graphs)
@@ -87,3 +91,37 @@ def test_two_lanes_on_graphs_keep_their_graphs_and_the_audio(policy: str) -> Non
         with torch.inference_mode():
             ref = model(torch.from_numpy(c.T.copy()).cuda()[None])[0].float().cpu().numpy()
         np.testing.assert_allclose(got[sid], ref, atol=1e-4, rtol=0)
+
+
+def test_graphs_of_two_caches_replay_at_once_on_their_own_streams() -> None:
+    """Two caches of long-K GEMM chains (shapes cuBLAS splits over K, through its workspace), each captured
+    on its own stream as the lanes' are, replayed at once many times: every result equals the eager one.
+    With one capture stream the two chains shared one workspace (pytorch/pytorch#193402)."""
+    torch.manual_seed(0)
+    streams = [torch.cuda.Stream(priority=-100), torch.cuda.Stream(priority=0)]
+    x = [torch.randn(16, 32768, device="cuda") for _ in streams]
+    w = [torch.randn(32768, 256, device="cuda") / 181 for _ in streams]
+    out: list[torch.Tensor] = [torch.empty(0)] * 2
+
+    def chain(i: int) -> None:
+        out[i] = torch.tanh(x[i] @ w[i]) @ w[i].T[:256, :256]
+
+    want = []
+    for i in range(2):
+        chain(i)
+        want.append(out[i].clone())
+    caches = [GraphCache(lambda i=i: chain(i), enabled=True) for i in range(2)]
+    for cache, stream in zip(caches, streams, strict=True):
+        cache.capture_stream = stream
+        cache.capture()
+    torch.cuda.synchronize()
+    for _ in range(200):
+        for cache, stream in zip(caches, streams, strict=True):
+            stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(stream):
+                cache.run()
+        for stream in streams:
+            torch.cuda.current_stream().wait_stream(stream)
+    torch.cuda.synchronize()
+    for i in range(2):
+        torch.testing.assert_close(out[i], want[i], atol=1e-3, rtol=1e-3)
