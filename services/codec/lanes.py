@@ -53,9 +53,14 @@ from services.codec.engine import CodecEngine, CodecOutput, StreamingCodec
 from services.codec.engine_state import Launched, StreamState
 from services.codec.schedule import Call, Row, batch_bucket, deadline_calls, fifo_calls
 from voxstage import metrics
+from voxstage.stage.faults import DeviceStalled
 
 DEPTH = 2  # launched ticks a lane holds: one running on the device, the next queued behind it
 POLL_S = 0.0005  # how often the engine thread looks for a finished tick while both lanes are busy
+# A lane's oldest decode still running after this long means a stuck kernel (the largest call takes well
+# under a second): the stage restarts rather than serve silence (on an H100 both lanes' GEMMs once shared one
+# cuBLAS workspace and a lane never finished again; every request after that ran out its deadline).
+STALL_S = 10.0
 # CUDA stream priorities: lower is more urgent; PyTorch clamps to the device's range.
 URGENT_PRIORITY, BULK_PRIORITY = -100, 0
 
@@ -154,6 +159,7 @@ class LanedCodecEngine(CodecEngine):
         Called between polls: the stream scan runs only after something changed."""
         if any(lane.done_head() for lane in self.lanes):
             return True
+        self._check_stalled()
         if self._idle_known:
             return False
         for s in self._streams.values():
@@ -197,6 +203,16 @@ class LanedCodecEngine(CodecEngine):
                 lane.end_tick()
             launched = True
         return self._stepped(launched, t0, outputs)
+
+    def _check_stalled(self) -> None:
+        now = time.perf_counter()
+        for lane in self.lanes:
+            if lane.inflight and now - lane.inflight[0].launched_at > STALL_S:
+                head = lane.inflight[0]
+                raise DeviceStalled(
+                    f"codec: the {lane.name} lane's decode of {len(head.work)} row(s), launched "
+                    f"{now - head.launched_at:.0f} s ago, has not finished: the device is stuck"
+                )
 
     # -- start-up --------------------------------------------------------------------------------------------
     @property

@@ -19,7 +19,7 @@ log = logging.getLogger(__name__)
 
 # Types torch raises for a device that cannot go on (torch.OutOfMemoryError, torch.cuda.OutOfMemoryError
 # and torch.AcceleratorError share these names).
-_DEVICE_TYPES = frozenset({"OutOfMemoryError", "AcceleratorError", "CudaError"})
+_DEVICE_TYPES = frozenset({"OutOfMemoryError", "AcceleratorError", "CudaError", "DeviceStalled"})
 # What CUDA, cuBLAS, cuDNN, NCCL and HIP put in the RuntimeError they raise once the device or its context
 # is gone (an illegal access, a device-side assert, an allocation that failed at graph replay).
 _DEVICE_MARKERS = (
@@ -33,6 +33,12 @@ _DEVICE_MARKERS = (
     "HIP error",
     "out of memory",
 )
+
+
+class DeviceStalled(RuntimeError):
+    """Work launched on the device has not finished in far longer than any call takes: a kernel is stuck,
+    so no request on it can finish. Raised by an engine that polls its launches instead of waiting on them
+    (where a wait would hang the engine thread with no word); a device failure, so the stage restarts."""
 
 
 def is_device_error(exc: BaseException) -> bool:

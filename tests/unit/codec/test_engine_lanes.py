@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from services.codec import engine as engine_mod
+from services.codec import lanes as lanes_mod
 from services.codec.calls import DecodeCalls
 from services.codec.engine import ChunkSchedule, CodecOutput
 from services.codec.lanes import POLL_S, LanedCodecEngine
@@ -29,6 +30,7 @@ from tests.unit.codec.test_engine import GROUPS, TOL, codes_for, collect, feed, 
 from tests.unit.codec.test_engine_deadline import BUCKETS, MS, SIX_STREAMS, h200_like, six_streams_codes
 from voxstage import metrics
 from voxstage.stage.engine_loop import run_until_idle
+from voxstage.stage.faults import DeviceStalled, is_device_error
 
 
 @pytest.fixture(scope="module")
@@ -205,6 +207,22 @@ def test_a_cancelled_streams_slot_waits_for_its_decode_in_flight(
     held_events[-1].finished = True
     assert engine.step() == []  # a's audio is dropped: it was cancelled
     assert engine.open("c") == slot_a
+
+
+def test_a_decode_that_never_finishes_stops_the_stage_as_a_device_failure(
+    model: Qwen3TokenizerDecoder, held_events: list[RunningDecode]
+) -> None:
+    engine, _, _ = laned(model, streams=2)
+    engine.open("a")
+    engine.push("a", codes_for(63, 1))
+    engine.step()
+    assert not engine.has_work()  # running: polled, not yet stuck
+    engine.urgent.inflight[0].launched_at -= lanes_mod.STALL_S + 1
+    with pytest.raises(DeviceStalled, match="urgent lane's decode of 1 row") as err:
+        engine.has_work()
+    assert is_device_error(err.value)  # the engine thread ends the stage for supervision to restart it
+    held_events[-1].finished = True
+    assert engine.has_work()  # once it finishes it is collected as usual
 
 
 def test_lanes_need_async_scheduling_and_a_budget(model: Qwen3TokenizerDecoder) -> None:
