@@ -12,8 +12,11 @@
 # c=1 RTF 0.067; the uploaded in-context clone 1.2-3.3 ms behind the built-in voice, its prepare CPU-bound).
 # `v`, `p`, `l` and `d` on the H200 (sixteenth session, bench/results/h200_2026-12-05_sixteenth/);
 # `d`, `c`, `n`, `o`, `q` on an H100 (seventeenth session, bench/results/h100_2026-12-05_seventeenth/).
-# First next time: `z` (Qwen3 at 256 with the three unmeasured levers together: codec lanes, riding streams,
-# bf16 codec), `u` and `w` (two codec lanes, new in the eighteenth session, which had no device), then
+# `z`, `u` and `w` on an H100 (nineteenth session, bench/results/h100_2026-12-06_nineteenth/): two codec lanes
+# wedged the codec (both lanes' graphs captured on one stream shared a cuBLAS workspace; each lane now
+# captures on its own stream). First next time: `u` (the lanes again: their GPU tests, now with two graphs'
+# long-K GEMMs replayed at once, the codec alone, the paced search), then `z` (the three levers together),
+# `e` and `r` (riding streams, the bf16 codec: one lever each), then
 # `f` (the loaded tick at 256 paced streams on today's code), `c` on an H200 (256 slots
 # now start), `r` (the Qwen3 codec in bf16 at 256), `s` (Audio8 graphed with deadline ticks), `p` (is the
 # prepare's linear cost per new shape?), `v` (a clone's prompt now makes one text projection, not two), then
