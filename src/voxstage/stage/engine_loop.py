@@ -23,7 +23,7 @@ from collections.abc import Callable
 from typing import Any, Generic, Protocol, TypeVar
 
 from voxstage.stage import torch_profile
-from voxstage.stage.faults import is_device_error, one_line
+from voxstage.stage.faults import DeviceStalled, is_device_error, one_line
 
 log = logging.getLogger(__name__)
 
@@ -70,6 +70,10 @@ def _reserved_bytes() -> int:
 
 
 IDLE_POLL_S = 0.05  # how long an idle engine sleeps on its command queue before looking again
+# A tick still running after this long is a stuck device (ticks take milliseconds; a graph captured on first
+# use, well under a second): a tick that waits on the device then never returns, and without the watchdog
+# the stage would serve silence with no word.
+STALL_S = 60.0
 
 
 def run_until_idle(engine: Steppable[O], sink: Callable[[list[O]], None] | None = None) -> None:
@@ -107,6 +111,7 @@ class EngineThread(Generic[O]):
         name: str,
         on_error: Callable[[BaseException], None] | None = None,
         on_tick_error: Callable[[Exception], None] | None = None,
+        stall_s: float = STALL_S,
     ) -> None:
         self.engine = engine
         self._sink = sink
@@ -118,9 +123,13 @@ class EngineThread(Generic[O]):
         )
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._stall_s = stall_s
+        self._tick_since: float | None = None  # when the tick under way began (monotonic s); None between
+        self._watchdog = threading.Thread(target=self._watch, name=f"{name}-watchdog", daemon=True)
 
     def start(self) -> None:
         self._thread.start()
+        self._watchdog.start()
 
     def call(self, fn: Callable[[], T]) -> concurrent.futures.Future[T]:
         """Run ``fn`` on the engine thread before its next tick; the future carries its result or error."""
@@ -180,8 +189,12 @@ class EngineThread(Generic[O]):
                 if profile is not None:
                     profile.poll()
                 if self.engine.has_work():
-                    with profile.tick(name) if profile is not None else torch_profile.NO_SCOPE:
-                        outputs = self.engine.step()
+                    self._tick_since = time.monotonic()
+                    try:
+                        with profile.tick(name) if profile is not None else torch_profile.NO_SCOPE:
+                            outputs = self.engine.step()
+                    finally:
+                        self._tick_since = None
                     if outputs:
                         self._sink(outputs)
             except BaseException as exc:  # noqa: BLE001 - a dead engine thread must be reported, not silent
@@ -203,6 +216,21 @@ class EngineThread(Generic[O]):
                 break
             if item is not None and not item[1].done():
                 item[1].set_exception(RuntimeError("engine stopped"))
+
+    def _watch(self) -> None:
+        """Stop the stage (``on_error``, as for a device failure) when a tick outlives ``stall_s``: the
+        engine thread itself cannot, it is inside the call that does not return."""
+        while not self._stopping.wait(min(1.0, self._stall_s / 4)):
+            since = self._tick_since
+            if since is None or time.monotonic() - since <= self._stall_s:
+                continue
+            exc = DeviceStalled(f"a tick has run {time.monotonic() - since:.0f} s: the device is stuck")
+            log.error("engine thread %s: device failure, the stage stops: %s", self._thread.name,
+                      one_line(exc))  # fmt: skip
+            if self._on_error is not None:
+                self._on_error(exc)
+            self._stopping.set()
+            return
 
     def _recovered(self, exc: BaseException) -> bool:
         """A tick's non-device failure: its requests end (``on_tick_error``) and the thread goes on."""
