@@ -191,13 +191,20 @@ def test_a_young_chunk_launches_and_comes_out_while_a_bulk_tick_runs(
     assert [(o.stream_id, o.frames) for o in outs] == [("old", 25)]
 
 
+def one_decode_running(model: Qwen3TokenizerDecoder, seed: int) -> LanedCodecEngine:
+    """An engine of two slots whose stream "a" has its first chunk launched and still running
+    (``held_events``)."""
+    engine, _, _ = laned(model, streams=2)
+    engine.open("a")
+    engine.push("a", codes_for(seed, 1))
+    engine.step()
+    return engine
+
+
 def test_a_cancelled_streams_slot_waits_for_its_decode_in_flight(
     model: Qwen3TokenizerDecoder, held_events: list[RunningDecode]
 ) -> None:
-    engine, _, _ = laned(model, streams=2)
-    engine.open("a")
-    engine.push("a", codes_for(62, 1))
-    engine.step()
+    engine = one_decode_running(model, seed=62)
     slot_a = engine._streams["a"].slot
     assert engine.cancel("a")
     # The next stream must not get a's slot: its reset would run under a's decode still on the device.
@@ -212,10 +219,7 @@ def test_a_cancelled_streams_slot_waits_for_its_decode_in_flight(
 def test_a_decode_that_never_finishes_stops_the_stage_as_a_device_failure(
     model: Qwen3TokenizerDecoder, held_events: list[RunningDecode]
 ) -> None:
-    engine, _, _ = laned(model, streams=2)
-    engine.open("a")
-    engine.push("a", codes_for(63, 1))
-    engine.step()
+    engine = one_decode_running(model, seed=63)
     assert not engine.has_work()  # running: polled, not yet stuck
     engine.urgent.inflight[0].launched_at -= lanes_mod.STALL_S + 1
     with pytest.raises(DeviceStalled, match="urgent lane's decode of 1 row") as err:
