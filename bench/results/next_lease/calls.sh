@@ -28,7 +28,7 @@
 # After the lease: unpack into bench/results/h200_<date>_<session>/, pack (python -m bench.pack_results),
 # write docs/benchmarks.md (naming this script's commit), and queue the next calls here.
 set -u
-CALL=${1:?usage: bench/results/next_lease/calls.sh a|b|c|d|e|f|g|h|k|l|m|n|o|p|q|r|s|u|v|w|z|x2 MODEL LAYOUT}
+CALL=${1:?usage: bench/results/next_lease/calls.sh a|b|c|d|e|f|g|h|k|l|m|n|o|p|q|r|s|u|v|w|y|z|x2 MODEL LAYOUT}
 : "${OUT:?OUT: the folder that comes back}"
 R=/tmp/r; rm -rf $R; mkdir -p $R  # a warm machine keeps the last call's: not packed again
 bash bench/run_gpu.sh --install-only > $R/install.log 2>&1
@@ -247,6 +247,16 @@ w)  # issue 28, Audio8 graphed (64 gap-free, call d; its codec engine thread 81-
     part a8_catchup 260 bash bench/run_gpu.sh $R/a8_catchup "${A8[@]}" --phases closed --closed-start 64 \
       "${G8[@]}"
     part a8_lanes 260 bash bench/run_gpu.sh $R/a8_lanes "${A8[@]}" --phases closed --closed-start 64 \
+      "${G8[@]}" --set stages.1.codec_urgent_lane_ms=10
+    ;;
+y)  # issue 28, Audio8 graphed and async (64 gap-free, call d): its fifo ticks of ~1,000 rows (0.5 s) held
+    # young streams' chunks. Two lanes (first and ramp chunks on a high-priority stream in 10 ms ticks, each
+    # lane's graphs captured on its own stream since the nineteenth session's wedge), the seed's capture
+    # sizes; py-spy on the codec
+    G8=(--set stages.1.enforce_eager=false --set stages.1.async_scheduling=true \
+      --set stages.0.async_scheduling=true)
+    spy codec 70 15
+    part a8_lanes 300 bash bench/run_gpu.sh $R/a8_lanes "${A8[@]}" --phases closed --closed-start 64 \
       "${G8[@]}" --set stages.1.codec_urgent_lane_ms=10
     ;;
 z)  # issue 28, Qwen3 at 256 with the three unmeasured levers together (then `u`, `e` and `r` say which
