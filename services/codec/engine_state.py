@@ -29,6 +29,10 @@ class ChunkSchedule:
         if self.max_frames_per_decode < self.steady_frames:
             raise ValueError("max_frames_per_decode must be >= steady_frames")
 
+    def ramping(self, emitted: int, initial: int) -> bool:
+        """Whether the chunk after ``emitted`` frames is one of the ramp's (shorter than a steady chunk)."""
+        return next_boundary(emitted, initial, self.steady_frames, self.ramp) - emitted < self.steady_frames
+
     def take(self, emitted: int, available: int, ended: bool, initial: int) -> int:
         """Frames to decode now for a stream that has ``emitted`` frames out and ``available`` buffered."""
         if available <= 0:

@@ -9,13 +9,13 @@ stream's ramp chunk then waited behind a 40 ms tick, and the closed search fell 
 as long as all the audio before it, so due within that much); steady chunks run two seconds ahead when the
 stream keeps up. So they are split:
 
-* the **urgent lane** takes the first, prefix and ramp chunks (a row of fewer than ``steady_frames`` frames,
-  or of a stream with no audio out yet), in deadline order, in ticks of at most ``codec_urgent_lane_ms`` of
-  estimated device time, on a CUDA stream of the highest priority: the GPU's block scheduler starts its
-  kernels' blocks ahead of the bulk lane's as SMs free up, so a ramp chunk waits for a kernel's tail, not
-  for a tick (a CUDA graph runs at the priority of the stream it is launched into). Its calls are a few rows,
-  bound by their chain of short kernels more than by arithmetic, so beside a bulk call they take little of
-  its SM time, where on one stream they held the device alone;
+* the **urgent lane** takes the first, prefix and ramp chunks (a stream with no audio out yet, or one whose
+  next chunk is shorter than ``steady_frames`` by the schedule: not a short last chunk), in deadline order, in
+  ticks of at most ``codec_urgent_lane_ms`` of estimated device time, on a CUDA stream of the highest
+  priority: the GPU's block scheduler starts its kernels' blocks ahead of the bulk lane's as SMs free up, so a
+  ramp chunk waits for a kernel's tail, not for a tick (a CUDA graph runs at the priority of the stream it is
+  launched into). Its calls are a few rows, bound by their chain of short kernels more than by arithmetic, so
+  beside a bulk call they take little of its SM time, where on one stream they held the device alone;
 * the **bulk lane** takes the rest under the engine's own policy and ``codec_tick_budget_ms`` (fifo, or
   deadline ticks that can now be larger), on a CUDA stream of the lowest priority.
 
@@ -227,13 +227,18 @@ class LanedCodecEngine(CodecEngine):
         return self.cost is None or rows == 1 or self.cost(rows, frames) <= self.urgent.budget_s
 
     # -- internals -------------------------------------------------------------------------------------------
-    def _urgent(self, s: StreamState, frames: int) -> bool:
-        return frames < self.schedule.steady_frames or s.first_audio_at is None
+    def _urgent(self, s: StreamState) -> bool:
+        """A stream's first chunk (and reference prefix) and its ramp chunks, each due within as much audio
+        as went before it. A short last chunk past the ramp goes bulk: its stream holds a steady chunk's
+        audio, and on the urgent lane, behind every young stream's chunks, such ends waited past the
+        gateway's 3 s stall timeout under overload (37 streams cut at 256 on an H100, twentieth session)."""
+        return s.first_audio_at is None or self.schedule.ramping(s.segment_emitted + s.flight_frames,
+                                                                  s.initial_frames)  # fmt: skip
 
     def _row_lane(self, s: StreamState) -> Lane | None:
         """The lane ``s``'s next chunk would go on now (None: nothing to decode now)."""
         n = self._chunk_now(s)
-        return None if not n else self.urgent if self._urgent(s, n) else self.bulk
+        return None if not n else self.urgent if self._urgent(s) else self.bulk
 
     def _follows(self, s: StreamState) -> bool:
         # A ramp chunk follows its decode in flight on the urgent lane only: one lane runs a slot's decodes
@@ -247,7 +252,7 @@ class LanedCodecEngine(CodecEngine):
     def _split(self, rows: list[Row[StreamState]]) -> list[tuple[Lane, list[Row[StreamState]]]]:
         by_lane: dict[str, list[Row[StreamState]]] = {"urgent": [], "bulk": []}
         for r in rows:
-            by_lane["urgent" if self._urgent(r.stream, r.frames) else "bulk"].append(r)
+            by_lane["urgent" if self._urgent(r.stream) else "bulk"].append(r)
         return [(lane, by_lane[lane.name]) for lane in self.lanes]
 
     def _plan_lane(self, lane: Lane, rows: list[Row[StreamState]]) -> list[Call[StreamState]]:

@@ -28,7 +28,7 @@
 # After the lease: unpack into bench/results/h200_<date>_<session>/, pack (python -m bench.pack_results),
 # write docs/benchmarks.md (naming this script's commit), and queue the next calls here.
 set -u
-CALL=${1:?usage: bench/results/next_lease/calls.sh a|b|c|d|e|f|g|h|k|l|m|n|o|p|q|r|s|u|v|w|y|z|x2 MODEL LAYOUT}
+CALL=${1:?usage: bench/results/next_lease/calls.sh a|b|c|d|e|f|g|h|k|l|m|n|o|p|q|r|s|u|t|v|w|y|z|x2 MODEL LAYOUT}
 : "${OUT:?OUT: the folder that comes back}"
 R=/tmp/r; rm -rf $R; mkdir -p $R  # a warm machine keeps the last call's: not packed again
 bash bench/run_gpu.sh --install-only > $R/install.log 2>&1
@@ -248,6 +248,17 @@ w)  # issue 28, Audio8 graphed (64 gap-free, call d; its codec engine thread 81-
       "${G8[@]}"
     part a8_lanes 260 bash bench/run_gpu.sh $R/a8_lanes "${A8[@]}" --phases closed --closed-start 64 \
       "${G8[@]}" --set stages.1.codec_urgent_lane_ms=10
+    ;;
+t)  # issue 28, after `z` (twentieth session, H100: the three levers together held 128 through the openai
+    # client with no stall): which of them count, through the client from 128 on one machine. Today's
+    # defaults, then the lanes and riding without the bf16 codec, then riding alone
+    part q3_openai_base 200 bash bench/run_gpu.sh $R/q3_openai_base "${Q3[@]}" --phases openai \
+      --closed-start 128 "${PACE[@]}"
+    part q3_openai_lanes_ride 200 bash bench/run_gpu.sh $R/q3_openai_lanes_ride "${Q3[@]}" --phases openai \
+      --closed-start 128 "${PACE[@]}" --set stages.1.codec_urgent_lane_ms=10 \
+      --set stages.1.codec_tick_budget_ms=60 --set stages.0.pace_ride_s=3
+    part q3_openai_ride 200 bash bench/run_gpu.sh $R/q3_openai_ride "${Q3[@]}" --phases openai \
+      --closed-start 128 "${PACE[@]}" --set stages.0.pace_ride_s=3
     ;;
 y)  # issue 28, Audio8 graphed and async (64 gap-free, call d): its fifo ticks of ~1,000 rows (0.5 s) held
     # young streams' chunks. Two lanes (first and ramp chunks on a high-priority stream in 10 ms ticks, each
