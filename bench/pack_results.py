@@ -2,6 +2,7 @@
 
     python -m bench.pack_results RUN [RUN ...]        # pack each run directory (bench/run_gpu.py --pack)
     python -m bench.pack_results --unpack RUN          # restore every file as the run wrote it
+    python -m bench.pack_results --thin RUN [RUN ...]  # round the searches' per-request records (lossy)
 
 A run directory keeps its summaries (``summary.*``, Markdown, plots) and its per-phase JSON as files. A
 per-phase JSON over ``--max-json-kb`` (the searches' per-request records) is compressed on its own, beside
@@ -9,6 +10,11 @@ where it was (``NAME.json.xz``: ``xz -dc`` reads it). Everything else the run wr
 logs, Prometheus snapshots, text dumps) goes into one archive per run, ``raw.tar.xz``, with the paths it had
 under the run. Packing is deterministic (sorted members, fixed times and owners), so packing the same files
 again gives the same bytes; ``--unpack`` undoes it, for a later ``run_gpu.py --phases ...`` that reads them.
+
+``--thin`` is the one lossy step, for keeping older runs under the committed size limit: every per-request
+record's floats in a packed JSON (``levels[].records``) keep 4 significant digits below 1 and 4 decimals
+above (seconds: 0.1 ms or finer), a fifth less packed; the levels' aggregates, which the docs cite, stay as
+they were.
 """
 
 from __future__ import annotations
@@ -48,6 +54,29 @@ def pack_run(run: Path, max_json_kb: int = MAX_JSON_KB) -> None:
         if path.stat().st_size > max_json_kb * 1024:
             path.with_name(path.name + ".xz").write_bytes(lzma.compress(path.read_bytes(), preset=XZ_PRESET))
             path.unlink()
+
+
+def _rounded(value: Any) -> Any:
+    if isinstance(value, float):
+        return float(f"{value:.4g}") if abs(value) < 1 else round(value, 4)
+    if isinstance(value, list):
+        return [_rounded(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _rounded(v) for k, v in value.items()}
+    return value
+
+
+def thin_run(run: Path) -> None:
+    """Round the per-request records of ``run``'s packed JSON in place (``--thin``, module docstring)."""
+    for path in sorted(run.rglob("*.json.xz")):
+        doc = json.loads(lzma.decompress(path.read_bytes()))
+        levels = doc.get("levels") if isinstance(doc, dict) else None
+        if not isinstance(levels, list) or not any(isinstance(lv, dict) and "records" in lv for lv in levels):
+            continue
+        for level in levels:
+            if isinstance(level, dict) and "records" in level:
+                level["records"] = _rounded(level["records"])
+        path.write_bytes(lzma.compress(json.dumps(doc, separators=(",", ":")).encode(), preset=XZ_PRESET))
 
 
 def load_json(path: Path) -> Any:
@@ -97,6 +126,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("runs", nargs="+", type=Path, metavar="RUN")
     ap.add_argument("--unpack", action="store_true", help="restore the files a run wrote")
+    ap.add_argument("--thin", action="store_true", help="round packed per-request records (lossy)")
     ap.add_argument(
         "--max-json-kb", type=int, default=MAX_JSON_KB, help="larger per-phase JSON is compressed"
     )
@@ -104,7 +134,10 @@ def main(argv: list[str] | None = None) -> int:
     for run in a.runs:
         if not run.is_dir():
             raise SystemExit(f"{run}: not a directory")
-        unpack_run(run) if a.unpack else pack_run(run, a.max_json_kb)
+        if a.thin:
+            thin_run(run)
+        else:
+            unpack_run(run) if a.unpack else pack_run(run, a.max_json_kb)
     return 0
 
 

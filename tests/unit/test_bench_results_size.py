@@ -9,7 +9,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from bench.pack_results import ARCHIVE, pack_run, unpack_run
+from bench.pack_results import ARCHIVE, load_json, pack_run, thin_run, unpack_run
 
 ROOT = Path(__file__).resolve().parents[2]
 LIMIT_BYTES = 10 * 1024 * 1024
@@ -61,3 +61,22 @@ def test_packing_a_run_round_trips(tmp_path: Path) -> None:
     assert (again / ARCHIVE).read_bytes() == packed  # deterministic
     unpack_run(run)
     assert {p.relative_to(run).as_posix(): p.read_text() for p in run.rglob("*") if p.is_file()} == files
+
+
+def test_thinning_rounds_only_the_per_request_records(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    run.mkdir()
+    aggregate = {"ttfa_ms": {"p50": 22.345678901}}
+    record = {"ttfa_s": 0.0223456789, "done_s": 12.3456789, "code": "OK", "frames": 100}
+    records = [record] * 400
+    search = {"levels": [{"level": 128, "aggregate": aggregate, "records": records}]}
+    (run / "closed_search_x.json").write_text(json.dumps(search))
+    (run / "other.json").write_text(json.dumps({"levels": "not a search", "pad": "x" * 200_000}))
+    pack_run(run, max_json_kb=1)
+    other = (run / "other.json.xz").read_bytes()
+    thin_run(run)
+    got = load_json(run / "closed_search_x.json")
+    assert got["levels"][0]["aggregate"] == aggregate
+    want = {"ttfa_s": 0.02235, "done_s": 12.3457, "code": "OK", "frames": 100}
+    assert got["levels"][0]["records"] == [want] * 400
+    assert (run / "other.json.xz").read_bytes() == other
