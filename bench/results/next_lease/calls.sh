@@ -14,21 +14,22 @@
 # `d`, `c`, `n`, `o`, `q` on an H100 (seventeenth session, bench/results/h100_2026-12-05_seventeenth/).
 # `z`, `u` and `w` on an H100 (nineteenth session, bench/results/h100_2026-12-06_nineteenth/): two codec lanes
 # wedged the codec (both lanes' graphs captured on one stream shared a cuBLAS workspace; each lane now
-# captures on its own stream). First next time: `u` (the lanes again: their GPU tests, now with two graphs'
-# long-K GEMMs replayed at once, the codec alone, the paced search), then `z` (the three levers together),
-# `e` and `r` (riding streams, the bf16 codec: one lever each), then
-# `f` (the loaded tick at 256 paced streams on today's code), `c` on an H200 (256 slots
-# now start), `r` (the Qwen3 codec in bf16 at 256), `s` (Audio8 graphed with deadline ticks), `p` (is the
-# prepare's linear cost per new shape?), `v` (a clone's prompt now makes one text projection, not two), then
-# `h` (the GPU tests of the fourteenth session's paths on the H200, the engines' phased profile), `k`
-# (kernels per codec call and talker step), `e`, then `c` and `f` (and, on an nvidia-h200-x2 lease,
-# `x2 q3 one-gpu|split|pair-per-gpu` and `x2 pp one-gpu|split`, issue 31).
+# captures on its own stream). `u`, `y`, `z`, `t` and the first part of `e` on an H100 (twentieth session,
+# bench/results/h100_2026-12-06_twentieth/): the lanes no longer wedge; riding (`pace_ride_s`, now on with
+# pacing) took the openai face from 64 to 128 gap-free. First next time, on an H200: `t` (the openai aim on
+# the H200, today's defaults now riding, and the lanes' last chunks on the bulk lane at 256: 37 streams
+# were cut there), then `i` (Audio8 graphed, paced with riding), `j` (Audio8's loaded tick, the bound of
+# acceptance 4), `f` (Qwen3's loaded tick at 256), `s` (Audio8 graphed with deadline ticks), `p` (is the
+# prepare's linear cost per new shape?), `v` (a clone's prompt now makes one text projection, not two),
+# then `h` (the GPU tests of the fourteenth session's paths on the H200, the engines' phased profile), `k`
+# (kernels per codec call and talker step) (and, on an nvidia-h200-x2 lease, `x2 q3
+# one-gpu|split|pair-per-gpu` and `x2 pp one-gpu|split`, issue 31).
 # Each call installs (bench/run_gpu.sh --install-only), runs its parts under their own timeouts, writes each
 # part's exit status to $OUT/rc.txt and its results, packed, to $OUT/<call>.tar.xz.
 # After the lease: unpack into bench/results/h200_<date>_<session>/, pack (python -m bench.pack_results),
 # write docs/benchmarks.md (naming this script's commit), and queue the next calls here.
 set -u
-CALL=${1:?usage: bench/results/next_lease/calls.sh a|b|c|d|e|f|g|h|k|l|m|n|o|p|q|r|s|u|t|v|w|y|z|x2 MODEL LAYOUT}
+CALL=${1:?usage: bench/results/next_lease/calls.sh a|b|c|d|e|f|g|h|i|j|k|l|m|n|o|p|q|r|s|t|u|v|w|y|z|x2 MODEL LAYOUT}
 : "${OUT:?OUT: the folder that comes back}"
 R=/tmp/r; rm -rf $R; mkdir -p $R  # a warm machine keeps the last call's: not packed again
 bash bench/run_gpu.sh --install-only > $R/install.log 2>&1
@@ -249,11 +250,29 @@ w)  # issue 28, Audio8 graphed (64 gap-free, call d; its codec engine thread 81-
     part a8_lanes 260 bash bench/run_gpu.sh $R/a8_lanes "${A8[@]}" --phases closed --closed-start 64 \
       "${G8[@]}" --set stages.1.codec_urgent_lane_ms=10
     ;;
+i)  # issue 28, Audio8 graphed (64 gap-free, call d): unpaced, its talker runs ~3x real time, so the codec
+    # decodes three audio seconds a second for every stream (fifo ticks of ~1,000 rows at 96). Pacing lost on
+    # its eager codec (32 -> 24, tenth session), before riding: graphed and async, paced with riding, from 64
+    G8=(--set stages.1.enforce_eager=false --set stages.1.async_scheduling=true \
+      --set stages.0.async_scheduling=true)
+    part a8_paced 300 bash bench/run_gpu.sh $R/a8_paced "${A8[@]}" --phases closed --closed-start 64 \
+      "${G8[@]}" "${PACE[@]}"
+    ;;
+j)  # issue 28 acceptance 4 for Audio8 (64 gap-free; at 96 every late chunk the codec's, with one lane or
+    # two): the timeline of one loaded tick per stage at 96 streams, graphed and async, and py-spy on the
+    # codec meanwhile (its process at a full core, its fifo ticks ~1,000 rows)
+    G8=(--set stages.1.enforce_eager=false --set stages.1.async_scheduling=true \
+      --set stages.0.async_scheduling=true)
+    spy codec 90 15
+    part a8_timeline 300 bash bench/run_gpu.sh $R/a8_timeline "${A8[@]}" --phases timeline \
+      --timeline-load 96 --timeline-window-s 2 "${G8[@]}"
+    ;;
 t)  # issue 28, after `z` (twentieth session, H100: the three levers together held 128 through the openai
-    # client with no stall): which of them count, through the client from 128 on one machine. Today's
-    # defaults, then the lanes and riding without the bf16 codec, then riding alone
+    # client with no stall): which of them count, through the client from 128 on one machine. Holding
+    # without riding (the defaults before the twentieth session), then the lanes and riding without the
+    # bf16 codec, then riding alone (today's defaults with pacing)
     part q3_openai_base 200 bash bench/run_gpu.sh $R/q3_openai_base "${Q3[@]}" --phases openai \
-      --closed-start 128 "${PACE[@]}"
+      --closed-start 128 "${PACE[@]}" --set stages.0.pace_ride_s=0
     part q3_openai_lanes_ride 200 bash bench/run_gpu.sh $R/q3_openai_lanes_ride "${Q3[@]}" --phases openai \
       --closed-start 128 "${PACE[@]}" --set stages.1.codec_urgent_lane_ms=10 \
       --set stages.1.codec_tick_budget_ms=60 --set stages.0.pace_ride_s=3
