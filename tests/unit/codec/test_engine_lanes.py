@@ -336,3 +336,13 @@ def test_voice_clone_prefixes_and_kept_voice_states_give_one_lanes_audio(
     for a, b in zip(laned_pcm, one_pcm, strict=True):
         assert a.size == 45 * 1920
         np.testing.assert_allclose(a, b, atol=TOL, rtol=0)
+
+
+def test_only_the_first_chunk_and_the_ramps_count_as_ramping() -> None:
+    """What the urgent lane takes from a playing stream: the chunks the schedule makes shorter than a steady
+    one, not a short last chunk (the lane's budget is for chunks due within the audio before them)."""
+    ramped = ChunkSchedule(1, 25)
+    assert [ramped.ramping(n, 1) for n in (0, 1, 2, 4, 8, 16)] == [True] * 6
+    assert [ramped.ramping(n, 1) for n in (32, 57, 82)] == [False] * 3
+    flat = ChunkSchedule(4, 25, ramp=False)
+    assert flat.ramping(0, 4) and not flat.ramping(4, 4) and not flat.ramping(29, 4)
