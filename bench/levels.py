@@ -249,8 +249,8 @@ def _print_level(rep: dict[str, Any]) -> None:
 
 
 def _late_chunks(rep: dict[str, Any]) -> str:
-    """" late chunks frames/codec N/M, padding P % of decoded rows" over the level's codecs, when it read the
-    stages' metrics."""
+    """The level line's tail, ``late chunks frames/codec N/M, padding P % of decoded rows``, over the level's
+    codecs, when it read the stages' metrics."""
     codecs = [row["late_chunks"] for row in rep.get("stages", {}).values() if "late_chunks" in row]
     if not codecs:
         return ""

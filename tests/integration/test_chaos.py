@@ -252,6 +252,7 @@ def test_kill_each_stage_under_load_then_everything(cache: Path, tmp_path: Path)
 
 # -- Issue 26: requests engineered to hit each family's limits (probekit.py), under load -------------------
 
+
 def test_requests_at_each_familys_limits_are_refused_alone_under_load(
     qwen_base_served: Served, audio8_served: Served, personaplex_served: Served
 ) -> None:

@@ -71,7 +71,6 @@ class Recorder(Echo):
                 return
 
 
-
 @contextlib.asynccontextmanager
 async def _opened_request(rec: Recorder) -> AsyncIterator[LinkCall]:
     """A link to ``rec`` over real gRPC with one request open on it."""
@@ -119,8 +118,9 @@ async def test_a_response_is_taken_at_once_by_the_request_and_the_rest_still_rea
     rec = Recorder()
     async with _opened_request(rec) as call:
         taken: list[int] = []
-        call.take = lambda resp: resp.WhichOneof("response") == "segment_done" and not taken.append(
-            resp.segment_done.segment_index
+        call.take = lambda resp: (
+            resp.WhichOneof("response") == "segment_done"
+            and not taken.append(resp.segment_done.segment_index)
         )
         got: list[str] = []
 

@@ -145,7 +145,6 @@ def test_a_backlog_goes_out_in_batches_of_bounded_size_in_order() -> None:
     assert len(sizes) == 5 and max(sizes) < 20_000 + 7_700  # the END signal starts the fifth
 
 
-
 def _user_audio(i: int) -> S.CodecStreamRequest:
     return S.CodecStreamRequest(user_audio=_pcm(i).pcm)
 

@@ -111,7 +111,6 @@ async def test_converse_client_that_stops_reading(make_duplex_stack: MakeStack) 
     stack, codec, before, stop, ids, healthy = await _with_a_healthy_session(make_duplex_stack)
     # Without BDP probing the client's receive window stays at its initial size while nothing is read.
     async with grpc.aio.insecure_channel(stack.grpc_addr, options=[("grpc.http2.bdp_probe", 0)]) as channel:
-
         calls: list[grpc.aio.StreamStreamCall] = []
 
         async def requests() -> AsyncIterator[speech_pb2.ConverseRequest]:

@@ -115,7 +115,6 @@ async def test_a_long_streamed_response_outlives_the_body_timeout(make_stack: Ma
     assert reply.status_code == 200 and len(reply.content) == 2 * expected_samples(text)
 
 
-
 def released(stack: Stack) -> bool:
     core = stack.gateway.core
     return stack.codec.active == 0 and core.admission.active == 0

@@ -202,7 +202,6 @@ def test_the_first_output_is_the_prompts_last_frame(model: PersonaPlexLM) -> Non
     assert first.tokens[0] == 3 and tuple(first.tokens[1:]) == silence  # PAD text, silence codes
 
 
-
 def test_a_step_does_not_prefill_a_sliver_of_a_prompt_to_use_up_its_budget(model: PersonaPlexLM) -> None:
     """Two whole prompts fit a step's budget and a third does not: the third waits for the next step whole
     (a launch-bound call of a few positions would delay the live sessions as a full one does), while a prompt
