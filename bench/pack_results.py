@@ -70,12 +70,14 @@ def thin_run(run: Path) -> None:
     """Round the per-request records of ``run``'s packed JSON in place (``--thin``, module docstring)."""
     for path in sorted(run.rglob("*.json.xz")):
         doc = json.loads(lzma.decompress(path.read_bytes()))
-        levels = doc.get("levels") if isinstance(doc, dict) else None
-        if not isinstance(levels, list) or not any(isinstance(lv, dict) and "records" in lv for lv in levels):
+        levels = doc.get("levels", []) if isinstance(doc, dict) else []
+        if not isinstance(levels, list):
             continue
-        for level in levels:
-            if isinstance(level, dict) and "records" in level:
-                level["records"] = _rounded(level["records"])
+        searched = [lv for lv in levels if isinstance(lv, dict) and "records" in lv]
+        if not searched:
+            continue
+        for level in searched:
+            level["records"] = _rounded(level["records"])
         path.write_bytes(lzma.compress(json.dumps(doc, separators=(",", ":")).encode(), preset=XZ_PRESET))
 
 

@@ -551,9 +551,7 @@ class CodecEngine(Steppable[CodecOutput]):
         if s.marks:  # the segment's frames are all in: decode up to the mark as if the input had ended
             left = s.marks[0] - s.emitted_frames
             return self.schedule.take(s.segment_emitted, left, True, s.initial_frames) if left > 0 else 0
-        # Frames in flight count as out: the chunk after them is the one a follower decodes (``_follows``).
-        emitted = s.segment_emitted + s.flight_frames
-        return self.schedule.take(emitted, s.pending_frames, s.ended, s.initial_frames)
+        return self.schedule.take(s.scheduled, s.pending_frames, s.ended, s.initial_frames)
 
     def _snapshots(self) -> SnapshotCodec:
         # voice_states is only given with a pool that has snapshot/restore (build_engine asks the runtime).

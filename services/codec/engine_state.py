@@ -114,6 +114,12 @@ class StreamState:
         self.segment_emitted = 0
         self.dry_at = None  # the gateway's player restarts with the next segment
 
+    @property
+    def scheduled(self) -> int:
+        """Where the chunk schedule stands for the next decode: frames in flight count as out (the chunk
+        after them is the one a follower decodes, ``CodecEngine._follows``)."""
+        return self.segment_emitted + self.flight_frames
+
     def drained(self) -> bool:
         """Input ended, every frame decoded and handed out, no mark or decode left."""
         return self.ended and self.pending_frames == 0 and not self.marks and not self.in_flight

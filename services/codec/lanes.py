@@ -232,8 +232,7 @@ class LanedCodecEngine(CodecEngine):
         as went before it. A short last chunk past the ramp goes bulk: its stream holds a steady chunk's
         audio, and on the urgent lane, behind every young stream's chunks, such ends waited past the
         gateway's 3 s stall timeout under overload (37 streams cut at 256 on an H100, twentieth session)."""
-        return s.first_audio_at is None or self.schedule.ramping(s.segment_emitted + s.flight_frames,
-                                                                  s.initial_frames)  # fmt: skip
+        return s.first_audio_at is None or self.schedule.ramping(s.scheduled, s.initial_frames)
 
     def _row_lane(self, s: StreamState) -> Lane | None:
         """The lane ``s``'s next chunk would go on now (None: nothing to decode now)."""
