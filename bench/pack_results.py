@@ -3,6 +3,7 @@
     python -m bench.pack_results RUN [RUN ...]        # pack each run directory (bench/run_gpu.py --pack)
     python -m bench.pack_results --unpack RUN          # restore every file as the run wrote it
     python -m bench.pack_results --thin RUN [RUN ...]  # round the searches' per-request records (lossy)
+    python -m bench.pack_results --drop-records RUN    # drop them, keeping each level's aggregates (lossy)
 
 A run directory keeps its summaries (``summary.*``, Markdown, plots) and its per-phase JSON as files. A
 per-phase JSON over ``--max-json-kb`` (the searches' per-request records) is compressed on its own, beside
@@ -11,10 +12,12 @@ logs, Prometheus snapshots, text dumps) goes into one archive per run, ``raw.tar
 under the run. Packing is deterministic (sorted members, fixed times and owners), so packing the same files
 again gives the same bytes; ``--unpack`` undoes it, for a later ``run_gpu.py --phases ...`` that reads them.
 
-``--thin`` is the one lossy step, for keeping older runs under the committed size limit: every per-request
-record's floats in a packed JSON (``levels[].records``) keep 4 significant digits below 1 and 4 decimals
-above (seconds: 0.1 ms or finer), a fifth less packed; the levels' aggregates, which the docs cite, stay as
-they were.
+``--thin`` and ``--drop-records`` are the lossy steps, for keeping older runs under the committed size limit:
+with ``--thin`` every per-request record's floats in a packed JSON (``levels[].records``) keep 4 significant
+digits below 1 and 4 decimals above (seconds: 0.1 ms or finer), a fifth less packed; ``--drop-records``
+removes the records (each level then says ``records_dropped``: how many there were), for runs of closed
+issues whose per-request detail no open question reads. Either way the levels' aggregates, which the docs
+cite, stay as they were.
 """
 
 from __future__ import annotations
@@ -66,8 +69,9 @@ def _rounded(value: Any) -> Any:
     return value
 
 
-def thin_run(run: Path) -> None:
-    """Round the per-request records of ``run``'s packed JSON in place (``--thin``, module docstring)."""
+def thin_run(run: Path, drop: bool = False) -> None:
+    """Round (``--thin``), or with ``drop`` remove (``--drop-records``), the per-request records of ``run``'s
+    packed JSON in place (module docstring)."""
     for path in sorted(run.rglob("*.json.xz")):
         doc = json.loads(lzma.decompress(path.read_bytes()))
         levels = doc.get("levels", []) if isinstance(doc, dict) else []
@@ -77,7 +81,10 @@ def thin_run(run: Path) -> None:
         if not searched:
             continue
         for level in searched:
-            level["records"] = _rounded(level["records"])
+            if drop:
+                level["records_dropped"] = len(level.pop("records"))
+            else:
+                level["records"] = _rounded(level["records"])
         path.write_bytes(lzma.compress(json.dumps(doc, separators=(",", ":")).encode(), preset=XZ_PRESET))
 
 
@@ -129,6 +136,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("runs", nargs="+", type=Path, metavar="RUN")
     ap.add_argument("--unpack", action="store_true", help="restore the files a run wrote")
     ap.add_argument("--thin", action="store_true", help="round packed per-request records (lossy)")
+    ap.add_argument("--drop-records", action="store_true", help="drop packed per-request records (lossy)")
     ap.add_argument(
         "--max-json-kb", type=int, default=MAX_JSON_KB, help="larger per-phase JSON is compressed"
     )
@@ -136,8 +144,8 @@ def main(argv: list[str] | None = None) -> int:
     for run in a.runs:
         if not run.is_dir():
             raise SystemExit(f"{run}: not a directory")
-        if a.thin:
-            thin_run(run)
+        if a.thin or a.drop_records:
+            thin_run(run, drop=a.drop_records)
         else:
             unpack_run(run) if a.unpack else pack_run(run, a.max_json_kb)
     return 0

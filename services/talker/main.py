@@ -82,7 +82,9 @@ def build(args: argparse.Namespace) -> StageParts:
             enable_prefix_caching=stage.enable_prefix_caching,
             prefix_cache_bytes=prefix_bytes,
             async_scheduling=stage.async_scheduling,
-            pacing=pacing_of(stage, info.frame_rate_hz, config.chunk_plan),
+            pacing=pacing_of(
+                stage, info.frame_rate_hz, config.chunk_plan, family_pacing(source.family, device)
+            ),
         ),
     )
     defaults = TalkerDefaults.from_deploy(stage, info)
@@ -110,32 +112,54 @@ def build(args: argparse.Namespace) -> StageParts:
     )
 
 
-def pacing_of(stage: StageConfig, frame_rate_hz: float, plan: ChunkPlan | None = None) -> Pacing:
-    """The engine's ``Pacing`` from the talker stage's ``pace_*`` keys (all off when they are unset); with
-    the deploy file's chunk ``plan``, settings that would starve it are logged as warnings."""
+def pacing_of(
+    stage: StageConfig,
+    frame_rate_hz: float,
+    plan: ChunkPlan | None = None,
+    default: tuple[float, float] | None = None,
+) -> Pacing:
+    """The engine's ``Pacing`` from the talker stage's ``pace_*`` keys; when the deploy file sets neither
+    ``pace_realtime_x`` nor ``pace_ahead_s``, the family's ``default`` (its descriptor's ``talker_pacing``
+    on a GPU; None: unpaced). With the deploy file's chunk ``plan``, settings that would starve it are
+    logged as warnings."""
     from services.talker.pacing import Pacing, pacing_warnings
 
-    x = stage.pace_realtime_x
+    x, ahead = stage.pace_realtime_x, stage.pace_ahead_s
+    if default is not None and x is None and ahead is None:
+        x, ahead = default
+        log.info(
+            "talker: paced under load by the family's default (pace_realtime_x %g, pace_ahead_s %g; "
+            "pace_realtime_x: 0 turns it off)", x, ahead,
+        )  # fmt: skip
+    if stage.pace_ride_s is not None and ahead is None:
+        log.warning("talker: stages[0].pace_ride_s does nothing: no pace_ahead_s, nor a family pacing here")
     if plan is not None:
-        for warning in pacing_warnings(stage.pace_ahead_s, x, plan.steady_frames, plan.ramp, frame_rate_hz):
+        for warning in pacing_warnings(ahead, x or None, plan.steady_frames, plan.ramp, frame_rate_hz):
             log.warning("talker: %s", warning)
     return Pacing(
         min_step_interval_s=1.0 / (frame_rate_hz * x) if x else 0.0,
-        ahead_s=stage.pace_ahead_s or 0.0,
-        ride_s=ride_s_of(stage),
+        ahead_s=ahead or 0.0,
+        ride_s=ride_s_of(stage, ahead),
         from_streams=stage.pace_from_streams,
         frame_s=1.0 / frame_rate_hz,
     )
 
 
-def ride_s_of(stage: StageConfig) -> float:
-    """``pace_ride_s``, unset: as far again as ``pace_ahead_s``. Riding 3 s past a 3 s cushion took Qwen3-TTS
-    0.6B through the official ``openai`` client from 64 to 128 gap-free streams on one H100, with the gRPC
-    search (128) and a lone request (TTFA p50 15 ms, RTF 0.061) unchanged (docs/benchmarks.md, twentieth
-    session)."""
+def ride_s_of(stage: StageConfig, ahead_s: float | None) -> float:
+    """``pace_ride_s``, unset: as far again as the cushion ``ahead_s``. Riding 3 s past a 3 s cushion took
+    Qwen3-TTS 0.6B through the official ``openai`` client from 64 to 128 gap-free streams on one H100, with
+    the gRPC search (128) and a lone request (TTFA p50 15 ms, RTF 0.061) unchanged (docs/benchmarks.md,
+    twentieth session)."""
     if stage.pace_ride_s is not None:
         return stage.pace_ride_s
-    return stage.pace_ahead_s or 0.0
+    return ahead_s or 0.0
+
+
+def family_pacing(family_name: str, device: str) -> tuple[float, float] | None:
+    """The family's pacing default: pacing shares a GPU with the codec, so off a GPU there is none."""
+    from voxstage.families import family
+
+    return family(family_name).talker_pacing if device == "cuda" else None
 
 
 def use_kv_cache_dtype(adapter: Any, name: str) -> None:

@@ -63,7 +63,7 @@ def test_packing_a_run_round_trips(tmp_path: Path) -> None:
     assert {p.relative_to(run).as_posix(): p.read_text() for p in run.rglob("*") if p.is_file()} == files
 
 
-def test_thinning_rounds_only_the_per_request_records(tmp_path: Path) -> None:
+def test_thinning_rounds_or_drops_only_the_per_request_records(tmp_path: Path) -> None:
     run = tmp_path / "run"
     run.mkdir()
     aggregate = {"ttfa_ms": {"p50": 22.345678901}}
@@ -79,4 +79,8 @@ def test_thinning_rounds_only_the_per_request_records(tmp_path: Path) -> None:
     assert got["levels"][0]["aggregate"] == aggregate
     want = {"ttfa_s": 0.02235, "done_s": 12.3457, "code": "OK", "frames": 100}
     assert got["levels"][0]["records"] == [want] * 400
+    assert (run / "other.json.xz").read_bytes() == other
+    thin_run(run, drop=True)
+    dropped = load_json(run / "closed_search_x.json")["levels"][0]
+    assert dropped == {"level": 128, "aggregate": aggregate, "records_dropped": 400}
     assert (run / "other.json.xz").read_bytes() == other

@@ -16,14 +16,14 @@
 # wedged the codec (both lanes' graphs captured on one stream shared a cuBLAS workspace; each lane now
 # captures on its own stream). `u`, `y`, `z`, `t` and the first part of `e` on an H100 (twentieth session,
 # bench/results/h100_2026-12-06_twentieth/): the lanes no longer wedge; riding (`pace_ride_s`, now on with
-# pacing) took the openai face from 64 to 128 gap-free. First next time, on an H200: `t` (the openai aim on
-# the H200, today's defaults now riding, and the lanes' last chunks on the bulk lane at 256: 37 streams were
-# cut there), `t2` (unpaced, beside it: pacing as the family's default?), then `i` (Audio8 graphed, paced with
-# riding), `j` (Audio8's loaded tick, the bound of acceptance 4), `f` (Qwen3's loaded tick at 256), `s`
-# (Audio8 graphed with deadline ticks), `p` (is the prepare's linear cost per new shape?), `v` (a clone's
-# prompt now makes one text projection, not two), then `h` (the GPU tests of the fourteenth session's paths on
-# the H200, the engines' phased profile), `k` (kernels per codec call and talker step) (and, on an
-# nvidia-h200-x2 lease, `x2 q3 one-gpu|split|pair-per-gpu` and `x2 pp one-gpu|split`, issue 31).
+# pacing) took the openai face from 64 to 128 gap-free. `t`, `j`, `t2`, `i`, `f`, `s` and `k` on an H100
+# (twenty-first session, bench/results/h100_2026-12-06_twentyfirst/): paced 128 against unpaced 96 on both
+# faces (pacing is now Qwen3-TTS's default on a GPU: the unpaced arms pass `pace_realtime_x=0`), and the
+# loaded ticks that bound 256 Qwen3 and 128 Audio8 streams (the GPU busy 97 % in both). Left: on an
+# nvidia-h200-x2 lease, `x2 q3 one-gpu|split|pair-per-gpu` and `x2 pp one-gpu|split` (issue 31); on an H200,
+# `t` and `t2` again (the openai aim and the pacing default on the H200 itself), `p` (is the prepare's linear
+# cost per new shape?), `v` (a clone's prompt now makes one text projection, not two), `h` (the GPU tests of
+# the fourteenth session's paths on the H200, the engines' phased profile).
 # Each call installs (bench/run_gpu.sh --install-only), runs its parts under their own timeouts, writes each
 # part's exit status to $OUT/rc.txt and its results, packed, to $OUT/<call>.tar.xz.
 # After the lease: unpack into bench/results/h200_<date>_<session>/, pack (python -m bench.pack_results),
@@ -281,12 +281,14 @@ t)  # issue 28, after `z` (twentieth session, H100: the three levers together he
     part q3_openai_ride 200 bash bench/run_gpu.sh $R/q3_openai_ride "${Q3[@]}" --phases openai \
       --closed-start 128 "${PACE[@]}" --set stages.0.pace_ride_s=3
     ;;
-t2) # issue 28: should pacing (with riding) be the Qwen3-TTS family's default? Unpaced on today's code
-    # through both faces, to set beside `t`'s paced arms on the same machine (unpaced gRPC: 96 on the H200,
-    # tenth session; whole-clip requests under load are capped at 3x real time when paced)
+t2) # issue 28: unpaced through both faces, beside `t`'s paced arms on the same machine (twenty-first
+    # session, H100: 96 unpaced against 128 paced on both faces, so Qwen3-TTS now paces by default on a GPU;
+    # `pace_realtime_x=0` is unpaced)
+    OFF=(--set stages.0.pace_realtime_x=0)
     part q3_openai_unpaced 250 bash bench/run_gpu.sh $R/q3_openai_unpaced "${Q3[@]}" --phases openai \
-      --closed-start 96
-    part q3_unpaced 250 bash bench/run_gpu.sh $R/q3_unpaced "${Q3[@]}" --phases closed --closed-start 96
+      --closed-start 96 "${OFF[@]}"
+    part q3_unpaced 250 bash bench/run_gpu.sh $R/q3_unpaced "${Q3[@]}" --phases closed --closed-start 96 \
+      "${OFF[@]}"
     ;;
 y)  # issue 28, Audio8 graphed and async (64 gap-free, call d): its fifo ticks of ~1,000 rows (0.5 s) held
     # young streams' chunks. Two lanes (first and ramp chunks on a high-priority stream in 10 ms ticks, each

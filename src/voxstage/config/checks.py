@@ -254,6 +254,13 @@ def check_devices(cfg: DeployView, *, platform: str | None = None) -> list[Issue
     return out
 
 
+def _family_may_pace(cfg: DeployView) -> bool:
+    """Whether the model family may pace its talker by default (on a GPU, with neither pacing key set): a
+    deploy file without `pipeline` learns its family from the model, so the talker's start decides."""
+    fam = None if cfg.pipeline is None else families.find(cfg.pipeline)
+    return fam is None or fam.talker_pacing is not None
+
+
 def check_stage_settings(cfg: DeployView) -> list[Issue]:
     out: list[Issue] = []
     for i, stage in enumerate(cfg.stages):
@@ -261,7 +268,7 @@ def check_stage_settings(cfg: DeployView) -> list[Issue]:
             out += _owned_elsewhere(stage, i, CODEC_ONLY_KEYS, f"the codec stage (stage_id {CODEC_STAGE_ID})")
             if cfg.session_mode == "duplex":
                 out += _inert_in_duplex(stage, i, PACING_KEYS, "their talker steps once per user frame")
-            elif stage.pace_ride_s is not None and stage.pace_ahead_s is None:
+            elif stage.pace_ride_s is not None and stage.pace_ahead_s is None and not _family_may_pace(cfg):
                 out.append(
                     _error(
                         ("stages", i, "pace_ride_s"),

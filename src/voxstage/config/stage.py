@@ -147,8 +147,9 @@ class StageConfig(StrictModel):
     # Talker only, text to speech (services/talker/pacing.py): under load (at least pace_from_streams
     # requests in slots) a frame step starts at most once per frame period / pace_realtime_x, and a stream
     # more than pace_ahead_s of audio ahead of real time sits steps out, which leaves the rest of a shared
-    # GPU to the codec (docs/configuration.md). Unset: as fast as it can.
-    pace_realtime_x: float | None = Field(default=None, ge=1.0, le=1000.0)
+    # GPU to the codec (docs/configuration.md). Unset (both it and pace_ahead_s): the model family's on a GPU
+    # (its descriptor's talker_pacing), else as fast as it can; 0: as fast as it can.
+    pace_realtime_x: float | None = Field(default=None, ge=0.0, le=1000.0)
     pace_ahead_s: float | None = Field(default=None, gt=0.0, le=3600.0)
     # ... but rides along, up to pace_ahead_s + pace_ride_s ahead, in a step that runs anyway: its row costs
     # the same masked, so the streams fall into step together and fewer steps run (needs pace_ahead_s;
@@ -178,6 +179,13 @@ class StageConfig(StrictModel):
     @classmethod
     def _devices_from_int(cls, value: Any) -> Any:
         return _int_as_devices(value)
+
+    @field_validator("pace_realtime_x")
+    @classmethod
+    def _pace_realtime_x(cls, value: float | None) -> float | None:
+        if value is not None and 0.0 < value < 1.0:
+            raise ValueError(f"must be 0 (no pacing) or at least 1 (real time), got {value:g}")
+        return value
 
     @field_validator("kv_cache_dtype")
     @classmethod

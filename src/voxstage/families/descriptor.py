@@ -86,6 +86,9 @@ class Family:
     # The codec's tick schedule on a GPU when the deploy file sets no `codec_tick_policy`: the one this
     # family's served closed search measured best (docs/benchmarks.md, docs/configuration.md).
     codec_tick_policy: Literal["fifo", "deadline"] = "fifo"
+    # The talker's pacing under load on a GPU, (pace_realtime_x, pace_ahead_s), when the deploy file sets
+    # neither key: the one this family's served closed searches measured best; None: unpaced.
+    talker_pacing: tuple[float, float] | None = None
     deploy_file: str = ""  # the seed deploy file under deploy/
     bench: Bench | None = None
     # What `voxstage demo` runs when this family is the demo's: (preset, voice).

@@ -36,6 +36,10 @@ FAMILY = Family(
     # Bounded ticks, earliest deadline first: on the stage links 64 gap-free 0.6B streams against fifo's 24
     # (H200, one session, 2026-12-03; docs/benchmarks.md).
     codec_tick_policy="deadline",
+    # Paced at 3x real time with a 3 s cushion (held streams riding along): 128 gap-free 0.6B streams against
+    # 96 unpaced, over gRPC and through the openai client alike, one H100 lease (docs/benchmarks.md,
+    # twenty-first session); below pace_from_streams nothing changes.
+    talker_pacing=(3.0, 3.0),
     # bf16 against the default fp32: 5.3 % relative RMS on size-true weights, +27 % codec throughput
     # (docs/models.md, "Codec precision"); the reference's own serving precision.
     codec_dtype_key="qwen3_tts_codec_dtype",

@@ -13,6 +13,7 @@ from voxstage.config import ConfigError, load_deploy_config
 REPO = Path(__file__).resolve().parents[3]
 QWEN = REPO / "deploy" / "qwen3_tts.yaml"
 PERSONAPLEX = REPO / "deploy" / "personaplex.yaml"
+AUDIO8 = REPO / "deploy" / "audio8_tts.yaml"
 
 
 @pytest.mark.parametrize(
@@ -29,11 +30,10 @@ PERSONAPLEX = REPO / "deploy" / "personaplex.yaml"
         ("stages.1.pace_realtime_x=2", "stages[1].pace_realtime_x: belongs to the talker stage (stage_id 0)"),
         ("stages.1.pace_from_streams=8", "stages[1].pace_from_streams: belongs to the talker stage"),
         ("stages.1.pace_ahead_s=3", "stages[1].pace_ahead_s: belongs to the talker stage"),
-        ("stages.0.pace_realtime_x=0.5", "stages[0].pace_realtime_x"),
+        ("stages.0.pace_realtime_x=0.5", "must be 0 (no pacing) or at least 1 (real time), got 0.5"),
         ("stages.0.pace_from_streams=0", "stages[0].pace_from_streams"),
         ("stages.0.pace_ahead_s=0", "stages[0].pace_ahead_s"),
         ("stages.1.pace_ride_s=3", "stages[1].pace_ride_s: belongs to the talker stage"),
-        ("stages.0.pace_ride_s=3", "stages[0].pace_ride_s: needs pace_ahead_s"),
         ("stages.0.pace_ride_s=-1", "stages[0].pace_ride_s"),
     ],
 )
@@ -41,6 +41,17 @@ def test_misplaced_or_bad_values_are_refused_naming_the_key(override: str, expec
     with pytest.raises(ConfigError) as info:
         load_deploy_config(QWEN, platform="cuda", overrides=[override])
     assert any(expected in str(issue) for issue in info.value.issues), info.value.issues
+
+
+def test_riding_needs_a_cushion_of_its_own_or_the_family_s() -> None:
+    """Audio8 paces by no default, so riding alone would do nothing; Qwen3-TTS paces by default on a GPU (a
+    deploy file without `pipeline` learns its family from the model: the talker's start decides)."""
+    with pytest.raises(ConfigError) as info:
+        sets = ["pipeline=audio8_tts", "stages.0.pace_ride_s=2"]
+        load_deploy_config(AUDIO8, platform="cuda", overrides=sets)
+    assert any("stages[0].pace_ride_s: needs pace_ahead_s" in str(i) for i in info.value.issues)
+    qwen = load_deploy_config(QWEN, platform="cuda", overrides=["stages.0.pace_ride_s=0"])
+    assert qwen.talker.pace_ride_s == 0
 
 
 @pytest.mark.parametrize(
