@@ -139,20 +139,12 @@ def pacing_of(
     return Pacing(
         min_step_interval_s=1.0 / (frame_rate_hz * x) if x else 0.0,
         ahead_s=ahead or 0.0,
-        ride_s=ride_s_of(stage, ahead),
+        # Unset: as far again as the cushion. Riding 3 s past a 3 s cushion took Qwen3-TTS 0.6B through the
+        # openai client from 64 to 128 gap-free streams on one H100 (docs/benchmarks.md, twentieth session).
+        ride_s=(ahead or 0.0) if stage.pace_ride_s is None else stage.pace_ride_s,
         from_streams=stage.pace_from_streams,
         frame_s=1.0 / frame_rate_hz,
     )
-
-
-def ride_s_of(stage: StageConfig, ahead_s: float | None) -> float:
-    """``pace_ride_s``, unset: as far again as the cushion ``ahead_s``. Riding 3 s past a 3 s cushion took
-    Qwen3-TTS 0.6B through the official ``openai`` client from 64 to 128 gap-free streams on one H100, with
-    the gRPC search (128) and a lone request (TTFA p50 15 ms, RTF 0.061) unchanged (docs/benchmarks.md,
-    twentieth session)."""
-    if stage.pace_ride_s is not None:
-        return stage.pace_ride_s
-    return ahead_s or 0.0
 
 
 def family_pacing(family_name: str, device: str) -> tuple[float, float] | None:

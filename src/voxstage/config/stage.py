@@ -153,7 +153,7 @@ class StageConfig(StrictModel):
     pace_ahead_s: float | None = Field(default=None, gt=0.0, le=3600.0)
     # ... but rides along, up to pace_ahead_s + pace_ride_s ahead, in a step that runs anyway: its row costs
     # the same masked, so the streams fall into step together and fewer steps run (needs pace_ahead_s;
-    # unset, as far again as pace_ahead_s: services/talker/main.ride_s_of).
+    # unset, as far again as pace_ahead_s: services/talker/main.pacing_of).
     pace_ride_s: float | None = Field(default=None, ge=0.0, le=3600.0)
     pace_from_streams: int = Field(default=16, ge=1)
     # Talker only: ready voice prompts of voice-library voices (services/talker/voice_cache.py), bounded
